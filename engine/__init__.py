@@ -1,0 +1,1 @@
+"""funnel: run LLM sales conversations as finite-state machines declared in YAML."""

@@ -1,0 +1,90 @@
+"""YAML loading that keeps line numbers and refuses duplicate keys.
+
+PyYAML silently keeps the last of two equal keys; a funnel author who writes
+``discovery:`` twice loses a stage without a word. Here that is an error, and
+every value's position is kept so that diagnostics point at the right line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass
+class Located:
+    """Parsed YAML data plus the 1-based (line, col) of every key and value."""
+
+    data: Any
+    positions: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    key_positions: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    duplicates: list[tuple[Path_, int, int, int]] = field(default_factory=list)
+
+    def where(self, path: Path_, *, key: bool = False) -> tuple[int, int]:
+        """Position of ``path``, falling back to its closest ancestor."""
+        table = self.key_positions if key else self.positions
+        p = tuple(path)
+        while p:
+            if p in table:
+                return table[p]
+            if p in self.positions:
+                return self.positions[p]
+            p = p[:-1]
+        return self.positions.get((), (1, 1))
+
+
+class YamlSyntaxError(Exception):
+    def __init__(self, message: str, line: int, col: int) -> None:
+        self.line = line
+        self.col = col
+        super().__init__(message)
+
+
+def load(text: str) -> Located:
+    """Parse one YAML document, recording positions and duplicate keys.
+
+    Raises:
+        YamlSyntaxError: the text is not YAML; carries line and column.
+    """
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        out = Located(data=None)
+        if node is not None:
+            out.data = _walk(loader, node, (), out)
+        return out
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem = exc.problem or str(exc)
+        context = f" ({exc.context})" if exc.context else ""
+        raise YamlSyntaxError(f"YAML syntax error: {problem}{context}", line, col) from None
+    except yaml.YAMLError as exc:
+        raise YamlSyntaxError(f"YAML syntax error: {exc}", 1, 1) from None
+    finally:
+        loader.dispose()
+
+
+def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: Path_, out: Located) -> Any:
+    out.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)
+        result: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            kpos = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            child = (*path, key)
+            if key in result:
+                first = out.key_positions.get(child, (0, 0))[0]
+                out.duplicates.append((child, kpos[0], kpos[1], first))
+                continue
+            out.key_positions[child] = kpos
+            result[key] = _walk(loader, value_node, child, out)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_walk(loader, item, (*path, i), out) for i, item in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)

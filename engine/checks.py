@@ -1,0 +1,330 @@
+"""Semantic checks of a funnel: names, the stage graph, conditions and actions.
+
+Templates and output schemas are checked in `engine.checks_files`. Every
+check reads the raw data defensively, so a funnel with format errors still
+gets every other problem reported in the same run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jinja2 import TemplateSyntaxError, nodes
+
+from .errors import did_you_mean
+from .expressions import attribute_paths, parse_expression
+from .spec import (
+    COLUMN_TYPE,
+    CONDITION_NAMES,
+    ENGINE_COLUMNS,
+    SQL_IDENTIFIER,
+    implied_engine_fields,
+)
+
+if TYPE_CHECKING:
+    from .validate import Report
+
+BUILTIN_NEEDS_FIELD = {"append", "set"}
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def check_semantics(data: dict[str, Any], report: Report) -> None:
+    state = {k: v for k, v in _dict(data.get("state")).items() if isinstance(v, dict)}
+    stages = _dict(data.get("stages"))
+    stage_names = [s for s in stages if isinstance(s, str)]
+
+    table = data.get("table")
+    if isinstance(table, str) and not SQL_IDENTIFIER.match(table):
+        report.at(("table",), "error", "F005", f"table name {table!r} is not a valid SQL "
+                  "identifier: use letters, digits and _ (not starting with a digit), at most 63")
+    for name, raw in state.items():
+        if name in ENGINE_COLUMNS:
+            report.at(("state", name), "error", "F006", f"state field '{name}' is a column the "
+                      "engine owns already; remove it or rename it", key=True)
+        column = raw.get("column")
+        if isinstance(column, str) and not COLUMN_TYPE.match(column.strip()):
+            report.at(("state", name, "column"), "error", "F006", f"column type {column!r} is "
+                      "not supported; use text, int, bigint, numeric(p,s), boolean, jsonb, "
+                      "timestamptz, date, double precision or varchar(n)")
+
+    _check_stage_refs(data, stages, stage_names, report)
+    _check_feature_fields(data, state, report)
+    _check_graph(data, stages, stage_names, report)
+    _check_conditions(data, state, report)
+    _check_actions(data, report)
+    _check_indexes(data, state, report)
+
+    from .checks_files import check_catalog, check_stage_files
+
+    check_stage_files(data, state, report)
+    check_catalog(data, report)
+
+
+def _check_stage_refs(
+    data: dict[str, Any], stages: dict[str, Any], names: list[str], report: Report
+) -> None:
+    def ref(keys: tuple[str | int, ...], value: Any, code: str = "F101") -> None:
+        if isinstance(value, str) and value not in stages:
+            report.at(keys, "error", code, f"unknown stage '{value}'{did_you_mean(value, names)}; "
+                      f"stages are: {', '.join(names)}")
+
+    ref(("initial",), data.get("initial"), "F102")
+    ref(("handoff", "stage"), _dict(data.get("handoff")).get("stage"))
+    ref(("memory", "idle_return_stage"), _dict(data.get("memory")).get("idle_return_stage"))
+    for i, t in enumerate(_list(data.get("global_transitions"))):
+        ref(("global_transitions", i, "to"), _dict(t).get("to"))
+    for old, new in _dict(data.get("removed_stages")).items():
+        ref(("removed_stages", old), new)
+    for name, raw in stages.items():
+        raw = _dict(raw)
+        for i, t in enumerate(_list(raw.get("transitions"))):
+            ref(("stages", name, "transitions", i, "to"), _dict(t).get("to"))
+        ref(("stages", name, "max_iterations", "to"), _dict(raw.get("max_iterations")).get("to"))
+        if raw.get("final") and raw.get("transitions"):
+            report.at(("stages", name, "transitions"), "warning", "F106", f"stage '{name}' is "
+                      "final, so its transitions never fire; remove them or `final: true`")
+
+
+def _successors(data: dict[str, Any], stages: dict[str, Any]) -> dict[str, set[str]]:
+    globals_to = {_dict(t).get("to") for t in _list(data.get("global_transitions"))}
+    out: dict[str, set[str]] = {}
+    for name, raw in stages.items():
+        raw = _dict(raw)
+        nxt = {_dict(t).get("to") for t in _list(raw.get("transitions"))}
+        nxt.add(_dict(raw.get("max_iterations")).get("to"))
+        if not raw.get("final"):
+            nxt |= globals_to
+        out[name] = {s for s in nxt if isinstance(s, str) and s in stages}
+    idle = _dict(data.get("memory")).get("idle_return_stage")
+    if isinstance(idle, str) and idle in stages:
+        for name in out:
+            out[name].add(idle)
+    return out
+
+
+def _check_graph(
+    data: dict[str, Any], stages: dict[str, Any], names: list[str], report: Report
+) -> None:
+    initial = data.get("initial")
+    if not stages or not isinstance(initial, str) or initial not in stages:
+        return
+    succ = _successors(data, stages)
+    reachable = {initial}
+    todo = [initial]
+    while todo:
+        for nxt in succ[todo.pop()]:
+            if nxt not in reachable:
+                reachable.add(nxt)
+                todo.append(nxt)
+    for name in names:
+        if name not in reachable:
+            report.at(("stages", name), "error", "F103", f"stage '{name}' cannot be reached "
+                      f"from the initial stage '{initial}'; add a transition to it or remove it",
+                      key=True)
+    finals = {n for n in names if _dict(stages[n]).get("final")}
+    if not finals:
+        report.at(("stages",), "error", "F105", "no stage is `final: true`; mark the stage "
+                  "where a conversation ends (usually the handoff)", key=True)
+        return
+    # Stages from which some final stage is reachable: walk the graph backwards.
+    pred: dict[str, set[str]] = {n: set() for n in names}
+    for src, dsts in succ.items():
+        for dst in dsts:
+            pred[dst].add(src)
+    can_finish = set(finals)
+    todo = list(finals)
+    while todo:
+        for prev in pred[todo.pop()]:
+            if prev not in can_finish:
+                can_finish.add(prev)
+                todo.append(prev)
+    for name in names:
+        if name in reachable and name not in can_finish:
+            report.at(("stages", name), "error", "F104", f"no final stage can be reached from "
+                      f"stage '{name}'; add a transition towards {', '.join(sorted(finals))}",
+                      key=True)
+
+
+def _check_feature_fields(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
+    fields = list(state)
+    pairs: list[tuple[tuple[str | int, ...], Any]] = []
+    comp = _dict(data.get("completeness"))
+    pairs.append((("completeness", "field"), comp.get("field")))
+    cart = _dict(data.get("cart"))
+    pairs += [(("cart", k), cart.get(k)) for k in ("field", "count", "total")]
+    pairs += [(("cart", s, "flag"), _dict(cart.get(s)).get("flag")) for s in ("gift", "free_delivery")]
+    pairs.append((("presented", "field"), _dict(data.get("presented")).get("field")))
+    lang = _dict(data.get("language"))
+    pairs += [(("language", k), lang.get(k)) for k in ("detected", "response")]
+    handoff = _dict(data.get("handoff"))
+    pairs += [(("handoff", k), handoff.get(k)) for k in ("triggered_at", "reason", "channel")]
+    for name, action in _dict(data.get("actions")).items():
+        pairs.append((("actions", name, "field"), _dict(action).get("field")))
+        for i, written in enumerate(_list(_dict(action).get("writes"))):
+            pairs.append((("actions", name, "writes", i), written))
+    for keys, value in pairs:
+        if isinstance(value, str) and value not in state:
+            report.at(keys, "error", "F110", f"`{'.'.join(map(str, keys))}` names '{value}', "
+                      f"which is not a state field{did_you_mean(value, fields)}; declare it "
+                      "under `state`")
+    if comp and isinstance(comp.get("field"), str) and comp["field"] in state:
+        if _dict(state[comp["field"]]).get("type") not in ("integer", "number"):
+            report.at(("state", comp["field"], "type"), "error", "F110", "the completeness "
+                      "field must be an integer or a number")
+
+
+def _condition_names(data: dict[str, Any], state: dict[str, Any]) -> set[str]:
+    return set(state) | set(CONDITION_NAMES) | {"stage_history", "session_id"}
+
+
+def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
+    conditions: list[tuple[tuple[str | int, ...], Any]] = []
+    for i, rule in enumerate(_list(_dict(data.get("completeness")).get("rules"))):
+        conditions.append((("completeness", "rules", i, "when"), _dict(rule).get("when")))
+    for i, t in enumerate(_list(data.get("global_transitions"))):
+        conditions.append((("global_transitions", i, "when"), _dict(t).get("when")))
+    for name, raw in _dict(data.get("stages")).items():
+        for i, t in enumerate(_list(_dict(raw).get("transitions"))):
+            conditions.append((("stages", name, "transitions", i, "when"), _dict(t).get("when")))
+    known = _condition_names(data, state)
+    max_points = sum(
+        max(0, int(_dict(r).get("points", 0)))
+        for r in _list(_dict(data.get("completeness")).get("rules"))
+        if isinstance(_dict(r).get("points"), int)
+    )
+    comp_field = _dict(data.get("completeness")).get("field")
+    for keys, source in conditions:
+        if source is None:
+            continue
+        if not isinstance(source, str | int | float | bool):
+            continue
+        source = str(source)
+        try:
+            tree = parse_expression(source)
+        except TemplateSyntaxError as exc:
+            report.at(keys, "error", "F401", f"condition {source!r} does not parse: "
+                      f"{exc.message}; write a Jinja expression such as `pet.type and pet.breed`")
+            continue
+        check_paths(tree, state, known, report, keys, "condition", "F402")
+        if comp_field and data.get("completeness"):
+            _check_threshold(tree, comp_field, max_points, keys, report)
+
+
+def check_paths(
+    tree: nodes.Node,
+    state: dict[str, Any],
+    known: set[str],
+    report: Report,
+    keys: tuple[str | int, ...] | None,
+    what: str,
+    code: str,
+    *,
+    file: Path | None = None,
+    line_offset: int = 0,
+) -> None:
+    """Report names (and nested properties) that neither the state nor the context declares."""
+    for path, lineno in attribute_paths(tree):
+        head = path[0]
+        if head not in known:
+            msg = (f"{what} uses '{head}', which is neither a state field nor a documented "
+                   f"name{did_you_mean(head, known)}")
+            if file is not None:
+                report.add(file, lineno + line_offset, 1, "error", code, msg)
+            else:
+                report.at(keys or (), "error", code, msg)
+            continue
+        schema = _dict(state.get(head))
+        for depth, part in enumerate(path[1:], start=1):
+            props = schema.get("properties")
+            if not isinstance(props, dict) or schema.get("additionalProperties") is True:
+                break
+            if part not in props:
+                dotted = ".".join(path[: depth + 1])
+                msg = (f"{what} uses '{dotted}', but '{'.'.join(path[:depth])}' declares no "
+                       f"property '{part}'{did_you_mean(part, props)}")
+                if file is not None:
+                    report.add(file, lineno + line_offset, 1, "error", code, msg)
+                else:
+                    report.at(keys or (), "error", code, msg)
+                break
+            schema = _dict(props[part])
+
+
+def _check_threshold(
+    tree: nodes.Node, field: str, max_points: int, keys: tuple[str | int, ...], report: Report
+) -> None:
+    for cmp in tree.find_all(nodes.Compare):
+        if not (isinstance(cmp.expr, nodes.Name) and cmp.expr.name == field and cmp.ops):
+            continue
+        op = cmp.ops[0]
+        if isinstance(op.expr, nodes.Const) and isinstance(op.expr.value, int | float):
+            need = op.expr.value
+            if (op.op == "gteq" and need > max_points) or (op.op == "gt" and need >= max_points):
+                report.at(keys, "warning", "F403", f"`{field}` can reach at most {max_points} "
+                          f"points, so this condition never holds; lower the threshold or add "
+                          "completeness rules")
+
+
+def _check_actions(data: dict[str, Any], report: Report) -> None:
+    base = getattr(report, "path", Path(".")).parent
+    for name, raw in _dict(data.get("actions")).items():
+        raw = _dict(raw)
+        if raw.get("builtin") in BUILTIN_NEEDS_FIELD and "field" not in raw:
+            report.at(("actions", name), "error", "F503", f"action '{name}' uses builtin "
+                      f"'{raw['builtin']}', which needs `field:` naming the state field it writes")
+        if raw.get("builtin") in ("add_to_cart", "remove_from_cart") and not data.get("cart"):
+            report.at(("actions", name), "error", "F503", f"action '{name}' needs a `cart:` "
+                      "section naming the cart field")
+        if raw.get("builtin") == "present_products" and not data.get("presented"):
+            report.at(("actions", name), "error", "F503", f"action '{name}' needs a "
+                      "`presented:` section naming the field that records presented products")
+        if raw.get("builtin") in ("present_products", "add_to_cart") and not data.get("catalog"):
+            report.at(("actions", name), "error", "F503", f"action '{name}' needs a `catalog:`")
+        hook = raw.get("hook")
+        if isinstance(hook, str) and ":" in hook:
+            module = hook.split(":", 1)[0]
+            if not hook_module_exists(module, base):
+                report.at(("actions", name, "hook"), "error", "F501", f"hook module '{module}' "
+                          f"was not found beside the funnel ({base}) nor on the Python path")
+    handoff_hook = _dict(_dict(data.get("handoff")).get("notify")).get("hook")
+    if isinstance(handoff_hook, str) and not hook_module_exists(handoff_hook.split(":")[0], base):
+        report.at(("handoff", "notify", "hook"), "error", "F501", f"notifier hook module "
+                  f"'{handoff_hook.split(':')[0]}' was not found")
+
+
+def hook_module_exists(module: str, base: Path) -> bool:
+    """Whether ``module`` resolves beside the funnel or on sys.path, without running it."""
+    if (base / (module.replace(".", "/") + ".py")).exists():
+        return True
+    if (base / module.replace(".", "/") / "__init__.py").exists():
+        return True
+    if module in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _check_indexes(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
+    columns = set(state) | set(ENGINE_COLUMNS)
+    for i, ix in enumerate(_list(data.get("indexes"))):
+        col = _dict(ix).get("column")
+        if isinstance(col, str) and col not in columns:
+            report.at(("indexes", i, "column"), "error", "F601", f"index on unknown column "
+                      f"'{col}'{did_you_mean(col, columns)}")
+
+
+def engine_owned_names(data: dict[str, Any], state: dict[str, Any]) -> set[str]:
+    declared = {n for n, raw in state.items() if _dict(raw).get("owner") == "engine"}
+    return declared | implied_engine_fields(data) | set(ENGINE_COLUMNS)

@@ -1,0 +1,206 @@
+"""Checks of the files a funnel names: stage templates, output schemas, the catalog."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+from jinja2 import TemplateSyntaxError, meta
+
+from . import _yaml
+from .catalog import CatalogError, load_catalog
+from .checks import _dict, _list, check_paths, engine_owned_names
+from .errors import did_you_mean
+from .expressions import make_environment
+from .spec import PROMPT_NAMES
+
+if TYPE_CHECKING:
+    from .validate import Report
+
+
+def stage_paths(data: dict[str, Any], base: Path, stage: str) -> tuple[Path, Path, Path, Path]:
+    """(prompt file, prompts folder, schema file, schemas folder) of a stage."""
+    raw = _dict(_dict(data.get("stages")).get(stage))
+    prompts = Path(os.path.normpath(base / str(data.get("prompts", "prompts"))))
+    schemas = Path(os.path.normpath(base / str(data.get("schemas", "schemas"))))
+    return (
+        prompts / str(raw.get("prompt", f"{stage}.j2")),
+        prompts,
+        schemas / str(raw.get("schema", f"{stage}.json")),
+        schemas,
+    )
+
+
+def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
+    base = report.path.parent
+    declared_actions = set(_dict(data.get("actions")))
+    owned = engine_owned_names(data, state)
+    known_names = set(state) | set(PROMPT_NAMES)
+    checked_templates: set[Path] = set()
+    for stage in _dict(data.get("stages")):
+        prompt, prompts_dir, schema, _ = stage_paths(data, base, stage)
+        if not prompt.is_file():
+            report.at(("stages", stage), "error", "F201", f"stage '{stage}': template "
+                      f"{prompt} does not exist; create it or set `prompt:` for the stage",
+                      key=True)
+        else:
+            _check_template(prompt, prompts_dir, state, known_names, report, checked_templates)
+        if not schema.is_file():
+            report.at(("stages", stage), "error", "F301", f"stage '{stage}': output schema "
+                      f"{schema} does not exist; create it or set `schema:` for the stage",
+                      key=True)
+        else:
+            check_output_schema(schema, state, owned, declared_actions, report)
+
+
+def _check_template(
+    path: Path,
+    folder: Path,
+    state: dict[str, Any],
+    known: set[str],
+    report: Report,
+    seen: set[Path],
+) -> None:
+    if path in seen:
+        return
+    seen.add(path)
+    env = make_environment(folder)
+    try:
+        source = path.read_text("utf-8")
+        tree = env.parse(source, path.name, str(path))
+    except TemplateSyntaxError as exc:
+        report.add(path, exc.lineno, 1, "error", "F202", f"template syntax error: {exc.message}")
+        return
+    except (OSError, UnicodeDecodeError) as exc:
+        report.add(path, 0, 0, "error", "F201", f"cannot read the template: {exc}")
+        return
+    check_paths(tree, state, known, report, None, "template", "F203", file=path)
+    for ref in meta.find_referenced_templates(tree):
+        if ref is None:
+            continue
+        included = folder / ref
+        if not included.is_file():
+            line = next((i for i, text in enumerate(source.splitlines(), 1) if ref in text), 0)
+            report.add(path, line, 1, "error", "F201", f"included template '{ref}' does not "
+                       f"exist in {folder}")
+        else:
+            _check_template(included, folder, state, known, report, seen)
+
+
+def _schema_positions(text: str) -> _yaml.Located | None:
+    try:
+        return _yaml.load(text)
+    except _yaml.YamlSyntaxError:
+        return None
+
+
+def check_output_schema(
+    path: Path, state: dict[str, Any], owned: set[str], declared_actions: set[str], report: Report
+) -> None:
+    """Check one stage output schema file: JSON, valid JSON Schema, and the envelope rules."""
+    text = path.read_text("utf-8")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        report.add(path, exc.lineno, exc.colno, "error", "F301", f"not valid JSON: {exc.msg}")
+        return
+    located = _schema_positions(text)
+
+    def at(keys: tuple[str | int, ...], code: str, msg: str, sev: str = "error") -> None:
+        line, col = located.where(keys, key=True) if located else (0, 0)
+        report.add(path, line, col, sev, code, msg)  # type: ignore[arg-type]
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        keys = tuple(exc.absolute_path)
+        at(keys, "F301", f"not a valid JSON Schema at `{'/'.join(map(str, keys)) or '/'}`: "
+           f"{exc.message}")
+        return
+    if not isinstance(schema, dict):
+        return
+    props = _dict(schema.get("properties"))
+    if "reply" not in props or "reply" not in _list(schema.get("required")):
+        at(("properties",), "F302", "the output schema must declare `reply` (a string) under "
+           "`properties` and list it in `required`: it is what the customer sees")
+    updates = resolve_local_ref(schema, _dict(props.get("updates")))
+    if updates:
+        if updates.get("additionalProperties") is not False:
+            at(("properties", "updates"), "F303", "`updates` must set `additionalProperties: "
+               "false`, or the model could write any state field")
+        for name, sub in _dict(updates.get("properties")).items():
+            keys = ("properties", "updates", "properties", name)
+            if name in owned:
+                at(keys, "F304", f"`updates` lets the model write '{name}', which the engine "
+                   "owns (stage, history, totals, completeness, handoff, ...); remove it")
+            elif name not in state:
+                at(keys, "F303", f"`updates` writes '{name}', which the funnel's state does not "
+                   f"declare{did_you_mean(name, state)}")
+            else:
+                _check_nested(resolve_local_ref(schema, _dict(sub)), _dict(state[name]), keys, name, at)
+    for keys, action in _action_types(schema):
+        if action not in declared_actions:
+            at(keys, "F305", f"action type '{action}' is not declared under `actions` in the "
+               f"funnel{did_you_mean(action, declared_actions)}")
+
+
+def _check_nested(sub: dict[str, Any], field: dict[str, Any], keys: tuple[Any, ...],
+                  dotted: str, at: Any) -> None:
+    declared = field.get("properties")
+    if not isinstance(declared, dict) or field.get("additionalProperties") is True:
+        return
+    for name in _dict(sub.get("properties")):
+        if name not in declared:
+            at((*keys, "properties", name), "F303", f"`updates.{dotted}` writes '{name}', which "
+               f"the state field '{dotted}' does not declare{did_you_mean(name, declared)}")
+
+
+def resolve_local_ref(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """Follow a ``{"$ref": "#/$defs/x"}`` inside the same document (one level)."""
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = _dict(target).get(part)
+        return _dict(target)
+    return node
+
+
+def _action_types(schema: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    """Every action ``type`` the schema allows, with where it is written."""
+    actions = resolve_local_ref(schema, _dict(_dict(schema.get("properties")).get("actions")))
+    items = resolve_local_ref(schema, _dict(actions.get("items")))
+    base: tuple[str | int, ...] = ("properties", "actions", "items")
+    branches: list[tuple[tuple[str | int, ...], dict[str, Any]]] = []
+    for key in ("oneOf", "anyOf"):
+        for i, branch in enumerate(_list(items.get(key))):
+            branches.append(((*base, key, i), resolve_local_ref(schema, _dict(branch))))
+    if not branches:
+        branches.append((base, items))
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    for keys, branch in branches:
+        type_schema = _dict(_dict(branch.get("properties")).get("type"))
+        tkeys = (*keys, "properties", "type")
+        if isinstance(type_schema.get("const"), str):
+            found.append((tkeys, type_schema["const"]))
+        found.extend((tkeys, v) for v in _list(type_schema.get("enum")) if isinstance(v, str))
+    return found
+
+
+def check_catalog(data: dict[str, Any], report: Report) -> None:
+    catalog = data.get("catalog")
+    if not isinstance(catalog, str):
+        return
+    path = report.path.parent / catalog
+    try:
+        products = load_catalog(path)
+    except CatalogError as exc:
+        report.add(exc.file or path, exc.line or 0, 1, "error", "F502", str(exc.detail))
+        return
+    gift = _dict(_dict(data.get("cart")).get("gift")).get("sku")
+    if isinstance(gift, str) and gift not in products.by_sku:
+        report.at(("cart", "gift", "sku"), "error", "F502", f"gift SKU '{gift}' is not in the "
+                  f"catalog {path}{did_you_mean(gift, products.by_sku)}")

@@ -1,0 +1,252 @@
+"""The `funnel` command. Exit codes: 0 success, 1 invalid input or a failed check, 2 usage.
+
+Expected errors print one clear message, never a traceback. Heavy imports
+(psycopg, litellm) happen inside the subcommands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import FunnelError, FunnelInvalid
+
+DEMO_FUNNEL = Path(__file__).resolve().parent.parent / "funnels" / "puramur.yaml"
+DEMO_SCRIPT = DEMO_FUNNEL.parent / "puramur" / "demo.yaml"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="funnel", description="Run LLM sales funnels declared in "
+                                "YAML as finite-state machines.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    v = sub.add_parser("validate", help="check funnel files (and their templates and schemas)")
+    v.add_argument("paths", nargs="+", metavar="PATH", help="funnel files or folders")
+    v.add_argument("--format", choices=["text", "json", "github"], default="text")
+    v.add_argument("--strict", action="store_true", help="warnings fail too")
+
+    g = sub.add_parser("graph", help="print the stage diagram")
+    g.add_argument("funnel", metavar="FUNNEL")
+    g.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
+
+    s = sub.add_parser("sql", help="print the DDL of the funnel's session table")
+    s.add_argument("funnel", metavar="FUNNEL")
+
+    def db_opts(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--db", default=os.environ.get("FUNNEL_DB"), metavar="URL",
+                       help="PostgreSQL URL (default: $FUNNEL_DB, else the embedded server)")
+
+    c = sub.add_parser("chat", help="talk to a funnel in the terminal")
+    c.add_argument("funnel", metavar="FUNNEL")
+    c.add_argument("--session", default=None, help="session id (default: a new one)")
+    c.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
+                   help="litellm model string, or scripted:PATH (default: $FUNNEL_MODEL, "
+                   "else the funnel's model)")
+    c.add_argument("--api-base", default=None, metavar="URL")
+    db_opts(c)
+
+    st = sub.add_parser("state", help="print a session's state row as JSON")
+    st.add_argument("funnel", metavar="FUNNEL")
+    st.add_argument("session", metavar="SESSION")
+    st.add_argument("--history", action="store_true", help="add the last messages")
+    db_opts(st)
+
+    d = sub.add_parser("demo", help="play a scripted Puramur conversation, offline")
+    db_opts(d)
+
+    m = sub.add_parser("migrate", help="bring the funnel's table up to its declaration")
+    m.add_argument("funnel", metavar="FUNNEL")
+    m.add_argument("--check", action="store_true", help="report, change nothing")
+    m.add_argument("--drop", action="store_true", help="drop columns no longer declared")
+    db_opts(m)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(_COMMANDS[args.command](args))
+    except FunnelInvalid as exc:
+        from .diagnostics import render
+
+        print(render(exc.diagnostics, "text"), file=sys.stderr)
+        return 1
+    except FunnelError as exc:
+        print(f"funnel: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .diagnostics import render
+    from .validate import validate_paths
+
+    diagnostics = validate_paths(args.paths)
+    if diagnostics:
+        print(render(diagnostics, args.format))
+    errors = sum(d.severity == "error" for d in diagnostics)
+    warnings = len(diagnostics) - errors
+    if args.format == "text":
+        print(f"{errors} error(s), {warnings} warning(s)", file=sys.stderr)
+    return 1 if errors or (args.strict and warnings) else 0
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from .funnel import load_funnel
+    from .machine import dot, mermaid
+
+    funnel = load_funnel(args.funnel)
+    print((dot if args.format == "dot" else mermaid)(funnel.machine), end="")
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from .funnel import load_funnel
+    from .store.ddl import render
+
+    print(render(load_funnel(args.funnel).spec), end="")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import uuid
+
+    from .engine import SyncEngine
+    from .funnel import load_funnel
+
+    funnel = load_funnel(args.funnel)
+    model = args.model or funnel.spec.model.name
+    session = args.session or f"chat-{uuid.uuid4().hex[:12]}"
+    interactive = sys.stdin.isatty()
+    with SyncEngine(funnel, db=args.db, model=model, api_base=args.api_base) as engine:
+        if interactive:
+            print(f"funnel {funnel.name} v{funnel.spec.version}, session {session}. "
+                  "Ctrl-D to quit.")
+        while True:
+            try:
+                line = input("you> " if interactive else "")
+            except EOFError:
+                break
+            if not line.strip():
+                continue
+            result = engine.handle(session, line, channel="cli")
+            if interactive:
+                print(f"bot> {result.reply}")
+                _describe(result)
+            else:
+                print(result.reply.replace("\n", " "), flush=True)
+    return 0
+
+
+def _describe(result: Any) -> None:
+    for t in result.transitions:
+        print(f"  [stage] {t['from']} -> {t['to']}" + (f"  ({t['when']})" if t["when"] else ""))
+    if not result.transitions:
+        print(f"  [stage] {result.stage_after}")
+    for o in result.actions:
+        print(f"  [action] {o.type} " + ("ok" if o.accepted else f"REFUSED: {o.reason}"))
+    if result.updated:
+        print(f"  [state] updated {', '.join(result.updated)}")
+    if result.fallback:
+        print(f"  [model] fallback reply ({result.error})")
+    if result.handoff:
+        print("  [handoff] the manager was notified")
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    from .funnel import load_funnel
+    from .store import open_store
+
+    funnel = load_funnel(args.funnel)
+
+    async def run() -> dict[str, Any] | None:
+        store = await open_store(args.db)
+        try:
+            row = await store.load(funnel.spec, args.session)
+            if row is None:
+                return None
+            from .state import plain
+
+            out: dict[str, Any] = plain(dict(row))
+            if args.history:
+                out["messages"] = plain(await store.history(funnel.spec, args.session, 20))
+            return out
+        finally:
+            await store.close()
+
+    row = asyncio.run(run())
+    if row is None:
+        raise FunnelError(f"no session {args.session!r} in funnel '{funnel.name}' "
+                          f"(table {funnel.spec.table})")
+    print(json.dumps(row, indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import uuid
+
+    from .engine import SyncEngine
+
+    script = _demo_script()
+    session = f"demo-{uuid.uuid4().hex[:8]}"
+    print(f"Puramur demo: session {session}, scripted model (no API key needed)\n")
+    with SyncEngine(DEMO_FUNNEL, db=args.db, model=f"scripted:{DEMO_SCRIPT}") as engine:
+        for text in script:
+            result = engine.handle(session, text, channel="demo")
+            print(f"customer> {text}")
+            print(f"bot     > {result.reply}")
+            _describe(result)
+            print()
+        state = engine.state(session) or {}
+    print(f"final stage: {state.get('stage')}, cart total {state.get('cart_total')} UAH, "
+          f"gift: {state.get('cart_gift_eligible')}, handoff: {state.get('handoff_reason')}")
+    return 0
+
+
+def _demo_script() -> list[str]:
+    from . import _yaml
+
+    data = _yaml.load(DEMO_SCRIPT.read_text("utf-8")).data
+    return [str(m) for m in data.get("customer", [])]
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from .funnel import load_funnel
+    from .store import open_store
+
+    funnel = load_funnel(args.funnel)
+
+    async def run() -> list[str]:
+        store = await open_store(args.db)
+        try:
+            return await store.migrate(funnel.spec, drop=args.drop, check=args.check)
+        finally:
+            await store.close()
+
+    changes = asyncio.run(run())
+    for line in changes:
+        print(line)
+    if not changes:
+        print(f"table {funnel.spec.table} is up to date")
+    return 1 if any(c.startswith("error:") for c in changes) or (args.check and changes) else 0
+
+
+_COMMANDS = {
+    "validate": cmd_validate,
+    "graph": cmd_graph,
+    "sql": cmd_sql,
+    "chat": cmd_chat,
+    "state": cmd_state,
+    "demo": cmd_demo,
+    "migrate": cmd_migrate,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The exception tree of the funnel engine.
+
+Every error a user can cause is a :class:`FunnelError`; the CLI prints its
+message and exits without a traceback. Messages say where (file:line, field
+path or session), what was expected, and what to do about it::
+
+    FunnelError
+    ├── ConfigError             a funnel, template, schema or catalog is wrong
+    │   └── FunnelInvalid       `funnel validate` found errors (carries them all)
+    ├── ModelError              the model could not be called or answered badly
+    │   └── ModelOutputError    the output failed parsing or the stage schema
+    ├── ActionRefused           an action's arguments were refused (unknown SKU, ...)
+    ├── TransitionError         a stage change that the funnel does not allow
+    ├── StoreError              the database failed or is unreachable
+    │   ├── StoreUnavailable    cannot connect (down, wrong URL)
+    │   ├── SchemaOutdated      the table is behind the funnel: run `funnel migrate`
+    │   └── ConcurrentUpdate    a stale save lost the race for a session
+    └── PromptTooLarge          a prompt cannot fit the stage's token budget
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .diagnostics import Diagnostic
+
+__all__ = [
+    "ActionRefused",
+    "ConcurrentUpdate",
+    "ConfigError",
+    "FunnelError",
+    "FunnelInvalid",
+    "ModelError",
+    "ModelOutputError",
+    "PromptTooLarge",
+    "SchemaOutdated",
+    "StoreError",
+    "StoreUnavailable",
+    "TransitionError",
+    "did_you_mean",
+]
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest known name, or ``""``."""
+    matches = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=0.6)
+    return f" (did you mean '{matches[0]}'?)" if matches else ""
+
+
+class FunnelError(Exception):
+    """Root of every error the engine raises on purpose."""
+
+
+class ConfigError(FunnelError):
+    """A funnel file, template, output schema or catalog is wrong.
+
+    Attributes:
+        file: the file at fault, when known.
+        line: 1-based line in that file, when known.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None) -> None:
+        self.file = file
+        self.line = line
+        where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
+        super().__init__(f"{where}{message}")
+
+
+class FunnelInvalid(ConfigError):
+    """A funnel failed validation; ``diagnostics`` holds every problem found."""
+
+    def __init__(self, diagnostics: list[Diagnostic]) -> None:
+        self.diagnostics = diagnostics
+        errors = [d for d in diagnostics if d.severity == "error"]
+        shown = "\n".join(d.format() for d in errors[:20])
+        more = f"\n... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        super().__init__(
+            f"the funnel has {len(errors)} error(s); run `funnel validate` for the full list:\n"
+            f"{shown}{more}"
+        )
+
+
+class ModelError(FunnelError):
+    """The model could not be called (HTTP error, timeout, bad credentials)."""
+
+
+class ModelOutputError(ModelError):
+    """The model answered, but the output is not valid for the stage.
+
+    Attributes:
+        raw: the text the model returned.
+        path: JSON path of the failing part (``$.updates.pet.age_years``).
+        reason: the validation message, quoted in the repair prompt.
+    """
+
+    def __init__(self, reason: str, *, raw: str, path: str = "$") -> None:
+        self.raw = raw
+        self.path = path
+        self.reason = reason
+        super().__init__(f"invalid model output at {path}: {reason}")
+
+
+class ActionRefused(FunnelError):
+    """An action the model asked for was refused; the model is told next turn."""
+
+    def __init__(self, action: str, reason: str) -> None:
+        self.action = action
+        self.reason = reason
+        super().__init__(f"action '{action}' refused: {reason}")
+
+
+class TransitionError(FunnelError):
+    """A stage change that the funnel does not declare."""
+
+
+class StoreError(FunnelError):
+    """The session store failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached; nothing was written."""
+
+
+class SchemaOutdated(StoreError):
+    """The session table is behind the funnel declaration."""
+
+
+class ConcurrentUpdate(StoreError):
+    """A save found a newer version of the session than the one it loaded.
+
+    Attributes:
+        session_id: the session whose save lost.
+        expected: the row version the turn loaded.
+    """
+
+    def __init__(self, session_id: str, expected: int, found: Any) -> None:
+        self.session_id = session_id
+        self.expected = expected
+        super().__init__(
+            f"session {session_id!r} changed while this turn ran (loaded version {expected}, "
+            f"found {found}); the turn was not saved and will be retried"
+        )
+
+
+class PromptTooLarge(FunnelError):
+    """The rendered prompt exceeds the stage's budget even after trimming."""
+
+    def __init__(self, stage: str, tokens: int, budget: int) -> None:
+        self.stage = stage
+        self.tokens = tokens
+        self.budget = budget
+        super().__init__(
+            f"stage '{stage}': the prompt needs {tokens} tokens after trimming the window and the "
+            f"summary, over its budget of {budget}; shorten the template or raise "
+            f"`prompt_budget` for the stage"
+        )

@@ -1,0 +1,115 @@
+"""Conditions and templates: one sandboxed Jinja language, compiled once.
+
+Conditions (``discovery_completeness >= 60``, ``pet.type and pet.problems``)
+are Jinja expressions compiled with ``SandboxedEnvironment.compile_expression``
+at load time; templates render in the same sandbox with ``StrictUndefined``,
+so a funnel author's typo fails loudly and no funnel file can reach Python
+internals. There is no ``eval`` anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from jinja2 import FileSystemLoader, StrictUndefined, nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+Condition = Callable[[Mapping[str, Any]], bool]
+
+
+def _tojson_compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def make_environment(template_dir: Path | None = None) -> ImmutableSandboxedEnvironment:
+    """The sandbox every funnel template and condition runs in."""
+    env = ImmutableSandboxedEnvironment(
+        loader=FileSystemLoader(str(template_dir)) if template_dir else None,
+        undefined=StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["compact_json"] = _tojson_compact
+    return env
+
+
+_ENV = make_environment()
+
+
+def compile_condition(source: str) -> Condition:
+    """Compile a condition once; the result maps a context to a bool.
+
+    Raises:
+        jinja2.TemplateSyntaxError: the expression does not parse.
+    """
+    expr = _ENV.compile_expression(source, undefined_to_none=False)
+
+    def condition(context: Mapping[str, Any]) -> bool:
+        return bool(expr(**context))
+
+    condition.__doc__ = source
+    return condition
+
+
+def parse_expression(source: str) -> nodes.Template:
+    """Parse a condition as a template AST (for static checks of the names it uses)."""
+    return _ENV.parse("{{ (" + source + ") }}")
+
+
+def attribute_paths(tree: nodes.Node) -> Iterator[tuple[tuple[str, ...], int]]:
+    """Yield each variable a template or expression reads as a dotted path.
+
+    ``pet.age_years is not none`` yields ``(("pet", "age_years"), line)``.
+    Names bound inside the template (``{% set %}``, loop targets) are
+    not yielded.
+    """
+    bound: set[str] = set()
+    for node in tree.find_all((nodes.Assign, nodes.For, nodes.Macro, nodes.With)):
+        targets: list[nodes.Node] = []
+        if isinstance(node, nodes.Assign | nodes.For):
+            targets.append(node.target)
+        if isinstance(node, nodes.With):
+            targets.extend(node.targets)
+        if isinstance(node, nodes.Macro):
+            targets.extend(node.args)
+        for target in targets:
+            for name in target.find_all(nodes.Name):
+                bound.add(name.name)
+            if isinstance(target, nodes.Name):
+                bound.add(target.name)
+    bound.add("loop")
+    seen: set[int] = set()
+    for getattr_node in tree.find_all((nodes.Getattr, nodes.Name)):
+        if id(getattr_node) in seen:
+            continue
+        chain: list[str] = []
+        node: nodes.Node = getattr_node
+        while isinstance(node, nodes.Getattr):
+            seen.add(id(node))
+            chain.append(node.attr)
+            node = node.node
+        if isinstance(node, nodes.Name):
+            seen.add(id(node))
+            if node.ctx != "load" or node.name in bound:
+                continue
+            yield (node.name, *reversed(chain)), getattr_node.lineno
+
+
+def declared_view(value: Any, schema: Mapping[str, Any]) -> Any:
+    """Fill declared-but-missing object properties with ``None``, recursively.
+
+    State is partial (the customer has not said the pet's breed yet), while
+    templates and conditions run with ``StrictUndefined``: a declared field
+    reads as ``None``, an undeclared one is a loud error.
+    """
+    if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
+        out = dict(value)
+        for key, sub in schema["properties"].items():
+            out[key] = declared_view(out.get(key), sub) if key in out else None
+        return out
+    return value

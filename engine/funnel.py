@@ -1,0 +1,92 @@
+"""Load a funnel once into a :class:`CompiledFunnel`: everything a turn needs, prebuilt.
+
+Parsing, validation, the `transitions` machine, compiled conditions, templates
+and JSON Schema validators are built here once per funnel, never per turn.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from jinja2 import Template
+
+from .actions import ActionRunner
+from .catalog import Catalog, load_catalog
+from .checks_files import resolve_local_ref
+from .errors import ConfigError, FunnelInvalid
+from .expressions import compile_condition, make_environment
+from .machine import StageMachine
+from .spec import FunnelSpec, StageSpec
+from .state import StateRules
+from .validate import check_file
+
+
+@dataclass(frozen=True)
+class CompiledStage:
+    spec: StageSpec
+    template: Template
+    schema: dict[str, Any]
+    validator: jsonschema.Draft202012Validator
+    allowed_updates: frozenset[str]
+
+
+class CompiledFunnel:
+    """A funnel ready to run: build it with :func:`load_funnel` and share it across sessions."""
+
+    def __init__(self, spec: FunnelSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.catalog: Catalog | None = load_catalog(spec.catalog_path) if spec.catalog_path else None
+        self.machine = StageMachine(spec)
+        completeness = [
+            (compile_condition(src), points, src) for src, points in spec.completeness_rules
+        ]
+        self.rules = StateRules(spec, self.catalog, completeness)
+        self.actions = ActionRunner(spec, self.catalog)
+        self.stages: dict[str, CompiledStage] = {}
+        for stage in spec.stages.values():
+            env = make_environment(stage.prompt.parent)
+            template = env.get_template(stage.prompt.name)
+            schema = json.loads(stage.schema.read_text("utf-8"))
+            updates = schema.get("properties", {}).get("updates", {})
+            updates = resolve_local_ref(schema, updates if isinstance(updates, dict) else {})
+            allowed = frozenset(updates.get("properties", {})) - spec.engine_owned
+            self.stages[stage.name] = CompiledStage(
+                spec=stage,
+                template=template,
+                schema=schema,
+                validator=jsonschema.Draft202012Validator(schema),
+                allowed_updates=allowed,
+            )
+
+    def stage(self, name: str) -> CompiledStage:
+        try:
+            return self.stages[name]
+        except KeyError:
+            target = self.spec.removed_stages.get(name)
+            if target:
+                return self.stages[target]
+            raise ConfigError(
+                f"funnel '{self.name}' has no stage '{name}'; declare where its sessions go "
+                f"under `removed_stages` and run `funnel migrate --check`"
+            ) from None
+
+
+def load_funnel(path: str | Path) -> CompiledFunnel:
+    """Validate and compile a funnel file.
+
+    Raises:
+        FunnelInvalid: the funnel has errors (all of them are in ``.diagnostics``).
+        ConfigError: the file cannot be read.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no funnel file at {path}")
+    spec, diagnostics = check_file(path)
+    if spec is None:
+        raise FunnelInvalid(diagnostics)
+    return CompiledFunnel(spec)

@@ -1,0 +1,236 @@
+"""Model calls: any litellm model, or the offline scripted model.
+
+litellm takes seconds of CPU to import, so it is imported only when a real
+model is constructed; ``funnel validate``, ``funnel test`` and the scripted
+model never import it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import _yaml
+from .errors import ConfigError, ModelError
+from .prompts import estimate_tokens
+from .spec import ModelSettings
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One call: the chat, the stage's output schema, and who it is for."""
+
+    messages: list[dict[str, str]]
+    schema: Mapping[str, Any]
+    stage: str
+    settings: ModelSettings
+    session_id: str
+    turn: int
+    user_text: str
+    attempt: int = 0  # 0 the first call, 1 the repair call
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+    latency_ms: float
+    cost: float | None = None
+
+
+class Model(Protocol):
+    """What the engine calls. Implementations raise :class:`ModelError` on failure."""
+
+    name: str
+
+    async def complete(self, request: ModelRequest) -> Completion: ...
+
+
+# -- the scripted model ----------------------------------------------------------------
+
+
+@dataclass
+class ScriptEntry:
+    output: Any
+    repair: Any = None
+    error: str | None = None
+
+
+@dataclass
+class ScriptedModel:
+    """Replays model outputs from a file, offline, through the same validation path.
+
+    The file (YAML or JSON) holds ``turns`` (the N-th customer message of a
+    session gets the N-th entry), ``match`` (``{pattern, output}``, tried first,
+    against the customer's text) and ``default``. An entry is an output
+    envelope (``{reply, updates, actions}``), a raw string (to test bad
+    output), ``{output: X, repair: Y}`` (Y answers the repair call), or
+    ``{error: message}`` (the call fails). Token counts are estimated with
+    :func:`engine.prompts.estimate_tokens`.
+    """
+
+    turns: list[ScriptEntry] = field(default_factory=list)
+    match: list[tuple[re.Pattern[str], ScriptEntry]] = field(default_factory=list)
+    default: ScriptEntry | None = None
+    name: str = "scripted"
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ScriptedModel:
+        path = Path(path)
+        try:
+            data = _yaml.load(path.read_text("utf-8")).data
+        except OSError as exc:
+            raise ConfigError(f"cannot read the script: {exc.strerror or exc}",
+                              file=str(path)) from None
+        except _yaml.YamlSyntaxError as exc:
+            raise ConfigError(str(exc), file=str(path), line=exc.line) from None
+        if isinstance(data, list):
+            data = {"turns": data}
+        if not isinstance(data, dict):
+            raise ConfigError("a script is a list of outputs or a mapping with `turns`, "
+                              "`match` and `default`", file=str(path))
+        model = cls.from_data(data)
+        model.name = f"scripted:{path.name}"
+        return model
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> ScriptedModel:
+        match = []
+        for item in data.get("match") or []:
+            try:
+                match.append((re.compile(str(item["pattern"])), _entry(item["output"])))
+            except (KeyError, TypeError, re.error) as exc:
+                raise ConfigError(f"bad `match` entry {item!r}: {exc}") from None
+        default = data.get("default")
+        return cls(
+            turns=[_entry(x) for x in data.get("turns") or []],
+            match=match,
+            default=_entry(default) if default is not None else None,
+        )
+
+    def pick(self, request: ModelRequest) -> ScriptEntry:
+        for pattern, entry in self.match:
+            if pattern.search(request.user_text):
+                return entry
+        if 1 <= request.turn <= len(self.turns):
+            return self.turns[request.turn - 1]
+        if self.default is not None:
+            return self.default
+        raise ModelError(f"the script has no output for turn {request.turn} of session "
+                         f"{request.session_id!r} (and no `default`)")
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        started = time.perf_counter()
+        entry = self.pick(request)
+        if entry.error:
+            raise ModelError(entry.error)
+        output = entry.repair if request.attempt and entry.repair is not None else entry.output
+        text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+        return Completion(
+            text=text,
+            prompt_tokens=estimate_tokens(request.messages),
+            completion_tokens=estimate_tokens([{"content": text}]) - 6,
+            model=self.name,
+            latency_ms=(time.perf_counter() - started) * 1000,
+        )
+
+
+def _entry(raw: Any) -> ScriptEntry:
+    if isinstance(raw, dict) and "error" in raw and "reply" not in raw:
+        return ScriptEntry(output=None, error=str(raw["error"]))
+    if isinstance(raw, dict) and "output" in raw and "reply" not in raw:
+        return ScriptEntry(output=raw["output"], repair=raw.get("repair"))
+    return ScriptEntry(output=raw)
+
+
+# -- litellm ---------------------------------------------------------------------------
+
+
+class LiteLLMModel:
+    """Any model litellm can call (``gpt-4o-mini``, ``openai/...`` with an api_base, ...)."""
+
+    def __init__(self, name: str, *, api_base: str | None = None) -> None:
+        # Never fetch the cost map from the network.
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm
+
+        self._litellm = litellm
+        self.name = name
+        self.api_base = api_base
+
+    def _response_format(self, request: ModelRequest) -> dict[str, Any]:
+        try:
+            structured = bool(self._litellm.supports_response_schema(model=self.name))
+        except Exception:
+            structured = False
+        if structured:
+            return {"type": "json_schema", "json_schema": {
+                "name": f"{request.stage}_output", "schema": dict(request.schema),
+                "strict": False}}
+        return {"type": "json_object"}
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        s = request.settings
+        kwargs: dict[str, Any] = {
+            "model": self.name,
+            "messages": request.messages,
+            "timeout": s.timeout,
+            "num_retries": s.retries,
+            "response_format": self._response_format(request),
+        }
+        if s.temperature is not None:
+            kwargs["temperature"] = s.temperature
+        if s.max_tokens is not None:
+            kwargs["max_tokens"] = s.max_tokens
+        if self.api_base or s.api_base:
+            kwargs["api_base"] = self.api_base or s.api_base
+        started = time.perf_counter()
+        try:
+            response = await self._litellm.acompletion(**kwargs)
+        except Exception as exc:
+            kind = type(exc).__name__
+            raise ModelError(f"model {self.name!r} failed ({kind}): {_short(exc)}") from None
+        latency = (time.perf_counter() - started) * 1000
+        try:
+            text = response.choices[0].message.content or ""
+        except (AttributeError, IndexError):
+            raise ModelError(f"model {self.name!r} returned no message") from None
+        usage = getattr(response, "usage", None)
+        try:
+            cost = float(self._litellm.completion_cost(completion_response=response))
+        except Exception:
+            cost = None
+        return Completion(
+            text=text,
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            model=self.name,
+            latency_ms=latency,
+            cost=cost,
+        )
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def make_model(name: str, *, api_base: str | None = None) -> Model:
+    """``scripted:PATH`` for the offline model, otherwise a litellm model string."""
+    if name.startswith("scripted:"):
+        return ScriptedModel.from_file(name.removeprefix("scripted:"))
+    if name == "scripted":
+        raise ConfigError("the scripted model needs a file: `scripted:PATH`")
+    return LiteLLMModel(name, api_base=api_base)
+
+
+def messages_text(messages: Sequence[Mapping[str, str]]) -> str:
+    return "\n".join(m["content"] for m in messages)

@@ -1,0 +1,103 @@
+"""Session storage behind a small interface; only `engine.store.postgres` imports psycopg.
+
+The engine core talks to a :class:`Store`. There is one SQL dialect,
+PostgreSQL: a server given by URL, or the embedded one (`engine.store.embedded`)
+when no URL is given.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from ..prompts import Message
+from ..spec import FunnelSpec
+
+__all__ = ["Message", "OutboxItem", "Store", "TurnWrite", "open_store"]
+
+
+@dataclass
+class OutboxItem:
+    """A side effect (manager notification, hook) delivered once after the save commits."""
+
+    key: str  # idempotency key: one delivery per key, ever
+    kind: str
+    payload: dict[str, Any]
+
+
+@dataclass
+class TurnWrite:
+    """Everything one turn writes, in one transaction."""
+
+    session_id: str
+    values: dict[str, Any]  # every column of the state row except timestamps
+    expected_version: int  # row_version the turn loaded; 0 for a new session
+    reply: str | None
+    stage_after: str
+    turn: dict[str, Any]
+    outbox: list[OutboxItem] = field(default_factory=list)
+    message_time: datetime | None = None
+
+
+class Store(Protocol):
+    """What the engine needs from storage."""
+
+    async def ensure_schema(self, funnel: FunnelSpec) -> None:
+        """Create the shared tables; raise SchemaOutdated if the funnel's table is behind."""
+
+    async def migrate(self, funnel: FunnelSpec, *, drop: bool = False, check: bool = False
+                      ) -> list[str]:
+        """Bring the funnel's table to its declaration; return what was (or would be) done."""
+
+    async def log_message(self, funnel: FunnelSpec, session_id: str, role: str, content: str
+                          ) -> int:
+        """Append to the message log in its own commit; return the message id."""
+
+    async def load(self, funnel: FunnelSpec, session_id: str) -> dict[str, Any] | None:
+        """The session's row, or None for a new session."""
+
+    async def recent_messages(self, funnel: FunnelSpec, session_id: str, limit: int,
+                              current_id: int) -> list[Message]:
+        """The last ``limit`` messages before the current one, oldest first (window in SQL)."""
+
+    async def save_turn(self, funnel: FunnelSpec, write: TurnWrite) -> int:
+        """UPSERT the state (checking row_version), log the reply, record the turn and the
+        outbox, in one transaction; return the new row_version.
+
+        Raises:
+            ConcurrentUpdate: the row changed since it was loaded; nothing was written.
+        """
+
+    def session_lock(self, funnel: FunnelSpec, session_id: str
+                     ) -> AbstractAsyncContextManager[None]:
+        """Serialize turns of one session across processes."""
+
+    async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
+                           limit: int = 50) -> list[dict[str, Any]]:
+        """Undelivered outbox rows that are due."""
+
+    async def finish_outbox(self, item_id: int, error: str | None) -> None:
+        """Mark an outbox row delivered, or failed with a retry time."""
+
+    async def history(self, funnel: FunnelSpec, session_id: str, limit: int
+                      ) -> list[dict[str, Any]]:
+        """The last messages of a session with their stages and times."""
+
+    async def close(self) -> None: ...
+
+
+async def open_store(url: str | None = None, **options: Any) -> Store:
+    """Open the store at ``url`` (``postgresql://...``), or the embedded PostgreSQL.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    from .postgres import PostgresStore
+
+    if url is None:
+        from .embedded import embedded_url
+
+        url = embedded_url()
+    return await PostgresStore.open(url, **options)

@@ -1,0 +1,156 @@
+"""SQL for a funnel's session table, generated from its `state`; identifiers via psycopg.sql."""
+
+from __future__ import annotations
+
+import json
+from psycopg import sql
+
+from ..spec import COLUMN_TYPE, FieldSpec, FunnelSpec
+
+MESSAGES = "funnel_messages"
+TURNS = "funnel_turns"
+OUTBOX = "funnel_outbox"
+MIGRATIONS = "funnel_migrations"
+
+
+def column_type(name: str) -> sql.SQL:
+    # Types come from the funnel file, so they are checked against a closed list.
+    if not COLUMN_TYPE.match(name):
+        raise ValueError(f"unsupported column type {name!r}")
+    return sql.SQL(name.upper())
+
+
+def _literal_default(field: FieldSpec) -> sql.Composable | None:
+    if field.default is None:
+        return None
+    if field.is_json:
+        return sql.Literal(json.dumps(field.default, separators=(",", ":")))
+    return sql.Literal(field.default)
+
+
+def engine_columns(spec: FunnelSpec) -> list[tuple[str, str, sql.Composable | None, bool]]:
+    """(name, type, default, not null) of the columns the engine owns."""
+    return [
+        ("stage", "text", sql.Literal(spec.initial), True),
+        ("stage_iteration", "int", sql.Literal(0), True),
+        ("stage_history", "jsonb", sql.Literal("[]"), True),
+        ("turns", "int", sql.Literal(0), True),
+        ("funnel_version", "int", sql.Literal(spec.version), True),
+        ("row_version", "bigint", sql.Literal(1), True),
+        ("notices", "jsonb", sql.Literal("[]"), True),
+    ]
+
+
+TIMESTAMPS = ("created_at", "updated_at", "last_message_at")
+
+
+def column_defs(spec: FunnelSpec) -> list[tuple[str, sql.Composable]]:
+    """Every column of the session table as (name, definition), in table order."""
+    cols: list[tuple[str, sql.Composable]] = [
+        ("session_id", sql.SQL("{} TEXT PRIMARY KEY").format(sql.Identifier("session_id")))
+    ]
+    entries: list[tuple[str, str, sql.Composable | None, bool]] = engine_columns(spec)[:3]
+    entries += [
+        (f.name, f.column_type, _literal_default(f), not f.nullable) for f in spec.state.values()
+    ]
+    entries += engine_columns(spec)[3:]
+    for name, ctype, default, not_null in entries:
+        parts: list[sql.Composable] = [sql.Identifier(name), column_type(ctype)]
+        if not_null:
+            parts.append(sql.SQL("NOT NULL"))
+        if default is not None:
+            parts.append(sql.SQL("DEFAULT {}").format(default))
+        cols.append((name, sql.SQL(" ").join(parts)))
+    for name in TIMESTAMPS:
+        cols.append((name, sql.SQL("{} TIMESTAMPTZ NOT NULL DEFAULT NOW()").format(
+            sql.Identifier(name))))
+    return cols
+
+
+def create_table(spec: FunnelSpec) -> sql.Composed:
+    body = sql.SQL(",\n    ").join(d for _, d in column_defs(spec))
+    return sql.SQL("CREATE TABLE IF NOT EXISTS {} (\n    {}\n)").format(
+        sql.Identifier(spec.table), body)
+
+
+def create_indexes(spec: FunnelSpec) -> list[sql.Composed]:
+    out = []
+    for ix in spec.indexes:
+        order = sql.SQL(" DESC") if ix.descending else sql.SQL("")
+        where = (sql.SQL(" WHERE {} IS NOT NULL").format(sql.Identifier(ix.column))
+                 if ix.where_not_null else sql.SQL(""))
+        out.append(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({}{}){}").format(
+            sql.Identifier(ix.name), sql.Identifier(spec.table), sql.Identifier(ix.column),
+            order, where))
+    return out
+
+
+def funnel_ddl(spec: FunnelSpec) -> list[sql.Composed]:
+    """CREATE TABLE and CREATE INDEX statements for the funnel's session table."""
+    return [create_table(spec), *create_indexes(spec)]
+
+
+def render(spec: FunnelSpec) -> str:
+    """The DDL as text, for `funnel sql` (``| psql`` runs it)."""
+    parts = [f"-- Session state of funnel '{spec.name}' v{spec.version}, from {spec.path}"]
+    parts += [q.as_string() + ";" for q in funnel_ddl(spec)]
+    return "\n".join(parts) + "\n"
+
+
+# Shared tables, one set for every funnel. Append-only: index + 1 is the version,
+# recorded in funnel_migrations as funnel '' (see langgraph-checkpoint-postgres).
+SHARED_MIGRATIONS: list[str] = [
+    f"""CREATE TABLE IF NOT EXISTS {MESSAGES} (
+        id BIGSERIAL PRIMARY KEY,
+        funnel TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+        content TEXT NOT NULL,
+        stage TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{MESSAGES}_session ON {MESSAGES} (funnel, session_id, id DESC)",
+    f"""CREATE TABLE IF NOT EXISTS {TURNS} (
+        id BIGSERIAL PRIMARY KEY,
+        funnel TEXT NOT NULL,
+        funnel_version INT NOT NULL,
+        session_id TEXT NOT NULL,
+        stage_before TEXT NOT NULL,
+        stage_after TEXT NOT NULL,
+        transitions JSONB NOT NULL DEFAULT '[]',
+        actions JSONB NOT NULL DEFAULT '[]',
+        refused JSONB NOT NULL DEFAULT '[]',
+        validation_failures INT NOT NULL DEFAULT 0,
+        repaired BOOLEAN NOT NULL DEFAULT FALSE,
+        fallback BOOLEAN NOT NULL DEFAULT FALSE,
+        llm_ms INT,
+        turn_ms INT,
+        prompt_tokens INT NOT NULL DEFAULT 0,
+        completion_tokens INT NOT NULL DEFAULT 0,
+        cost NUMERIC(12,6),
+        model TEXT,
+        error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{TURNS}_time ON {TURNS} (funnel, created_at)",
+    f"CREATE INDEX IF NOT EXISTS idx_{TURNS}_session ON {TURNS} (funnel, session_id)",
+    f"""CREATE TABLE IF NOT EXISTS {OUTBOX} (
+        id BIGSERIAL PRIMARY KEY,
+        idempotency_key TEXT NOT NULL UNIQUE,
+        funnel TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        payload JSONB NOT NULL,
+        attempts INT NOT NULL DEFAULT 0,
+        last_error TEXT,
+        next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        delivered_at TIMESTAMPTZ,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{OUTBOX}_due ON {OUTBOX} (next_attempt_at) "
+    "WHERE delivered_at IS NULL",
+]
+
+
+def cast(field_type: str) -> sql.SQL:
+    return sql.SQL("::") + column_type(field_type)

@@ -1,0 +1,126 @@
+"""Schema changes: the shared tables' append-only migrations, and bringing a funnel's
+table up to its declaration (`funnel migrate`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..spec import FunnelSpec
+from . import ddl
+
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('funnel-migrations', 0))"
+
+
+async def apply_shared(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Apply the shared tables' migrations not applied yet; safe to run concurrently."""
+    await conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {ddl.MIGRATIONS} (funnel TEXT NOT NULL, version INT NOT NULL,"
+        " description TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),"
+        " PRIMARY KEY (funnel, version))"
+    )
+    done = await _applied(conn, "")
+    if len(done) >= len(ddl.SHARED_MIGRATIONS):
+        return
+    async with conn.transaction():
+        await conn.execute(_LOCK)
+        done = await _applied(conn, "")
+        for version, stmt in enumerate(ddl.SHARED_MIGRATIONS, start=1):
+            if version in done:
+                continue
+            await conn.execute(stmt.encode())
+            await _record(conn, "", version, stmt.split("(")[0].strip()[:200])
+
+
+async def _applied(conn: psycopg.AsyncConnection[Any], funnel: str) -> set[int]:
+    rows = await (await conn.execute(
+        f"SELECT version FROM {ddl.MIGRATIONS} WHERE funnel = %s", (funnel,))).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+async def _record(conn: psycopg.AsyncConnection[Any], funnel: str, version: int, text: str
+                  ) -> None:
+    await conn.execute(
+        f"INSERT INTO {ddl.MIGRATIONS} (funnel, version, description) VALUES (%s, %s, %s) "
+        "ON CONFLICT DO NOTHING", (funnel, version, text))
+
+
+async def existing_columns(conn: psycopg.AsyncConnection[Any], table: str) -> list[str]:
+    rows = await (await conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+        "current_schema() AND table_name = %s ORDER BY ordinal_position", (table,))).fetchall()
+    return [r[0] for r in rows]
+
+
+async def missing_columns(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec) -> list[str]:
+    have = set(await existing_columns(conn, spec.table))
+    return [name for name, _ in ddl.column_defs(spec) if name not in have]
+
+
+async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *,
+                         drop: bool = False, check: bool = False) -> list[str]:
+    """Create or alter the funnel's table to match its declaration.
+
+    A new field adds a column with its default; a new index is created; a
+    removed field is reported and kept unless ``drop``; sessions sitting in a
+    stage the funnel no longer has are reported. With ``check`` nothing is
+    changed. Each change is recorded in ``funnel_migrations``.
+    """
+    await apply_shared(conn)
+    report: list[str] = []
+    async with conn.transaction():
+        await conn.execute(_LOCK)
+        have = await existing_columns(conn, spec.table)
+        changes: list[tuple[str, sql.Composed]] = []
+        if not have:
+            changes += [(f"create table {spec.table}", ddl.create_table(spec))]
+        else:
+            for name, definition in ddl.column_defs(spec):
+                if name not in have:
+                    changes.append((f"add column {name}", sql.SQL("ALTER TABLE {} ADD COLUMN {}")
+                                    .format(sql.Identifier(spec.table), definition)))
+            declared = {name for name, _ in ddl.column_defs(spec)}
+            for name in have:
+                if name not in declared:
+                    if drop:
+                        changes.append((f"drop column {name}", sql.SQL(
+                            "ALTER TABLE {} DROP COLUMN {}").format(
+                                sql.Identifier(spec.table), sql.Identifier(name))))
+                    else:
+                        report.append(f"column {name} is no longer declared; kept (use --drop "
+                                      "to remove it)")
+        for ix, stmt in zip(spec.indexes, ddl.create_indexes(spec), strict=True):
+            exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                               (f'"{ix.name}"',))).fetchone()
+            if not (exists and exists[0]):
+                changes.append((f"create index {ix.name}", stmt))
+        if have:
+            stages = await (await conn.execute(sql.SQL(
+                "SELECT stage, COUNT(*) FROM {} GROUP BY stage").format(
+                    sql.Identifier(spec.table)))).fetchall()
+            for stage, count in stages:
+                if stage not in spec.stages:
+                    target = spec.removed_stages.get(stage)
+                    if target:
+                        report.append(f"{count} session(s) in removed stage '{stage}' "
+                                      f"{'will move' if check else 'moved'} to '{target}'")
+                        if not check:
+                            await conn.execute(sql.SQL(
+                                "UPDATE {} SET stage = %s, stage_iteration = 0, "
+                                "row_version = row_version + 1 WHERE stage = %s").format(
+                                    sql.Identifier(spec.table)), (target, stage))
+                    else:
+                        report.append(f"error: {count} session(s) sit in stage '{stage}', "
+                                      "which the funnel no longer declares; add "
+                                      f"`removed_stages: {{{stage}: <stage>}}`")
+        if check:
+            return [f"would {what}" for what, _ in changes] + report
+        done = await _applied(conn, spec.table)
+        version = max(done, default=0)
+        for what, stmt in changes:
+            await conn.execute(stmt)
+            version += 1
+            await _record(conn, spec.table, version, f"v{spec.version}: {what}")
+    return [what for what, _ in changes] + report
