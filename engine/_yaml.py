@@ -76,6 +76,14 @@ def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: Path_, out: Located) -
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                # `? [a, b]` keys: PyYAML's own constructor refuses them too.
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    "found unhashable key (a list or mapping used as a key)", key_node.start_mark,
+                ) from None
             kpos = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             child = (*path, key)
             if key in result:

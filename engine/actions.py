@@ -109,7 +109,7 @@ class ActionRunner:
         except Exception as exc:  # a broken hook refuses its action; the turn goes on
             raise ActionRefused(action.name, f"the hook failed: {exc}") from exc
         writes = set(action.options.get("writes") or [])
-        for key, value in (result or {}).items():
+        for key in result or {}:
             if key not in writes:
                 raise ActionRefused(action.name, f"the hook wrote '{key}', which is not in its "
                                     f"`writes` list {sorted(writes)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,16 +96,22 @@ def _check_stage_refs(
                       "final, so its transitions never fire; remove them or `final: true`")
 
 
+def _stage_names(values: Iterable[Any]) -> set[str]:
+    # Only strings: a malformed `to: [..]` is reported by the format layer, and
+    # must not crash the graph walk (lists and dicts are not hashable).
+    return {v for v in values if isinstance(v, str)}
+
+
 def _successors(data: dict[str, Any], stages: dict[str, Any]) -> dict[str, set[str]]:
-    globals_to = {_dict(t).get("to") for t in _list(data.get("global_transitions"))}
+    globals_to = _stage_names(_dict(t).get("to") for t in _list(data.get("global_transitions")))
     out: dict[str, set[str]] = {}
     for name, raw in stages.items():
         raw = _dict(raw)
-        nxt = {_dict(t).get("to") for t in _list(raw.get("transitions"))}
-        nxt.add(_dict(raw.get("max_iterations")).get("to"))
+        nxt = _stage_names(_dict(t).get("to") for t in _list(raw.get("transitions")))
+        nxt |= _stage_names([_dict(raw.get("max_iterations")).get("to")])
         if not raw.get("final"):
             nxt |= globals_to
-        out[name] = {s for s in nxt if isinstance(s, str) and s in stages}
+        out[name] = {s for s in nxt if s in stages}
     idle = _dict(data.get("memory")).get("idle_return_stage")
     if isinstance(idle, str) and idle in stages:
         for name in out:

@@ -42,15 +42,16 @@ def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Repor
     checked_templates: set[Path] = set()
     for stage in _dict(data.get("stages")):
         prompt, prompts_dir, schema, _ = stage_paths(data, base, stage)
+        # At the stage's `prompt:`/`schema:` line when it names the file, else at the stage.
         if not prompt.is_file():
-            report.at(("stages", stage), "error", "F201", f"stage '{stage}': template "
+            report.at(("stages", stage, "prompt"), "error", "F201", f"stage '{stage}': template "
                       f"{prompt} does not exist; create it or set `prompt:` for the stage",
                       key=True)
         else:
             _check_template(prompt, prompts_dir, state, known_names, report, checked_templates)
         if not schema.is_file():
-            report.at(("stages", stage), "error", "F301", f"stage '{stage}': output schema "
-                      f"{schema} does not exist; create it or set `schema:` for the stage",
+            report.at(("stages", stage, "schema"), "error", "F301", f"stage '{stage}': output "
+                      f"schema {schema} does not exist; create it or set `schema:` for the stage",
                       key=True)
         else:
             check_output_schema(schema, state, owned, declared_actions, report)
@@ -105,7 +106,8 @@ def check_output_schema(
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
-        report.add(path, exc.lineno, exc.colno, "error", "F301", f"not valid JSON: {exc.msg}")
+        line, col, message = _json_error(text, exc)
+        report.add(path, line, col, "error", "F301", message)
         return
     located = _schema_positions(text)
 
@@ -145,6 +147,23 @@ def check_output_schema(
         if action not in declared_actions:
             at(keys, "F305", f"action type '{action}' is not declared under `actions` in the "
                f"funnel{did_you_mean(action, declared_actions)}")
+
+
+def _json_error(text: str, exc: json.JSONDecodeError) -> tuple[int, int, str]:
+    """(line, col, message) of a JSON syntax error.
+
+    A trailing comma is reported where the comma is, not at the ``}``/``]``
+    (possibly lines later) where the decoder noticed it.
+    """
+    before = text[: exc.pos].rstrip()
+    if before.endswith(",") and text[exc.pos : exc.pos + 1] in ("}", "]"):
+        comma = len(before) - 1
+        line = text.count("\n", 0, comma) + 1
+        col = comma - text.rfind("\n", 0, comma)
+        return line, col, (
+            f"not valid JSON: trailing comma (before the '{text[exc.pos]}' on line "
+            f"{exc.lineno}); JSON allows none: remove it")
+    return exc.lineno, exc.colno, f"not valid JSON: {exc.msg}"
 
 
 def _check_nested(sub: dict[str, Any], field: dict[str, Any], keys: tuple[Any, ...],
@@ -195,6 +214,10 @@ def check_catalog(data: dict[str, Any], report: Report) -> None:
     if not isinstance(catalog, str):
         return
     path = report.path.parent / catalog
+    if not path.is_file():
+        report.at(("catalog",), "error", "F502", f"catalog {path} does not exist (or is not a "
+                  "file); create it or fix `catalog:`")
+        return
     try:
         products = load_catalog(path)
     except CatalogError as exc:

@@ -16,6 +16,7 @@ The LLM proposes; code decides. One customer message is one turn:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -26,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from .actions import ActionOutcome, TurnScratch
-from .errors import ConcurrentUpdate, FunnelError, ModelError
+from .errors import ConcurrentUpdate, FunnelError, ModelError, StoreUnavailable
 from .funnel import CompiledFunnel, CompiledStage, load_funnel
 from .machine import Firing
 from .models import Completion, Model, ModelRequest, make_model
 from .notify import Notifier, dispatch, make_notifier
 from .prompts import build_context, chat_messages, full_view, render
 from .state import defaults, plain
-from .store import OutboxItem, Store, TurnWrite, open_store
+from .store import OutboxItem, SessionAccess, Store, TurnWrite, open_store
 
 MAX_SESSION_ID = 200
 MAX_MESSAGE_CHARS = 8000
@@ -92,6 +93,8 @@ class Engine:
         self.notifier = notifier or make_notifier(funnel.spec)
         self.clock = clock or (lambda: datetime.now(UTC))
         self._owns_store = False
+        # The window is read with the row, before the stage is known: read the widest.
+        self._window = max(s.spec.memory.window for s in funnel.stages.values())
 
     @classmethod
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
@@ -150,25 +153,36 @@ class Engine:
         """
         _check_input(session_id, text)
         started = time.perf_counter()
-        message_id = await self.store.log_message(self.spec, session_id, "user", text)
-        async with self.store.session_lock(self.spec, session_id):
-            for attempt in range(3):
-                try:
-                    result = await self._turn(session_id, text, message_id, channel, started)
-                    break
-                except ConcurrentUpdate:
-                    if attempt == 2:
-                        raise
+        logged: list[int] = []  # the message id, once the message is durable
+        for attempt in range(3):
+            try:
+                async with self.store.session(self.spec, session_id) as access:
+                    result = await self._turn(access, session_id, text, logged, channel,
+                                              started)
+                break
+            except ConcurrentUpdate:
+                if attempt == 2:
+                    raise
+            except StoreUnavailable:
+                if not logged:
+                    # No turn connection to be had: still try to keep the message.
+                    with contextlib.suppress(StoreUnavailable):
+                        await self.store.log_message(self.spec, session_id, "user", text)
+                raise
         if result.handoff:
             await self.dispatch(session_id)
         return result
 
     # -- the turn ----------------------------------------------------------------------
-    async def _turn(self, session_id: str, text: str, message_id: int, channel: str,
-                    started: float) -> TurnResult:
+    async def _turn(self, access: SessionAccess, session_id: str, text: str, logged: list[int],
+                    channel: str, started: float) -> TurnResult:
         spec, funnel = self.spec, self.funnel
         now = self.clock()
-        row = await self.store.load(spec, session_id)
+        if logged:
+            _, row, recent = await access.load(self._window, current_id=logged[0])
+        else:
+            message_id, row, recent = await access.load(self._window, text=text)
+            logged.append(message_id)
         if row is None:
             state = defaults(spec)
             eng: dict[str, Any] = {"stage": spec.initial, "stage_iteration": 0, "turns": 0,
@@ -192,8 +206,8 @@ class Engine:
             firings += self._fire(eng, "idle_return", {}, now)
 
         stage = funnel.stage(eng["stage"])
-        history = await self.store.recent_messages(spec, session_id, stage.spec.memory.window,
-                                                   message_id)
+        window = stage.spec.memory.window
+        history = recent[-window:] if window else []
         context = build_context(funnel, stage, state, eng, customer_message=text,
                                 messages=history, returning=returning, idle_seconds=idle,
                                 now=now.isoformat())
@@ -284,7 +298,7 @@ class Engine:
             },
             outbox=outbox,
         )
-        await self.store.save_turn(spec, write)
+        await access.save(write)
         return TurnResult(
             session_id=session_id, reply=reply, stage_before=stage_before,
             stage_after=eng["stage"], state=values, transitions=transitions, actions=outcomes,

@@ -88,16 +88,16 @@ def attribute_paths(tree: nodes.Node) -> Iterator[tuple[tuple[str, ...], int]]:
         if id(getattr_node) in seen:
             continue
         chain: list[str] = []
-        node: nodes.Node = getattr_node
-        while isinstance(node, nodes.Getattr):
-            seen.add(id(node))
-            chain.append(node.attr)
-            node = node.node
-        if isinstance(node, nodes.Name):
-            seen.add(id(node))
-            if node.ctx != "load" or node.name in bound:
+        current: nodes.Node = getattr_node
+        while isinstance(current, nodes.Getattr):
+            seen.add(id(current))
+            chain.append(current.attr)
+            current = current.node
+        if isinstance(current, nodes.Name):
+            seen.add(id(current))
+            if current.ctx != "load" or current.name in bound:
                 continue
-            yield (node.name, *reversed(chain)), getattr_node.lineno
+            yield (current.name, *reversed(chain)), getattr_node.lineno
 
 
 def declared_view(value: Any, schema: Mapping[str, Any]) -> Any:

@@ -162,6 +162,10 @@ class LiteLLMModel:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         import litellm
 
+        # litellm print()s "Provider List: ..." and "Give Feedback / Get Help ..." to
+        # stdout on failed calls and on cost look-ups of unmapped models; that would
+        # corrupt `funnel chat`'s one-reply-a-line output. Errors still raise.
+        litellm.suppress_debug_info = True
         self._litellm = litellm
         self.name = name
         self.api_base = api_base

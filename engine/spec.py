@@ -305,7 +305,9 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
     state: dict[str, FieldSpec] = {}
     for name, raw in (data.get("state") or {}).items():
         ftype = raw["type"]
-        nullable = bool(raw.get("nullable", False))
+        # A timestamp or date has no zero value: without a default it is NULL until set.
+        temporal = ftype == "string" and raw.get("format") in ("date-time", "date")
+        nullable = bool(raw.get("nullable", temporal and "default" not in raw))
         if "default" in raw:
             default = raw["default"]
         else:

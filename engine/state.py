@@ -70,6 +70,17 @@ def normalize_formats(value: Any, schema: Mapping[str, Any], path: str, notices:
         if phone is None:
             notices.append(f"'{value}' is not a valid phone number for {path}; it was not saved")
         return phone
+    if isinstance(value, str) and fmt in ("date-time", "date"):
+        try:
+            parsed = datetime.fromisoformat(value.strip())
+        except ValueError:
+            notices.append(f"'{value}' is not an ISO {fmt} for {path} (e.g. "
+                           "2026-12-01T14:30:00+02:00); it was not saved")
+            return None
+        if fmt == "date-time" and parsed.tzinfo is None:
+            notices.append(f"'{value}' for {path} has no time zone; it was not saved")
+            return None
+        return value.strip()
     if isinstance(value, str) and fmt == "email":
         email = value.strip().lower()
         if not _EMAIL.match(email):

@@ -105,13 +105,11 @@ def _parse_slot(value: Any) -> datetime:
         starts = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
     except ValueError:
         raise ActionRefused(
-            ACTION, f"slot {value!r} is not an ISO 8601 date and time such as "
-            "2025-06-03T14:00:00+02:00"
+            ACTION,
+            f"slot {value!r} is not an ISO 8601 date and time such as 2025-06-03T14:00:00+02:00",
         ) from None
     if starts.tzinfo is None or starts.utcoffset() is None:
-        raise ActionRefused(
-            ACTION, f"slot {value!r} has no time zone; ask which time zone the visitor is in"
-        )
+        raise ActionRefused(ACTION, f"slot {value!r} has no time zone; ask which time zone the visitor is in")
     return starts
 
 
@@ -128,8 +126,9 @@ def _check_slot(starts: datetime, now: datetime) -> None:
     end_limit = starts.replace(hour=LAST_END_HOUR, minute=0, second=0, microsecond=0)
     if starts.hour < FIRST_START_HOUR or ends > end_limit:
         raise ActionRefused(
-            ACTION, f"demos run from {FIRST_START_HOUR:02d}:00 to {LAST_END_HOUR:02d}:00 "
-            "in the visitor's time zone; offer a time inside working hours"
+            ACTION,
+            f"demos run from {FIRST_START_HOUR:02d}:00 to {LAST_END_HOUR:02d}:00 "
+            "in the visitor's time zone; offer a time inside working hours",
         )
     if starts.minute not in (0, 30) or starts.second or starts.microsecond:
         raise ActionRefused(ACTION, "demos start on the hour or at half past")

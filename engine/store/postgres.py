@@ -10,6 +10,7 @@ docs/persistence.md).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from decimal import Decimal
@@ -21,14 +22,10 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ..errors import ConcurrentUpdate, SchemaOutdated, StoreError, StoreUnavailable
+from ..errors import ConcurrentUpdate, SchemaOutdated, StoreUnavailable
 from ..prompts import Message
 from ..spec import FunnelSpec
-from . import ddl
-from . import OutboxItem, TurnWrite
-
-_ENGINE_ONLY = ("stage", "stage_iteration", "stage_history", "turns", "funnel_version",
-                "notices")
+from . import TurnWrite, ddl
 
 
 def _dumps(value: Any) -> str:
@@ -51,6 +48,27 @@ def _safe_url(url: str) -> str:
         return "the given database URL"
     host = info.get("host") or "localhost"
     return f"{host}:{info.get('port') or 5432}/{info.get('dbname') or ''}"
+
+
+class _Health:
+    """Checks a pooled connection before use only if it sat idle for a while.
+
+    Checking every checkout costs a round trip per statement; checking none
+    hands out connections that a database restart broke. A connection used in
+    the last few seconds is trusted; an older one gets an empty query, and the
+    pool replaces it if that fails (so the pool reconnects by itself).
+    """
+
+    def __init__(self, trust_seconds: float = 2.0) -> None:
+        self.trust = trust_seconds
+        self.last_used: dict[int, float] = {}
+
+    async def check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if time.monotonic() - self.last_used.get(id(conn), 0.0) > self.trust:
+            await conn.execute("")
+
+    async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.last_used[id(conn)] = time.monotonic()
 
 
 class _Table:
@@ -77,7 +95,7 @@ class _Table:
                 sets.append(sql.SQL("{} = COALESCE({}.{}, EXCLUDED.{})").format(col, t, col, col))
             else:
                 sets.append(sql.SQL("{} = EXCLUDED.{}").format(col, col))
-        self.upsert = sql.SQL(
+        upsert = sql.SQL(
             "INSERT INTO {t} ({names}, row_version, created_at, updated_at, last_message_at) "
             "VALUES ({values}, 1, NOW(), NOW(), NOW()) "
             "ON CONFLICT (session_id) DO UPDATE SET {sets}, "
@@ -86,8 +104,38 @@ class _Table:
             "RETURNING row_version"
         ).format(t=t, names=sql.SQL(", ").join(names), values=sql.SQL(", ").join(values),
                  sets=sql.SQL(", ").join(sets))
-        self.select = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(t)
-        self.stage_of = sql.SQL("SELECT stage FROM {} WHERE session_id = %s").format(t)
+        # One statement saves the whole turn: the state (if the version still
+        # matches), the reply, the turn record and the outbox rows. Atomic, one
+        # round trip, one commit; nothing but the state is written on a mismatch.
+        self.save = sql.SQL(
+            "WITH s AS ({upsert}), "
+            "m AS (INSERT INTO {messages} (funnel, session_id, role, content, stage) "
+            "SELECT %(__funnel)s, %(session_id)s, 'assistant', %(__reply)s::text, "
+            "%(__stage_after)s FROM s WHERE %(__reply)s::text IS NOT NULL), "
+            "tr AS (INSERT INTO {turns} (funnel, funnel_version, session_id, stage_before, "
+            "stage_after, transitions, actions, refused, validation_failures, repaired, fallback, "
+            "llm_ms, turn_ms, prompt_tokens, completion_tokens, cost, model, error) "
+            "SELECT %(__funnel)s, %(funnel_version)s, %(session_id)s, %(__t_stage_before)s, "
+            "%(__stage_after)s, %(__t_transitions)s, %(__t_actions)s, %(__t_refused)s, "
+            "%(__t_validation_failures)s, %(__t_repaired)s, %(__t_fallback)s, %(__t_llm_ms)s, "
+            "%(__t_turn_ms)s, %(__t_prompt_tokens)s, %(__t_completion_tokens)s, "
+            "%(__t_cost)s, %(__t_model)s, %(__t_error)s FROM s), "
+            "o AS (INSERT INTO {outbox} (idempotency_key, funnel, session_id, kind, payload) "
+            "SELECT x.key, %(__funnel)s, %(session_id)s, x.kind, x.payload FROM s, "
+            "jsonb_to_recordset(%(__outbox)s::jsonb) AS x(key text, kind text, payload jsonb) "
+            "ON CONFLICT (idempotency_key) DO NOTHING) "
+            "SELECT row_version FROM s"
+        ).format(upsert=upsert, messages=sql.Identifier(ddl.MESSAGES),
+                 turns=sql.Identifier(ddl.TURNS), outbox=sql.Identifier(ddl.OUTBOX)).as_string()
+        self.upsert = upsert.as_string()
+        self.select = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(t).as_string()
+        self.log = sql.SQL(
+            "INSERT INTO {m} (funnel, session_id, role, content, stage) VALUES "
+            "(%s, %s, %s, %s, COALESCE((SELECT stage FROM {t} WHERE session_id = %s), %s)) "
+            "RETURNING id"
+        ).format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
+        self.version_of = sql.SQL("SELECT row_version FROM {} WHERE session_id = %s").format(
+            t).as_string()
 
     def params(self, write: TurnWrite) -> dict[str, Any]:
         out: dict[str, Any] = {"__expected": write.expected_version,
@@ -96,6 +144,19 @@ class _Table:
             value = write.values.get(name)
             out[name] = Jsonb(value, dumps=_dumps) if name in self.json_columns and \
                 value is not None else value
+        t = write.turn
+        out.update({
+            "__funnel": self.spec.name, "__reply": write.reply,
+            "__stage_after": write.stage_after, "__t_stage_before": t["stage_before"],
+            "__t_transitions": Jsonb(t["transitions"], dumps=_dumps),
+            "__t_actions": Jsonb(t["actions"], dumps=_dumps),
+            "__t_refused": Jsonb(t["refused"], dumps=_dumps),
+            "__outbox": Jsonb([{"key": o.key, "kind": o.kind, "payload": o.payload}
+                               for o in write.outbox], dumps=_dumps),
+        })
+        for key in ("validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
+                    "prompt_tokens", "completion_tokens", "cost", "model", "error"):
+            out[f"__t_{key}"] = t.get(key)
         return out
 
 
@@ -119,13 +180,13 @@ class PostgresStore:
             StoreUnavailable: no connection within ``timeout`` seconds.
         """
         kwargs: dict[str, Any] = {"autocommit": True}
+        health = _Health()
         pool = AsyncConnectionPool(url, min_size=1, max_size=max_connections, open=False,
-                                   kwargs=kwargs, timeout=timeout, check=AsyncConnectionPool.check_connection,
-                                   name="funnel")
+                                   kwargs=kwargs, timeout=timeout, check=health.check,
+                                   reset=health.reset, name="funnel")
         lock_pool = AsyncConnectionPool(url, min_size=0, max_size=max_turns, open=False,
-                                        kwargs=kwargs, timeout=timeout * 12,
-                                        check=AsyncConnectionPool.check_connection,
-                                        name="funnel-locks")
+                                        kwargs=kwargs, timeout=timeout * 12, check=health.check,
+                                        reset=health.reset, name="funnel-locks")
         store = cls(url, pool, lock_pool, timeout)
         try:
             await pool.open(wait=True, timeout=timeout)
@@ -192,10 +253,7 @@ class PostgresStore:
     # -- turns -------------------------------------------------------------------------
     async def log_message(self, funnel: FunnelSpec, session_id: str, role: str, content: str
                           ) -> int:
-        q = sql.SQL(
-            "INSERT INTO {m} (funnel, session_id, role, content, stage) VALUES "
-            "(%s, %s, %s, %s, COALESCE(({stage_of}), %s)) RETURNING id"
-        ).format(m=sql.Identifier(ddl.MESSAGES), stage_of=self.table(funnel).stage_of)
+        q = self.table(funnel).log
         async with self._conn() as conn:
             row = await (await conn.execute(
                 q, (funnel.name, session_id, role, content, session_id, funnel.initial)
@@ -213,84 +271,42 @@ class PostgresStore:
                               current_id: int) -> list[Message]:
         if limit <= 0:
             return []
-        # The window is applied in SQL. Replies logged after the current message
-        # (a turn that finished while this message waited) still belong to it.
-        q = sql.SQL(
-            "SELECT role, content FROM (SELECT id, role, content FROM {m} "
-            "WHERE funnel = %s AND session_id = %s AND id <> %s "
-            "AND (id < %s OR role = 'assistant') ORDER BY id DESC LIMIT %s) w ORDER BY id"
-        ).format(m=sql.Identifier(ddl.MESSAGES))
         async with self._conn() as conn:
             rows = await (await conn.execute(
-                q, (funnel.name, session_id, current_id, current_id, limit))).fetchall()
+                _RECENT, (funnel.name, session_id, current_id, current_id, limit))).fetchall()
         return [Message(r[0], r[1]) for r in rows]
 
     async def save_turn(self, funnel: FunnelSpec, write: TurnWrite) -> int:
         table = self.table(funnel)
-        async with self._conn() as conn, conn.transaction():
-            row = await (await conn.execute(table.upsert, table.params(write))).fetchone()
-            if row is None:
-                found = await (await conn.execute(
-                    sql.SQL("SELECT row_version FROM {} WHERE session_id = %s").format(
-                        sql.Identifier(funnel.table)), (write.session_id,))).fetchone()
-                raise ConcurrentUpdate(write.session_id, write.expected_version,
-                                       found[0] if found else None)
-            if write.reply is not None:
-                await conn.execute(
-                    sql.SQL("INSERT INTO {} (funnel, session_id, role, content, stage) "
-                            "VALUES (%s, %s, 'assistant', %s, %s)").format(
-                                sql.Identifier(ddl.MESSAGES)),
-                    (funnel.name, write.session_id, write.reply, write.stage_after))
-            await self._record_turn(conn, funnel, write)
-            for item in write.outbox:
-                await self._enqueue(conn, funnel, write.session_id, item)
-            return int(row[0])
-
-    async def _record_turn(self, conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
-                           write: TurnWrite) -> None:
-        t = write.turn
-        await conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (funnel, funnel_version, session_id, stage_before, stage_after, "
-                "transitions, actions, refused, validation_failures, repaired, fallback, llm_ms, "
-                "turn_ms, prompt_tokens, completion_tokens, cost, model, error) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-            ).format(sql.Identifier(ddl.TURNS)),
-            (funnel.name, funnel.version, write.session_id, t["stage_before"], t["stage_after"],
-             Jsonb(t["transitions"], dumps=_dumps), Jsonb(t["actions"], dumps=_dumps),
-             Jsonb(t["refused"], dumps=_dumps), t["validation_failures"], t["repaired"],
-             t["fallback"], t.get("llm_ms"), t.get("turn_ms"), t["prompt_tokens"],
-             t["completion_tokens"], t.get("cost"), t.get("model"), t.get("error")))
-
-    async def _enqueue(self, conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
-                       session_id: str, item: OutboxItem) -> None:
-        await conn.execute(
-            sql.SQL("INSERT INTO {} (idempotency_key, funnel, session_id, kind, payload) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (idempotency_key) DO NOTHING"
-                    ).format(sql.Identifier(ddl.OUTBOX)),
-            (item.key, funnel.name, session_id, item.kind, Jsonb(item.payload, dumps=_dumps)))
+        async with self._conn() as conn:
+            return await _save(conn, table, write)
 
     @asynccontextmanager
-    async def session_lock(self, funnel: FunnelSpec, session_id: str) -> AsyncIterator[None]:
-        key = f"{funnel.name}/{session_id}"
+    async def session(self, funnel: FunnelSpec, session_id: str) -> AsyncIterator[SessionHandle]:
+        """Hold the session's lock for one turn; load and save through the handle."""
         try:
             async with self.lock_pool.connection() as conn:
-                await conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+                handle = SessionHandle(self.table(funnel), conn, session_id)
                 try:
-                    yield
+                    yield handle
                 finally:
-                    try:
-                        await conn.execute(
-                            "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
-                    except psycopg.Error:
-                        await conn.close()  # a closed connection releases its locks
+                    if handle.locked:
+                        await handle.release()
         except PoolTimeout:
             raise StoreUnavailable(
                 f"no database connection for session {session_id!r}: too many turns are "
                 "running at once or PostgreSQL is not answering; try again"
             ) from None
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"lost the connection to PostgreSQL: {exc}") from None
+            raise StoreUnavailable(f"lost the connection to PostgreSQL at "
+                                   f"{_safe_url(self.url)}: {_first_line(exc)}; the turn was "
+                                   "not saved") from None
+
+    @asynccontextmanager
+    async def session_lock(self, funnel: FunnelSpec, session_id: str) -> AsyncIterator[None]:
+        async with self.session(funnel, session_id) as handle:
+            await handle.lock()
+            yield
 
     # -- outbox ------------------------------------------------------------------------
     async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
@@ -334,4 +350,117 @@ class PostgresStore:
             return await cur.fetchall()
 
 
-__all__ = ["PostgresStore", "StoreError"]
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+_LOCK = "SELECT pg_advisory_lock(hashtextextended(%s, 0))"
+_UNLOCK = "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
+
+
+async def _save(conn: psycopg.AsyncConnection[Any], table: _Table, write: TurnWrite) -> int:
+    row = await (await conn.execute(table.save, table.params(write))).fetchone()
+    if row is None:
+        found = await (await conn.execute(table.version_of, (write.session_id,))).fetchone()
+        raise ConcurrentUpdate(write.session_id, write.expected_version,
+                               found[0] if found else None)
+    return int(row[0])
+
+
+class SessionHandle:
+    """One turn's view of a session, on the connection that holds its advisory lock.
+
+    ``load`` sends lock + row + message window in one round trip (pipeline);
+    ``save`` sends the turn's single statement and the unlock in another.
+    """
+
+    def __init__(self, table: _Table, conn: psycopg.AsyncConnection[Any], session_id: str
+                 ) -> None:
+        self.table = table
+        self.conn = conn
+        self.session_id = session_id
+        self.key = f"{table.spec.name}/{session_id}"
+        self.locked = False
+
+    async def lock(self) -> None:
+        await self.conn.execute(_LOCK, (self.key,))
+        self.locked = True
+
+    async def load(self, window: int, *, text: str | None = None, current_id: int = 0
+                   ) -> tuple[int, dict[str, Any] | None, list[Message]]:
+        """Log the user's message (when ``text`` is given), lock the session, and read its
+        row and last ``window`` messages: one round trip.
+
+        The message's INSERT commits on its own before the lock is even asked
+        for, so it is durable whatever happens to the turn. Returns
+        (message id, row or None, messages oldest first).
+        """
+        conn = self.conn
+        spec = self.table.spec
+        log_cur = conn.cursor()
+        row_cur = conn.cursor(row_factory=dict_row)
+        msg_cur = conn.cursor()
+        async with conn.pipeline():
+            if text is not None:
+                await log_cur.execute(self.table.log, (spec.name, self.session_id, "user", text,
+                                                       self.session_id, spec.initial))
+            await conn.execute(_LOCK, (self.key,))
+            self.locked = True
+            await row_cur.execute(self.table.select, (self.session_id,))
+            if window > 0:
+                if text is not None:
+                    await msg_cur.execute(_RECENT_CURRVAL, (spec.name, self.session_id, window))
+                else:
+                    await msg_cur.execute(_RECENT, (spec.name, self.session_id, current_id,
+                                                    current_id, window))
+        if text is not None:
+            logged = await log_cur.fetchone()
+            assert logged is not None
+            current_id = int(logged[0])
+        row = await row_cur.fetchone()
+        messages = [Message(r[0], r[1]) for r in await msg_cur.fetchall()] if window > 0 else []
+        return current_id, row, messages
+
+    async def save(self, write: TurnWrite) -> int:
+        """Save the turn and release the lock in one round trip."""
+        conn = self.conn
+        cur = conn.cursor()
+        async with conn.pipeline():
+            await cur.execute(self.table.save, self.table.params(write))
+            await conn.execute(_UNLOCK, (self.key,))
+        self.locked = False
+        row = await cur.fetchone()
+        if row is None:
+            found = await (await conn.execute(self.table.version_of,
+                                              (write.session_id,))).fetchone()
+            raise ConcurrentUpdate(write.session_id, write.expected_version,
+                                   found[0] if found else None)
+        return int(row[0])
+
+    async def release(self) -> None:
+        try:
+            await self.conn.execute(_UNLOCK, (self.key,))
+        except psycopg.Error:
+            await self.conn.close()  # a closed connection releases its locks
+        self.locked = False
+
+
+# The window is applied in SQL. Replies logged after the current message (a
+# turn that finished while this message waited for the lock) still belong to it.
+_RECENT = (
+    f"SELECT role, content FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
+    "WHERE funnel = %s AND session_id = %s AND id <> %s "
+    "AND (id < %s OR role = 'assistant') ORDER BY id DESC LIMIT %s) w ORDER BY id"
+)
+
+# The same, for the message this connection has just logged (currval is per connection).
+_RECENT_CURRVAL = (
+    f"SELECT role, content FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
+    "WHERE funnel = %s AND session_id = %s "
+    f"AND id <> currval(pg_get_serial_sequence('{ddl.MESSAGES}', 'id')) "
+    f"AND (id < currval(pg_get_serial_sequence('{ddl.MESSAGES}', 'id')) OR role = 'assistant') "
+    "ORDER BY id DESC LIMIT %s) w ORDER BY id"
+)
+
+__all__ = ["PostgresStore", "SessionHandle"]

@@ -1,0 +1,158 @@
+"""Per-turn engine overhead on PostgreSQL, next to a raw psycopg baseline measured in the same run.
+
+The engine runs the Puramur funnel's full turn with a zero-latency scripted
+model: the user's message committed first, then the state UPSERT, the
+assistant message and the turn record in a second commit (plus the
+per-session lock, the window query, prompt rendering, schema validation and
+the stage machine). The baseline does only one SELECT and one UPSERT of a
+comparable JSONB row per turn.
+
+    python bench/turn_overhead.py [--db URL] [--sessions 200] [--turns 10] [--rounds 3]
+
+Without --db it uses $FUNNEL_DB, else the embedded PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+from psycopg.types.json import Jsonb  # noqa: E402
+from psycopg_pool import AsyncConnectionPool  # noqa: E402
+
+from engine import Engine, ScriptedModel, load_funnel  # noqa: E402
+from engine.store import open_store  # noqa: E402
+
+BASELINE_DDL = """
+CREATE TABLE IF NOT EXISTS bench_raw_state (
+    session_id TEXT PRIMARY KEY, stage TEXT NOT NULL, stage_iteration INT NOT NULL,
+    stage_history JSONB NOT NULL, customer JSONB NOT NULL, pet JSONB NOT NULL,
+    cart JSONB NOT NULL, cart_total NUMERIC(10,2) NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT NOW())
+"""
+UPSERT = """
+INSERT INTO bench_raw_state (session_id, stage, stage_iteration, stage_history, customer, pet,
+                             cart, cart_total)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (session_id) DO UPDATE SET stage = EXCLUDED.stage,
+  stage_iteration = EXCLUDED.stage_iteration, stage_history = EXCLUDED.stage_history,
+  customer = EXCLUDED.customer, pet = EXCLUDED.pet, cart = EXCLUDED.cart,
+  cart_total = EXCLUDED.cart_total, updated_at = NOW()
+"""
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def baseline_turn(pool: AsyncConnectionPool, sid: str) -> None:
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT * FROM bench_raw_state WHERE session_id = %s",
+                                        (sid,))).fetchone()
+        it = (row[2] + 1) if row else 0
+        await conn.execute(UPSERT, (sid, "discovery", it, Jsonb([{"stage": "greeting"}]),
+                                    Jsonb({"name": "Anna"}), Jsonb({"type": "cat"}), Jsonb([]), 0))
+
+
+async def run_baseline(url: str, sessions: list[str], turns: int, workers: int
+                       ) -> tuple[list[float], float]:
+    async with AsyncConnectionPool(url, min_size=workers, max_size=workers,
+                                   kwargs={"autocommit": True}) as pool:
+        async with pool.connection() as conn:
+            await conn.execute(BASELINE_DDL)
+            await conn.execute("TRUNCATE bench_raw_state")
+        return await drive(lambda sid: baseline_turn(pool, sid), sessions, turns, workers)
+
+
+async def drive(turn: Any, sessions: list[str], turns: int, workers: int
+                ) -> tuple[list[float], float]:
+    """Run `turns` turns for every session with `workers` concurrent sessions at a time."""
+    latencies: list[float] = []
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for s in sessions:
+        queue.put_nowait(s)
+
+    async def worker() -> None:
+        while not queue.empty():
+            sid = queue.get_nowait()
+            for _ in range(turns):
+                t0 = time.perf_counter()
+                await turn(sid)
+                latencies.append((time.perf_counter() - t0) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return latencies, len(latencies) / (time.perf_counter() - started)
+
+
+async def run_engine(url: str, sessions: list[str], turns: int, workers: int
+                     ) -> tuple[list[float], float]:
+    funnel = load_funnel(ROOT / "funnels" / "puramur.yaml")
+    model = ScriptedModel.from_data({"default": {"reply": "Tell me more about your pet."}})
+    store = await open_store(url, max_connections=max(2, workers), max_turns=workers)
+    engine = await Engine.open(funnel, model=model, store=store)
+    try:
+        return await drive(lambda sid: engine.handle(sid, "My cat has dry skin"), sessions,
+                           turns, workers)
+    finally:
+        await store.close()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
+    ap.add_argument("--sessions", type=int, default=200)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    url = args.db
+    if url is None:
+        from engine.store.embedded import embedded_url
+
+        url = embedded_url()
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}".encode())
+    url_s = psycopg.conninfo.make_conninfo(url, options=f"-csearch_path={schema}")
+    print(f"PostgreSQL: {psycopg.conninfo.conninfo_to_dict(url).get('host')}; "
+          f"{args.sessions} sessions x {args.turns} turns = {args.sessions * args.turns} turns "
+          f"per measurement; median of {args.rounds} rounds")
+    try:
+        for workers in (1, 8):
+            results: dict[str, list[tuple[float, float, float]]] = {"baseline": [], "engine": []}
+            for r in range(args.rounds):
+                tag = f"r{r}w{workers}"
+                sessions = [f"{tag}-{i}" for i in range(args.sessions)]
+                lat, tps = await run_baseline(url_s, sessions, args.turns, workers)
+                results["baseline"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
+                lat, tps = await run_engine(url_s, sessions, args.turns, workers)
+                results["engine"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
+            print(f"\n{workers} concurrent session(s):")
+            print(f"  {'':10} {'p50 ms':>8} {'p99 ms':>8} {'turns/s':>9}")
+            med = {}
+            for name, rows in results.items():
+                med[name] = tuple(statistics.median(x[i] for x in rows) for i in range(3))
+                p50, p99, tps = med[name]
+                print(f"  {name:10} {p50:8.2f} {p99:8.2f} {tps:9.0f}")
+            ratio_p50 = med["engine"][0] / med["baseline"][0]
+            ratio_tps = med["engine"][2] / med["baseline"][2]
+            print(f"  engine/baseline: p50 x{ratio_p50:.2f}, throughput x{ratio_tps:.2f}")
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE".encode())
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,199 @@
+"""A small OpenAI-compatible chat server for tests (stdlib only).
+
+It listens on 127.0.0.1 on a free port, in a background thread, and answers
+``POST /v1/chat/completions`` (and ``/chat/completions``). Each request takes
+the next behaviour from a queue the test fills:
+
+    server.reply('{"reply": "Hi"}', prompt_tokens=120, completion_tokens=9)
+    server.fail(500)                  # an OpenAI-style error body
+    server.sleep(5, then='{"reply": "late"}')   # for timeouts
+
+With the queue empty it answers HTTP 500 ("no behaviour queued"), so an
+unexpected extra call shows up as a failure. Every request body is recorded in
+``server.requests`` (parsed JSON), in arrival order.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+PATHS = ("/v1/chat/completions", "/chat/completions")
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    kind: str  # "reply" | "fail" | "sleep"
+    content: str | None = None
+    status: int = 200
+    message: str = ""
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    then: Behaviour | None = None
+
+
+class FakeOpenAI:
+    """The server and its programme. ``start()`` / ``stop()``; ``api_base`` for clients."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+        self._queue: deque[Behaviour] = deque()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- programming -------------------------------------------------------------------
+    def reply(self, content: str, *, prompt_tokens: int = 120,
+              completion_tokens: int = 30) -> FakeOpenAI:
+        """Answer with a chat.completion whose message content is ``content``."""
+        self._push(Behaviour("reply", content=content, prompt_tokens=prompt_tokens,
+                             completion_tokens=completion_tokens))
+        return self
+
+    def fail(self, status: int = 500, message: str = "The server had an error "
+             "while processing your request.") -> FakeOpenAI:
+        """Answer with an HTTP error and an OpenAI-style ``{"error": {...}}`` body."""
+        self._push(Behaviour("fail", status=status, message=message))
+        return self
+
+    def sleep(self, seconds: float, *, then: str = '{"reply": "too late"}') -> FakeOpenAI:
+        """Wait ``seconds`` (cut short when the server stops), then reply with ``then``."""
+        self._push(Behaviour("sleep", seconds=seconds,
+                             then=Behaviour("reply", content=then, prompt_tokens=1,
+                                            completion_tokens=1)))
+        return self
+
+    def _push(self, behaviour: Behaviour) -> None:
+        with self._lock:
+            self._queue.append(behaviour)
+
+    def _next(self, body: dict[str, Any], path: str) -> Behaviour | None:
+        with self._lock:
+            self.requests.append(body)
+            self.paths.append(path)
+            return self._queue.popleft() if self._queue else None
+
+    @property
+    def pending(self) -> int:
+        """Behaviours queued but not used yet."""
+        with self._lock:
+            return len(self._queue)
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        assert self._httpd is not None, "the server is not started"
+        return int(self._httpd.server_address[1])
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> FakeOpenAI:
+        handler = type("Handler", (_Handler,), {"fake": self})
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        httpd.daemon_threads = True
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"fake-openai-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes handlers that are sleeping
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeOpenAI
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path not in PATHS:
+            self._send(404, _error(f"no route for {path}", "invalid_request_error", 404))
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            self._send(400, _error("the body is not JSON", "invalid_request_error", 400))
+            return
+        behaviour = self.fake._next(body, path)
+        if behaviour is None:
+            self._send(500, _error("fake server: no behaviour queued for this request",
+                                   "server_error", 500))
+            return
+        if behaviour.kind == "sleep":
+            if self.fake._stopping.wait(behaviour.seconds):
+                return
+            assert behaviour.then is not None
+            behaviour = behaviour.then
+        if behaviour.kind == "fail":
+            self._send(behaviour.status, _error(behaviour.message, "server_error",
+                                                behaviour.status))
+            return
+        self._send(200, {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or "fake-model"),
+            "system_fingerprint": "fp_fake",
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": behaviour.content,
+                            "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }],
+            "usage": {
+                "prompt_tokens": behaviour.prompt_tokens,
+                "completion_tokens": behaviour.completion_tokens,
+                "total_tokens": behaviour.prompt_tokens + behaviour.completion_tokens,
+            },
+        })
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout): nothing to answer
+
+
+def _error(message: str, kind: str, status: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None,
+                      "code": str(status)}}

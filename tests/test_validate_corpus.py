@@ -1,0 +1,280 @@
+"""`funnel validate` against a corpus of broken funnels, and the CLI around it.
+
+Each folder of ``tests/corpus/`` is one case: a funnel (a copy of ``_base``
+with a mistake) plus the prompts, schemas and catalog it needs, and
+``expected.txt`` listing the diagnostics it must produce as ``CODE FILE:LINE``
+(FILE relative to the case folder). ``_base`` itself expects nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from engine.diagnostics import Diagnostic
+from engine.validate import validate_paths
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = Path(__file__).resolve().parent / "corpus"
+CASES = sorted(p.parent for p in CORPUS.glob("*/expected.txt"))
+LINE = re.compile(r"^(F\d{3}) (\S+):(\d+)$")
+
+# The codes the corpus must exercise (docs/funnel-format.md lists them all).
+REQUIRED_CODES = {
+    "F001", "F002", "F003", "F004", "F005",
+    "F101", "F102", "F103", "F104", "F105", "F110",
+    "F201", "F202", "F203",
+    "F301", "F302", "F303", "F304", "F305",
+    "F401", "F402", "F403",
+    "F501", "F502", "F601",
+}  # fmt: skip
+
+Key = tuple[str, str, int]
+
+
+def expected(case: Path) -> list[Key]:
+    out = []
+    for n, raw in enumerate((case / "expected.txt").read_text("utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = LINE.match(line)
+        assert m, f"{case.name}/expected.txt:{n}: not `CODE FILE:LINE`: {raw!r}"
+        out.append((m[1], m[2], int(m[3])))
+    return sorted(out)
+
+
+def key(d: Diagnostic, case: Path) -> Key:
+    return (d.code, Path(os.path.relpath(d.file, case)).as_posix(), d.line)
+
+
+def diagnostics(case: Path) -> list[Diagnostic]:
+    return validate_paths([case])
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# --- the corpus ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_corpus_case(case: Path) -> None:
+    got = diagnostics(case)
+    assert sorted(key(d, case) for d in got) == expected(case), "\n".join(
+        d.format() for d in got
+    )
+
+
+def test_corpus_covers_every_required_code() -> None:
+    codes = {code for case in CASES for code, _, _ in expected(case)}
+    assert REQUIRED_CODES <= codes, f"no corpus case for {sorted(REQUIRED_CODES - codes)}"
+    assert (CORPUS / "_base") in CASES and expected(CORPUS / "_base") == []
+    assert len(CASES) >= 30
+
+
+def test_every_diagnostic_names_a_real_line() -> None:
+    for case in CASES:
+        for d in diagnostics(case):
+            assert d.line >= 1 and d.col >= 1, d.format()
+            lines = Path(d.file).read_text("utf-8").splitlines()
+            assert d.line <= len(lines), d.format()
+            assert d.message.strip() and "\n" not in d.message, d.format()
+
+
+def _one(case: str, code: str) -> Diagnostic:
+    found = [d for d in diagnostics(CORPUS / case) if d.code == code]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_unknown_key_suggests_the_right_one() -> None:
+    d = _one("f003_unknown_key", "F003")
+    assert "did you mean" in d.message
+    assert "'description'" in d.message and "'descripton'" in d.message
+
+
+def test_unknown_condition_field_suggests_the_right_one() -> None:
+    assert "did you mean 'score'" in _one("f402_condition_unknown_field", "F402").message
+    assert "did you mean 'name'" in _one("multiple_errors", "F402").message
+
+
+def test_template_names_suggest_the_right_one() -> None:
+    assert "did you mean 'score'" in _one("f203_unknown_variable", "F203").message
+    assert "did you mean 'phone'" in _one("f203_unknown_property", "F203").message
+    assert "did you mean 'stage'" in _one("f601_index_unknown_column", "F601").message
+    assert "did you mean 'handoff_at'" in _one("f110_feature_field", "F110").message
+    assert "did you mean 'GIFT02'" in _one("f502_gift_not_in_catalog", "F502").message
+
+
+def test_severities() -> None:
+    warnings = {"F106", "F403"}
+    for case in CASES:
+        for d in diagnostics(case):
+            assert d.severity == ("warning" if d.code in warnings else "error"), d.format()
+
+
+def test_messages_say_what_is_wrong() -> None:
+    assert "threshold" in _one("f403_unreachable_threshold", "F403").message
+    assert "100" in _one("f403_unreachable_threshold", "F403").message  # the reachable maximum
+    assert "trailing comma" in _one("f301_invalid_json", "F301").message
+    assert "endfor" in _one("f202_template_syntax", "F202").message
+    assert "products.yaml" in _one("f502_missing_catalog", "F502").message
+    owned = [d for d in diagnostics(CORPUS / "f304_engine_owned") if d.code == "F304"]
+    assert {m for d in owned for m in ("'stage'", "'score'") if m in d.message} == {
+        "'stage'",
+        "'score'",
+    }
+
+
+# --- reference funnels and whole runs ---------------------------------------------------------
+
+
+def test_reference_funnels_are_clean() -> None:
+    files = sorted((ROOT / "funnels").glob("*.yaml"))
+    assert {f.name for f in files} >= {"puramur.yaml", "b2b_demo.yaml"}
+    for f in files:
+        assert validate_paths([f]) == [], f
+    assert validate_paths([ROOT / "funnels"]) == []
+
+
+def test_one_run_reports_several_independent_errors() -> None:
+    case = CORPUS / "multiple_errors"
+    got = diagnostics(case)
+    assert len({d.code for d in got}) >= 6
+    assert len({d.file for d in got}) == 3  # the funnel, a template and a schema
+    # The whole corpus in one call: every case's diagnostics, none lost, none added.
+    everything = validate_paths([CORPUS])
+    want = Counter(
+        (code, (case / file).resolve().as_posix(), line)
+        for case in CASES
+        for code, file, line in expected(case)
+    )
+    have = Counter((d.code, Path(d.file).resolve().as_posix(), d.line) for d in everything)
+    assert have == want
+
+
+# --- the CLI -------------------------------------------------------------------------------
+
+
+def test_cli_clean_exit_0() -> None:
+    r = run_cli("validate", "funnels/")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout == ""
+    assert "0 error(s), 0 warning(s)" in r.stderr
+
+
+def test_cli_errors_exit_1() -> None:
+    r = run_cli("validate", "tests/corpus/multiple_errors")
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert len(lines) == 6
+    assert all(re.match(r"^tests/corpus/multiple_errors/\S+:\d+:\d+: error F\d{3} ", x)
+               for x in lines), lines
+    assert "6 error(s), 0 warning(s)" in r.stderr
+
+
+def test_cli_warnings_exit_0_unless_strict() -> None:
+    case = "tests/corpus/f403_unreachable_threshold"
+    r = run_cli("validate", case)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "warning F403" in r.stdout
+    strict = run_cli("validate", "--strict", case)
+    assert strict.returncode == 1
+    assert strict.stdout == r.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["validate"],
+        ["validate", "--format", "xml", "funnels/"],
+        ["validate", "--bogus", "funnels/"],
+        [],
+        ["nonsense"],
+    ],
+    ids=["no-path", "bad-format", "bad-flag", "no-command", "bad-command"],
+)
+def test_cli_usage_error_exit_2(args: list[str]) -> None:
+    r = run_cli(*args)
+    assert r.returncode == 2
+    assert "usage:" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_json_format() -> None:
+    r = run_cli("validate", "--format", "json", "tests/corpus/multiple_errors")
+    assert r.returncode == 1
+    data = json.loads(r.stdout)
+    assert isinstance(data, list) and len(data) == 6
+    for item in data:
+        assert set(item) == {"file", "line", "col", "severity", "code", "message"}
+        assert isinstance(item["line"], int) and item["line"] >= 1
+    clean = run_cli("validate", "--format", "json", "funnels/")
+    assert clean.returncode == 0
+    assert json.loads(clean.stdout or "[]") == []
+
+
+def test_cli_github_format() -> None:
+    r = run_cli("validate", "--format", "github", "tests/corpus/multiple_errors",
+                "tests/corpus/f403_unreachable_threshold")
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert len(lines) == 7
+    pattern = re.compile(r"^::(error|warning) file=([^,]+),line=(\d+),col=\d+,title=(F\d{3})::\S")
+    parsed = [pattern.match(x) for x in lines]
+    assert all(parsed), lines
+    assert sum(1 for m in parsed if m and m[1] == "error") == 6
+    assert any(
+        m and m[1] == "warning" and m[4] == "F403" and m[3] == "45" for m in parsed
+    ), lines
+    assert any(
+        x.startswith("::error file=tests/corpus/multiple_errors/funnel.yaml,line=4,") for x in lines
+    ), lines
+
+
+def test_cli_never_prints_a_traceback() -> None:
+    r = run_cli("validate", "tests/corpus")
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    for args in (
+        ["validate", "tests/corpus/f001_yaml_syntax/funnel.yaml"],
+        ["validate", "tests/corpus/no_such_case"],
+        ["graph", "tests/corpus/f001_yaml_syntax/funnel.yaml"],
+        ["graph", "tests/corpus/multiple_errors/funnel.yaml"],
+        ["sql", "tests/corpus/f101_unknown_stage/funnel.yaml"],
+        ["sql", "tests/corpus/no_such_file.yaml"],
+    ):
+        r = run_cli(*args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr, (args, r.stderr)
+        assert re.search(r"(F\d{3}|error)", r.stdout + r.stderr), (args, r.stdout, r.stderr)
+
+
+def test_validate_imports_neither_litellm_nor_psycopg() -> None:
+    script = (
+        "import sys\n"
+        "from engine.cli import main\n"
+        "rc = main(['validate', 'funnels/'])\n"
+        "rc2 = main(['validate', 'tests/corpus'])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('litellm', 'psycopg'))\n"
+        "print(rc, rc2, heavy)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "0 1 []"
