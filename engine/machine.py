@@ -186,5 +186,9 @@ def _edges(machine: StageMachine) -> list[tuple[str, str, str]]:
     return edges
 
 
+_MERMAID_ESCAPES = {":": "#58;", ";": "#59;", '"': "#quot;"}
+
+
 def _mermaid_label(text: str) -> str:
-    return text.replace(":", "#58;").replace(";", "#59;").replace('"', "#quot;")
+    # One pass: chained str.replace would re-escape the ';' of an earlier '#58;'.
+    return "".join(_MERMAID_ESCAPES.get(ch, ch) for ch in text)

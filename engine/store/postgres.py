@@ -368,6 +368,22 @@ async def _save(conn: psycopg.AsyncConnection[Any], table: _Table, write: TurnWr
     return int(row[0])
 
 
+async def _commit_point(pipeline: psycopg.AsyncPipeline) -> None:
+    """End the pipeline's implicit transaction here, without waiting for the results.
+
+    In pipeline mode every statement up to a Sync message runs in one implicit
+    transaction, even in autocommit: without a Sync, the user's message would
+    commit only after the lock is granted, and the unlock would let the next
+    turn in before the save commits. libpq's PQpipelineSync does not wait;
+    psycopg exposes it only privately, so fall back to the waiting ``sync()``.
+    """
+    enqueue = getattr(pipeline, "_enqueue_sync", None)
+    if callable(enqueue):
+        enqueue()
+    else:  # pragma: no cover - a psycopg without the private hook
+        await pipeline.sync()
+
+
 class SessionHandle:
     """One turn's view of a session, on the connection that holds its advisory lock.
 
@@ -401,10 +417,11 @@ class SessionHandle:
         log_cur = conn.cursor()
         row_cur = conn.cursor(row_factory=dict_row)
         msg_cur = conn.cursor()
-        async with conn.pipeline():
+        async with conn.pipeline() as pipeline:
             if text is not None:
                 await log_cur.execute(self.table.log, (spec.name, self.session_id, "user", text,
                                                        self.session_id, spec.initial))
+                await _commit_point(pipeline)
             await conn.execute(_LOCK, (self.key,))
             self.locked = True
             await row_cur.execute(self.table.select, (self.session_id,))
@@ -426,8 +443,9 @@ class SessionHandle:
         """Save the turn and release the lock in one round trip."""
         conn = self.conn
         cur = conn.cursor()
-        async with conn.pipeline():
+        async with conn.pipeline() as pipeline:
             await cur.execute(self.table.save, self.table.params(write))
+            await _commit_point(pipeline)  # the save commits before the lock is released
             await conn.execute(_UNLOCK, (self.key,))
         self.locked = False
         row = await cur.fetchone()
