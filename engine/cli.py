@@ -60,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="play a scripted Puramur conversation, offline")
     db_opts(d)
 
+    pu = sub.add_parser("purge", help="delete or anonymize sessions idle for longer than a period")
+    pu.add_argument("funnel", metavar="FUNNEL")
+    pu.add_argument("--older-than", default=None, metavar="PERIOD",
+                    help="e.g. 90d (default: the funnel's `retention`)")
+    pu.add_argument("--anonymize", action="store_true",
+                    help="clear personal fields and message text instead of deleting")
+    pu.add_argument("--batch", type=int, default=1000)
+    db_opts(pu)
+
     m = sub.add_parser("migrate", help="bring the funnel's table up to its declaration")
     m.add_argument("funnel", metavar="FUNNEL")
     m.add_argument("--check", action="store_true", help="report, change nothing")
@@ -238,6 +247,40 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 1 if any(c.startswith("error:") for c in changes) or (args.check and changes) else 0
 
 
+def cmd_purge(args: argparse.Namespace) -> int:
+    from .funnel import load_funnel
+    from .spec import parse_duration
+    from .store import open_store
+
+    funnel = load_funnel(args.funnel)
+    if args.older_than:
+        try:
+            period = parse_duration(args.older_than)
+        except ValueError as exc:
+            raise FunnelError(f"--older-than: {exc}") from None
+    elif funnel.spec.retention:
+        period = funnel.spec.retention
+    else:
+        raise FunnelError(f"funnel '{funnel.name}' declares no `retention`; give --older-than "
+                          "(e.g. 90d)")
+
+    async def run() -> dict[str, int]:
+        store = await open_store(args.db)
+        try:
+            await store.ensure_schema(funnel.spec)
+            return await store.purge(funnel.spec, period, anonymize=args.anonymize,
+                                     batch=args.batch)
+        finally:
+            await store.close()
+
+    counts = asyncio.run(run())
+    verb = "anonymized" if args.anonymize else "deleted"
+    print(f"{verb} {counts['sessions']} session(s) idle for more than {period / 86400:g} day(s): "
+          f"{counts['messages']} message(s)" + ("" if args.anonymize else
+                                                 f", {counts['turns']} turn record(s)"))
+    return 0
+
+
 _COMMANDS = {
     "validate": cmd_validate,
     "graph": cmd_graph,
@@ -246,6 +289,7 @@ _COMMANDS = {
     "state": cmd_state,
     "demo": cmd_demo,
     "migrate": cmd_migrate,
+    "purge": cmd_purge,
 }
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ class FieldSpec:
     column_type: str
     schema: dict[str, Any]
     line: int = 0
+    personal: bool = False  # cleared by `funnel purge --anonymize`
 
     @property
     def is_json(self) -> bool:
@@ -323,6 +324,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             column_type=(raw.get("column") or default_column_type(ftype, raw.get("format"))).lower(),
             schema=schema,
             line=line_of("state", name),
+            personal=raw.get("retention") == "personal",
         )
 
     model = ModelSettings().merged(data.get("model"))

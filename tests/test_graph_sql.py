@@ -113,8 +113,10 @@ def test_graph_escapes_colons_and_quotes(tmp_path: Path) -> None:
     assert f"    middle --> done: {label}" in out.splitlines()
     mermaid_edges(out)  # still one edge per line, label free of ':'
     dot = cli("graph", "--format", "dot", str(funnel))
-    edge = r"""    "middle" -> "done" [label="score >= 50 and 'a:b;c' not in notes and \"x\" not in notes"];"""
-    assert edge in dot.splitlines()
+    edge = ('"middle" -> "done" [label="score >= 50 and '
+            "'a:b;c' not in notes and "
+            r'\"x\" not in notes"];')
+    assert f"    {edge}" in dot.splitlines()
 
 
 # --- sql -----------------------------------------------------------------------------------

@@ -99,6 +99,10 @@ class Store(Protocol):
                       ) -> list[dict[str, Any]]:
         """The last messages of a session with their stages and times."""
 
+    async def purge(self, funnel: FunnelSpec, older_than: float, *, anonymize: bool = False,
+                    batch: int = 1000) -> dict[str, int]:
+        """Delete or anonymize sessions idle longer than ``older_than`` seconds."""
+
     async def close(self) -> None: ...
 
 

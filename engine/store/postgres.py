@@ -338,6 +338,52 @@ class PostgresStore:
                     "LEAST(3600, 5 * POWER(2, attempts)) * INTERVAL '1 s' WHERE id = %s"
                 ).format(o), (error[:1000], item_id))
 
+    async def purge(self, funnel: FunnelSpec, older_than: float, *, anonymize: bool = False,
+                    batch: int = 1000) -> dict[str, int]:
+        """Delete (or anonymize) sessions idle for more than ``older_than`` seconds, with their
+        messages, turn records and outbox rows, ``batch`` sessions per transaction."""
+        t = sql.Identifier(funnel.table)
+        personal = [f for f in funnel.state.values() if f.personal]
+        counts = {"sessions": 0, "messages": 0, "turns": 0}
+        pick = sql.SQL(
+            "SELECT session_id FROM {t} WHERE last_message_at < NOW() - %s * INTERVAL '1 s' "
+            "{extra} ORDER BY session_id LIMIT %s FOR UPDATE SKIP LOCKED"
+        )
+        while True:
+            async with self._conn() as conn, conn.transaction():
+                if anonymize:
+                    extra = sql.SQL("AND NOT (notices @> '[\"anonymized\"]')")
+                    ids = [r[0] for r in await (await conn.execute(
+                        pick.format(t=t, extra=extra), (older_than, batch))).fetchall()]
+                    if not ids:
+                        return counts
+                    sets: list[sql.Composable] = [sql.SQL("{} = {}").format(sql.Identifier(f.name),
+                                                       _default_literal(f))
+                            for f in personal]
+                    sets.append(sql.SQL("notices = '[\"anonymized\"]'::jsonb"))
+                    await conn.execute(sql.SQL("UPDATE {} SET {} WHERE session_id = ANY(%s)")
+                                       .format(t, sql.SQL(", ").join(sets)), (ids,))
+                    cur = await conn.execute(sql.SQL(
+                        "UPDATE {} SET content = '[anonymized]' WHERE funnel = %s AND "
+                        "session_id = ANY(%s)").format(sql.Identifier(ddl.MESSAGES)),
+                        (funnel.name, ids))
+                    counts["messages"] += cur.rowcount
+                else:
+                    ids = [r[0] for r in await (await conn.execute(
+                        pick.format(t=t, extra=sql.SQL("")), (older_than, batch))).fetchall()]
+                    if not ids:
+                        return counts
+                    for table, key in ((ddl.MESSAGES, "messages"), (ddl.TURNS, "turns"),
+                                       (ddl.OUTBOX, None)):
+                        cur = await conn.execute(sql.SQL(
+                            "DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)").format(
+                                sql.Identifier(table)), (funnel.name, ids))
+                        if key:
+                            counts[key] += cur.rowcount
+                    await conn.execute(sql.SQL("DELETE FROM {} WHERE session_id = ANY(%s)")
+                                       .format(t), (ids,))
+                counts["sessions"] += len(ids)
+
     async def history(self, funnel: FunnelSpec, session_id: str, limit: int
                       ) -> list[dict[str, Any]]:
         q = sql.SQL(
@@ -348,6 +394,14 @@ class PostgresStore:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(q, (funnel.name, session_id, limit))
             return await cur.fetchall()
+
+
+def _default_literal(field: Any) -> sql.Composable:
+    if field.default is None:
+        return sql.SQL("NULL")
+    if field.is_json:
+        return sql.SQL("{}::jsonb").format(sql.Literal(_dumps(field.default)))
+    return sql.Literal(field.default)
 
 
 def _first_line(exc: BaseException) -> str:

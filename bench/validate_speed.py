@@ -1,0 +1,99 @@
+"""How long `funnel validate` takes on 100 funnels, start-up included.
+
+Writes 100 copies of funnels/puramur.yaml (each with its own name, table and
+index names; `prompts`, `schemas` and `catalog` made absolute so they still
+point at Puramur's files) to a temporary folder, then times
+``python -m engine.cli validate <folder>`` end to end, 5 runs. The floor is
+``python -c "import yaml, jsonschema, jinja2"`` timed the same way: the cost of
+starting Python and importing what the validator cannot do without.
+
+Run from anywhere: ``python bench/validate_speed.py``. Target: median under 2 s.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PURAMUR = ROOT / "funnels" / "puramur.yaml"
+COPIES = 100
+RUNS = 5
+TARGET = 2.0
+
+
+def make_funnels(folder: Path, copies: int = COPIES) -> list[Path]:
+    text = PURAMUR.read_text("utf-8")
+    base = PURAMUR.parent
+
+    def absolute(key: str, src: str) -> str:
+        pattern = re.compile(rf"^{key}:\s*(\S+)", re.MULTILINE)
+        m = pattern.search(src)
+        assert m, f"no `{key}:` in {PURAMUR}"
+        return pattern.sub(f"{key}: {(base / m[1]).resolve().as_posix()}", src, count=1)
+
+    for key in ("prompts", "schemas", "catalog"):
+        text = absolute(key, text)
+    out = []
+    for i in range(copies):
+        name = f"puramur_{i:03d}"
+        body = re.sub(r"^funnel: puramur$", f"funnel: {name}", text, count=1, flags=re.M)
+        body = re.sub(r"^table: puramur_sessions_state$", f"table: {name}_sessions_state", body,
+                      count=1, flags=re.M)
+        body = body.replace("name: idx_sessions_", f"name: idx_{name}_")
+        assert f"funnel: {name}" in body and f"table: {name}_sessions_state" in body
+        path = folder / f"{name}.yaml"
+        path.write_text(body, "utf-8")
+        out.append(path)
+    return out
+
+
+def timed(cmd: list[str], runs: int = RUNS, expect_rc: int = 0) -> list[float]:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        if r.returncode != expect_rc:
+            sys.exit(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return times
+
+
+def report(label: str, times: list[float]) -> None:
+    print(f"{label:<44} median {statistics.median(times):6.3f} s   min {min(times):6.3f} s   "
+          f"(runs: {', '.join(f'{t:.3f}' for t in times)})")
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="funnel-bench-") as tmp:
+        folder = Path(tmp)
+        files = make_funnels(folder)
+        check = subprocess.run([sys.executable, "-m", "engine.cli", "validate", str(folder)],
+                               cwd=ROOT, capture_output=True, text=True)
+        if check.returncode != 0 or check.stdout:
+            sys.exit(f"the generated funnels do not validate cleanly:\n{check.stdout}"
+                     f"{check.stderr}")
+        print(f"{len(files)} funnels in {folder} ({sys.executable}, Python "
+              f"{sys.version.split()[0]})")
+        floor = timed([sys.executable, "-c", "import yaml, jsonschema, jinja2"])
+        report('floor: python -c "import yaml, jsonschema, jinja2"', floor)
+        one = timed([sys.executable, "-m", "engine.cli", "validate", str(files[0])])
+        report("funnel validate <1 funnel>", one)
+        full = timed([sys.executable, "-m", "engine.cli", "validate", str(folder)])
+        report(f"funnel validate <folder of {len(files)}>", full)
+    median = statistics.median(full)
+    per = (median - statistics.median(one)) / (len(files) - 1) * 1000
+    print(f"per extra funnel: {per:.1f} ms; over the import floor: "
+          f"{median - statistics.median(floor):.3f} s")
+    verdict = "OK" if median < TARGET else "TOO SLOW"
+    print(f"target: median under {TARGET:.1f} s -> {verdict}")
+    return 0 if median < TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
