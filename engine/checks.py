@@ -171,6 +171,7 @@ def _check_feature_fields(data: dict[str, Any], state: dict[str, Any], report: R
     pairs += [(("cart", k), cart.get(k)) for k in ("field", "count", "total")]
     pairs += [(("cart", s, "flag"), _dict(cart.get(s)).get("flag")) for s in ("gift", "free_delivery")]
     pairs.append((("presented", "field"), _dict(data.get("presented")).get("field")))
+    pairs.append((("memory", "summary"), _dict(data.get("memory")).get("summary")))
     lang = _dict(data.get("language"))
     pairs += [(("language", k), lang.get(k)) for k in ("detected", "response")]
     handoff = _dict(data.get("handoff"))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
-from jinja2 import TemplateSyntaxError, meta
+from jinja2 import Environment, TemplateSyntaxError, meta, nodes
 
 from . import _yaml
 from .catalog import CatalogError, load_catalog
@@ -49,6 +50,7 @@ def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Repor
                       key=True)
         else:
             _check_template(prompt, prompts_dir, state, known_names, report, checked_templates)
+            _check_budget(data, stage, prompt, prompts_dir, report)
         if not schema.is_file():
             report.at(("stages", stage, "schema"), "error", "F301", f"stage '{stage}': output "
                       f"schema {schema} does not exist; create it or set `schema:` for the stage",
@@ -68,15 +70,14 @@ def _check_template(
     if path in seen:
         return
     seen.add(path)
-    env = make_environment(folder)
     try:
         source = path.read_text("utf-8")
-        tree = env.parse(source, path.name, str(path))
-    except TemplateSyntaxError as exc:
-        report.add(path, exc.lineno, 1, "error", "F202", f"template syntax error: {exc.message}")
-        return
     except (OSError, UnicodeDecodeError) as exc:
         report.add(path, 0, 0, "error", "F201", f"cannot read the template: {exc}")
+        return
+    tree, error_line, error = _parse_template(source, path.name, str(path))
+    if tree is None:
+        report.add(path, error_line, 1, "error", "F202", f"template syntax error: {error}")
         return
     check_paths(tree, state, known, report, None, "template", "F203", file=path)
     for ref in meta.find_referenced_templates(tree):
@@ -91,7 +92,69 @@ def _check_template(
             _check_template(included, folder, state, known, report, seen)
 
 
+# Funnels in one repository share templates and schemas (a `_base.j2`, a whole
+# prompts folder): what depends only on a file's text is computed once per text.
+
+
+@lru_cache(maxsize=512)
+def _parse_template(source: str, name: str, filename: str) -> tuple[nodes.Template | None, int, str]:
+    """(AST, 0, "") or (None, line, message) of a template's source. Callers only read the AST."""
+    try:
+        return _parse_env().parse(source, name, filename), 0, ""
+    except TemplateSyntaxError as exc:
+        return None, exc.lineno, exc.message or "invalid syntax"
+
+
+@lru_cache(maxsize=1)
+def _parse_env() -> Environment:
+    # Parsing needs no loader: the same sandbox settings as the runtime, minus the folder.
+    return make_environment()
+
+
+@lru_cache(maxsize=512)
+def _load_schema(text: str) -> tuple[Any, tuple[int, int, str] | None, tuple[tuple[Any, ...], str] | None]:
+    """(schema, JSON error, JSON Schema error) of an output schema's text.
+
+    Checking a schema against the 2020-12 metaschema costs milliseconds, more
+    than everything else about it. Callers only read the schema.
+    """
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, _json_error(text, exc), None
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return schema, None, (tuple(exc.absolute_path), exc.message)
+    return schema, None, None
+
+
+def _check_budget(data: dict[str, Any], stage: str, prompt: Path, folder: Path,
+                  report: Report) -> None:
+    """Warn when a stage's template alone (with its includes) cannot fit its prompt budget."""
+    raw = _dict(_dict(data.get("stages")).get(stage))
+    budget = _dict(raw.get("memory")).get("prompt_budget",
+                                          _dict(data.get("memory")).get("prompt_budget"))
+    if not isinstance(budget, int):
+        return
+    try:
+        source = prompt.read_text("utf-8")
+        tree = make_environment(folder).parse(source)
+        for ref in meta.find_referenced_templates(tree):
+            if ref and (folder / ref).is_file():
+                source += (folder / ref).read_text("utf-8")
+    except (OSError, UnicodeDecodeError, TemplateSyntaxError):
+        return
+    tokens = len(source) // 4
+    if tokens > budget:
+        report.at(("stages", stage), "warning", "F204", f"stage '{stage}': its template alone "
+                  f"is about {tokens} tokens, over its prompt_budget of {budget}; the prompt "
+                  "will not fit once the state is added", key=True)
+
+
+@lru_cache(maxsize=64)
 def _schema_positions(text: str) -> _yaml.Located | None:
+    # JSON is YAML: this gives every key's line. Only needed to report a problem.
     try:
         return _yaml.load(text)
     except _yaml.YamlSyntaxError:
@@ -103,24 +166,21 @@ def check_output_schema(
 ) -> None:
     """Check one stage output schema file: JSON, valid JSON Schema, and the envelope rules."""
     text = path.read_text("utf-8")
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        line, col, message = _json_error(text, exc)
+    schema, json_error, schema_error = _load_schema(text)
+    if json_error is not None:
+        line, col, message = json_error
         report.add(path, line, col, "error", "F301", message)
         return
-    located = _schema_positions(text)
 
     def at(keys: tuple[str | int, ...], code: str, msg: str, sev: str = "error") -> None:
+        located = _schema_positions(text)
         line, col = located.where(keys, key=True) if located else (0, 0)
         report.add(path, line, col, sev, code, msg)  # type: ignore[arg-type]
 
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        keys = tuple(exc.absolute_path)
+    if schema_error is not None:
+        keys, message = schema_error
         at(keys, "F301", f"not a valid JSON Schema at `{'/'.join(map(str, keys)) or '/'}`: "
-           f"{exc.message}")
+           f"{message}")
         return
     if not isinstance(schema, dict):
         return

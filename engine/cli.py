@@ -69,6 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     pu.add_argument("--batch", type=int, default=1000)
     db_opts(pu)
 
+    t = sub.add_parser("test", help="play conversation scenarios against funnels and check them")
+    t.add_argument("paths", nargs="+", metavar="PATH",
+                   help="scenario files or folders (YAML files with a top-level `scenario:`)")
+    t.add_argument("--format", choices=["text", "junit", "github"], default="text")
+    t.add_argument("--out", default=None, metavar="FILE",
+                   help="write the --format report to FILE (stdout gets the text report)")
+    db_opts(t)
+
     m = sub.add_parser("migrate", help="bring the funnel's table up to its declaration")
     m.add_argument("funnel", metavar="FUNNEL")
     m.add_argument("--check", action="store_true", help="report, change nothing")
@@ -247,6 +255,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 1 if any(c.startswith("error:") for c in changes) or (args.check and changes) else 0
 
 
+def cmd_test(args: argparse.Namespace) -> int:
+    from .scenarios import run_command
+
+    return run_command(args.paths, args.db, args.format, args.out)
+
+
 def cmd_purge(args: argparse.Namespace) -> int:
     from .funnel import load_funnel
     from .spec import parse_duration
@@ -290,6 +304,7 @@ _COMMANDS = {
     "demo": cmd_demo,
     "migrate": cmd_migrate,
     "purge": cmd_purge,
+    "test": cmd_test,
 }
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,11 +31,14 @@ from .actions import ActionOutcome, TurnScratch
 from .errors import ConcurrentUpdate, FunnelError, ModelError, StoreUnavailable
 from .funnel import CompiledFunnel, CompiledStage, load_funnel
 from .machine import Firing
+from .memory import ExtractiveSummarizer, ModelSummarizer, Summarizer, fit_prompt
 from .models import Completion, Model, ModelRequest, make_model
 from .notify import Notifier, dispatch, make_notifier
-from .prompts import build_context, chat_messages, full_view, render
+from .prompts import build_context, full_view, render
 from .state import defaults, plain
 from .store import OutboxItem, SessionAccess, Store, TurnWrite, open_store
+
+log = logging.getLogger("funnel.engine")
 
 MAX_SESSION_ID = 200
 MAX_MESSAGE_CHARS = 8000
@@ -95,6 +99,8 @@ class Engine:
         self._owns_store = False
         # The window is read with the row, before the stage is known: read the widest.
         self._window = max(s.spec.memory.window for s in funnel.stages.values())
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._summary_impl: Summarizer | None = None
 
     @classmethod
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
@@ -125,6 +131,7 @@ class Engine:
         return engine
 
     async def close(self) -> None:
+        await self.drain()
         if self._owns_store:
             await self.store.close()
 
@@ -171,7 +178,48 @@ class Engine:
                 raise
         if result.handoff:
             await self.dispatch(session_id)
+        if self.spec.memory.summary:
+            self._background(self.summarize(session_id))
         return result
+
+    def _background(self, job: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for background work (summaries) to finish."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def summarize(self, session_id: str) -> bool:
+        """Fold messages that left the window into the session's summary.
+
+        Runs after the reply (in the background); never raises: a failure is
+        logged and the next turn's job starts again from ``summary_upto``.
+        Returns whether a new summary was stored.
+        """
+        memory = self.spec.memory
+        try:
+            summary, upto, backlog = await self.store.summary_backlog(
+                self.spec, session_id, self._window)
+            if not backlog:
+                return False
+            new = await self._summarizer().summarize(summary, [m for _, m in backlog],
+                                                     memory.summary_budget)
+            return await self.store.save_summary(self.spec, session_id, new, upto,
+                                                 backlog[-1][0])
+        except Exception as exc:  # the customer's turn already succeeded
+            log.warning("summary of session %r failed (%s: %s); it will catch up on the "
+                        "next turn", session_id, type(exc).__name__, exc)
+            return False
+
+    def _summarizer(self) -> Summarizer:
+        if self._summary_impl is None:
+            name = self.spec.memory.summarizer_model
+            self._summary_impl = ModelSummarizer(make_model(name)) if name else \
+                ExtractiveSummarizer()
+        return self._summary_impl
 
     # -- the turn ----------------------------------------------------------------------
     async def _turn(self, access: SessionAccess, session_id: str, text: str, logged: list[int],
@@ -211,8 +259,10 @@ class Engine:
         context = build_context(funnel, stage, state, eng, customer_message=text,
                                 messages=history, returning=returning, idle_seconds=idle,
                                 now=now.isoformat())
-        messages = chat_messages(render(stage, context), history, text)
-        answer = await self._ask(stage, messages, session_id, eng["turns"] + 1, text)
+        fitted = fit_prompt(stage.spec.name, lambda summary: render(stage, {**context,
+                                                                            "summary": summary}),
+                            context["summary"], history, text, stage.spec.memory.prompt_budget)
+        answer = await self._ask(stage, fitted.messages, session_id, eng["turns"] + 1, text)
 
         scratch = TurnScratch(session_id, eng["stage"], eng["stage_iteration"], now)
         updated: list[str] = []
@@ -419,6 +469,13 @@ def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None
     error = best_match(stage.validator.iter_errors(data))
     if error is not None:
         return None, f"at {error.json_path}: {error.message}"
+    # The envelope's shape is checked here too: a schema that passes `funnel validate`
+    # need not type `updates` or `actions` items, and the turn must not crash on them.
+    if not isinstance(data.get("updates") or {}, dict):
+        return None, "at $.updates: must be an object of state fields"
+    actions = data.get("actions") or []
+    if not isinstance(actions, list) or not all(isinstance(a, dict) for a in actions):
+        return None, "at $.actions: must be a list of objects, each with a `type`"
     return data, ""
 
 

@@ -23,7 +23,7 @@ from .funnel import CompiledFunnel, CompiledStage
 # Bookkeeping, not facts about the customer (the summary has its own `summary` slot).
 _HIDDEN = frozenset(
     {"session_id", "stage_history", "row_version", "funnel_version", "notices", "created_at",
-     "updated_at", "last_message_at", "turns", "conversation_summary"}
+     "updated_at", "last_message_at", "turns", "summary_upto"}
 )
 
 
@@ -50,7 +50,7 @@ def compact_state(funnel: CompiledFunnel, state: Mapping[str, Any], stage: Compi
     """The state the stage shows the model: its ``context`` fields, without nulls."""
     spec = funnel.spec
     names = stage.spec.context if stage.spec.context is not None else [
-        n for n in spec.state if n not in _HIDDEN
+        n for n in spec.state if n not in _HIDDEN and n != spec.memory.summary
     ]
     out = {}
     for name in names:
@@ -121,7 +121,7 @@ def build_context(
         currency=funnel.catalog.currency if funnel.catalog else "",
         thresholds=funnel.rules.thresholds(state),
         messages=[{"role": m.role, "content": m.content} for m in messages],
-        summary=state.get("conversation_summary") or "",
+        summary=(state.get(spec.memory.summary) or "") if spec.memory.summary else "",
         returning=returning,
         idle_for=_human(idle_seconds) if idle_seconds else "",
         notices=list(engine_row.get("notices") or []),

@@ -25,6 +25,7 @@ ENGINE_COLUMNS: tuple[str, ...] = (
     "funnel_version",
     "row_version",
     "notices",
+    "summary_upto",
     "created_at",
     "updated_at",
     "last_message_at",
@@ -141,6 +142,7 @@ class MemorySettings:
     prompt_budget: int | None = None
     summary_budget: int = 200
     summarizer_model: str | None = None
+    summary: str | None = None  # the state field that holds the rolling summary
 
     def merged(self, override: dict[str, Any] | None) -> MemorySettings:
         if not override:
@@ -277,6 +279,9 @@ def implied_engine_fields(data: dict[str, Any]) -> set[str]:
             flag = (cart.get(sub) or {}).get("flag") if isinstance(cart.get(sub), dict) else None
             if isinstance(flag, str):
                 names.add(flag)
+    memory = data.get("memory") or {}
+    if isinstance(memory, dict) and isinstance(memory.get("summary"), str):
+        names.add(memory["summary"])
     for section, keys in (
         ("presented", ("field",)),
         ("language", ("detected", "response")),

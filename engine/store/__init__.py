@@ -103,6 +103,14 @@ class Store(Protocol):
                     batch: int = 1000) -> dict[str, int]:
         """Delete or anonymize sessions idle longer than ``older_than`` seconds."""
 
+    async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
+                              limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:
+        """(summary, summary_upto, messages that left the window and are not summarized)."""
+
+    async def save_summary(self, funnel: FunnelSpec, session_id: str, summary: str,
+                           old_upto: int, new_upto: int) -> bool:
+        """Store a new summary if ``summary_upto`` is still ``old_upto``."""
+
     async def close(self) -> None: ...
 
 

@@ -39,6 +39,7 @@ def engine_columns(spec: FunnelSpec) -> list[tuple[str, str, sql.Composable | No
         ("funnel_version", "int", sql.Literal(spec.version), True),
         ("row_version", "bigint", sql.Literal(1), True),
         ("notices", "jsonb", sql.Literal("[]"), True),
+        ("summary_upto", "bigint", sql.Literal(0), True),
     ]
 
 

@@ -89,7 +89,11 @@ class _Table:
         values = [sql.SQL("{}::{}").format(sql.Placeholder(n), ddl.column_type(ty))
                   for n, ty in self.columns]
         sets = []
+        # The rolling summary is written only by the summarizer (engine.memory).
+        only_insert = {spec.memory.summary} if spec.memory.summary else set()
         for n, _ in self.columns[1:]:
+            if n in only_insert:
+                continue
             col = sql.Identifier(n)
             if n in write_once:
                 sets.append(sql.SQL("{} = COALESCE({}.{}, EXCLUDED.{})").format(col, t, col, col))
@@ -383,6 +387,41 @@ class PostgresStore:
                     await conn.execute(sql.SQL("DELETE FROM {} WHERE session_id = ANY(%s)")
                                        .format(t), (ids,))
                 counts["sessions"] += len(ids)
+
+    async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
+                              limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:
+        """(summary, summary_upto, messages that left the window and are not summarized)."""
+        field = funnel.memory.summary
+        assert field is not None
+        async with self._conn() as conn:
+            row = await (await conn.execute(sql.SQL(
+                "SELECT {}, summary_upto FROM {} WHERE session_id = %s").format(
+                    sql.Identifier(field), sql.Identifier(funnel.table)),
+                (session_id,))).fetchone()
+            if row is None:
+                return "", 0, []
+            rows = await (await conn.execute(
+                f"SELECT id, role, content FROM {ddl.MESSAGES} WHERE funnel = %s AND "
+                "session_id = %s AND id > %s AND id < COALESCE((SELECT MIN(id) FROM (SELECT id "
+                f"FROM {ddl.MESSAGES} WHERE funnel = %s AND session_id = %s ORDER BY id DESC "
+                "LIMIT %s) w), 9223372036854775807) ORDER BY id LIMIT %s",
+                (funnel.name, session_id, row[1], funnel.name, session_id, window, limit),
+            )).fetchall()
+        return row[0] or "", int(row[1]), [(int(r[0]), Message(r[1], r[2])) for r in rows]
+
+    async def save_summary(self, funnel: FunnelSpec, session_id: str, summary: str,
+                           old_upto: int, new_upto: int) -> bool:
+        """Store a new summary under the session's lock, if no other job got there first."""
+        field = funnel.memory.summary
+        assert field is not None
+        async with self.session(funnel, session_id) as handle:
+            await handle.lock()
+            cur = await handle.conn.execute(sql.SQL(
+                "UPDATE {} SET {} = %s, summary_upto = %s, row_version = row_version + 1 "
+                "WHERE session_id = %s AND summary_upto = %s").format(
+                    sql.Identifier(funnel.table), sql.Identifier(field)),
+                (summary, new_upto, session_id, old_upto))
+            return cur.rowcount == 1
 
     async def history(self, funnel: FunnelSpec, session_id: str, limit: int
                       ) -> list[dict[str, Any]]:

@@ -1,0 +1,175 @@
+"""Prompt tokens per turn: the engine's explicit state vs. a window-buffer baseline.
+
+Plays Puramur conversations of 5, 15, 30 and 60 turns with the scripted model
+(token counts are the documented estimate, `engine.prompts.estimate_tokens`:
+4 characters a token plus framing) and prints, from the same run:
+
+* ``engine``   -- what this engine sends: the stage prompt rendered from compact
+  state, a window of recent messages and the rolling summary, under the
+  stage's ``prompt_budget``;
+* ``baseline`` -- the seed's v1 shape: one fixed system prompt (every stage's
+  instructions and the whole catalog, as a single-prompt bot needs) plus the
+  last 10 messages.
+
+Targets: every engine turn under 1,000 tokens; the mean of turns 51-60 at
+most 1.15 x the mean of turns 6-15.
+
+    python bench/prompt_growth.py [--db URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+
+from engine import Engine, ModelRequest, ScriptedModel, load_funnel  # noqa: E402
+from engine.models import Completion  # noqa: E402
+from engine.prompts import estimate_tokens  # noqa: E402
+
+QUESTIONS = [
+    "How often should I use the shampoo on a cat with such dry skin?",
+    "Is it safe if she licks her fur right after the bath?",
+    "Does the lotion have a strong smell? She hates perfumes.",
+    "Can I use it together with the medicine the vet gave us last month?",
+    "How long does one bottle last for a small cat like mine?",
+    "What are the main ingredients, anything natural in there?",
+    "Will it help with the dandruff on her back too?",
+    "Should I dry her with a towel or a hair dryer afterwards?",
+]
+ANSWER = ("Good question. For a Sphynx with dry skin, bathe once a week with lukewarm water, "
+          "rinse well and dry with a soft towel; the formula is gentle, fragrance-free and safe "
+          "if she licks a little. One bottle lasts about two months at that pace.")
+
+
+def conversation(n: int) -> list[tuple[str, dict[str, Any]]]:
+    """(customer message, model output) for an n-turn conversation that ends in a handoff."""
+    turns: list[tuple[str, dict[str, Any]]] = [
+        ("Hi! I need some advice for my cat.",
+         {"reply": "Hello! I'm the Puramur consultant. Is your pet a cat or a dog?"}),
+        ("A cat, a Sphynx. Her skin is very dry and flaky lately.",
+         {"reply": "Sphynx skin needs gentle care. How old is she, and what's her name?",
+          "updates": {"pet": {"type": "cat", "breed": "Sphynx", "problems": ["dry_skin"]}}}),
+        ("She is three, her name is Murka. What would you recommend?",
+         {"reply": "For Murka I recommend Exotic Spa shampoo (277 UAH) and the Exotic Spa "
+                   "moisturising lotion (420 UAH) for daily care.",
+          "updates": {"pet": {"age_years": 3, "name": "Murka"}},
+          "actions": [{"type": "present_products", "skus": ["PR251010", "PR251020"]}]}),
+    ]
+    closing = [
+        ("OK, I'll take the shampoo and two bottles of the lotion.",
+         {"reply": "Done: the shampoo and two lotions; with a total over 1000 UAH the Brilliant "
+                   "Gloss is our gift. Is that everything?",
+          "actions": [{"type": "add_to_cart", "sku": "PR251010"},
+                      {"type": "add_to_cart", "sku": "PR251020", "qty": 2}]}),
+        ("Yes, that's all.",
+         {"reply": "Great! May I have your name and phone number for the manager?",
+          "actions": [{"type": "confirm_cart"}]}),
+        ("Anna, 066 123 45 67",
+         {"reply": "Thank you, Anna! A manager will call you shortly.",
+          "updates": {"customer": {"name": "Anna", "phone": "066 123 45 67"}}}),
+    ]
+    middle = max(0, n - len(turns) - len(closing))
+    for i in range(middle):
+        turns.append((QUESTIONS[i % len(QUESTIONS)], {"reply": ANSWER}))
+    return (turns + closing)[:n]
+
+
+class Recorder:
+    """The scripted model, remembering the prompt tokens of every call."""
+
+    name = "scripted"
+
+    def __init__(self, script: list[tuple[str, dict[str, Any]]]) -> None:
+        self.inner = ScriptedModel.from_data({"turns": [out for _, out in script]})
+        self.tokens: list[int] = []
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        completion = await self.inner.complete(request)
+        self.tokens.append(completion.prompt_tokens)
+        return completion
+
+
+def baseline_system_prompt() -> str:
+    """What a single-prompt (v1) bot sends on every turn: all instructions and the catalog."""
+    funnel = load_funnel(ROOT / "funnels" / "puramur.yaml")
+    parts = [p.read_text("utf-8") for p in sorted((ROOT / "prompts" / "puramur").glob("*.j2"))]
+    assert funnel.catalog is not None
+    parts += [f"{p.sku} {p.name}: {p.price} UAH. {p.attributes}" for p in funnel.catalog.products]
+    return "\n".join(parts)
+
+
+async def run(url: str, n: int, system: str) -> tuple[list[int], list[int]]:
+    script = conversation(n)
+    model = Recorder(script)
+    engine = await Engine.open(ROOT / "funnels" / "puramur.yaml", db=url, model=model)
+    session = f"growth-{n}-{uuid.uuid4().hex[:6]}"
+    history: list[dict[str, str]] = []
+    baseline: list[int] = []
+    try:
+        for text, _ in script:
+            window = history[-10:]
+            baseline.append(estimate_tokens([{"role": "system", "content": system}, *window,
+                                             {"role": "user", "content": text}]))
+            result = await engine.handle(session, text)
+            await engine.drain()  # the summary is written before the next message arrives
+            history += [{"role": "user", "content": text},
+                        {"role": "assistant", "content": result.reply}]
+    finally:
+        await engine.close()
+    return model.tokens, baseline
+
+
+def mean(values: list[int]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
+    args = ap.parse_args()
+    url = args.db
+    if url is None:
+        from engine.store.embedded import embedded_url
+
+        url = embedded_url()
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}".encode())
+    url_s = psycopg.conninfo.make_conninfo(url, options=f"-csearch_path={schema}")
+    system = baseline_system_prompt()
+    try:
+        results = {n: await run(url_s, n, system) for n in (5, 15, 30, 60)}
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE".encode())
+    engine60, base60 = results[60]
+    print("Prompt tokens per turn, 60-turn conversation (engine | window-buffer baseline):")
+    print(f"{'turn':>5} {'engine':>7} {'baseline':>9}")
+    for t in (1, 2, 3, 4, 5, 6, 10, 15, 20, 25, 30, 40, 50, 55, 58, 59, 60):
+        print(f"{t:5d} {engine60[t - 1]:7d} {base60[t - 1]:9d}")
+    print(f"\n{'turns':>5} {'engine max':>10} {'engine mean':>11} {'baseline max':>12} "
+          f"{'baseline mean':>13}")
+    for n, (eng, base) in results.items():
+        print(f"{n:5d} {max(eng):10d} {mean(eng):11.0f} {max(base):12d} {mean(base):13.0f}")
+    early, late = mean(engine60[5:15]), mean(engine60[50:60])
+    b_early, b_late = mean(base60[5:15]), mean(base60[50:60])
+    worst = max(max(e) for e, _ in results.values())
+    print(f"\nengine:   turns 6-15 mean {early:.0f}, turns 51-60 mean {late:.0f}, ratio "
+          f"{late / early:.2f} (target <= 1.15); largest prompt {worst} (target < 1000)")
+    print(f"baseline: turns 6-15 mean {b_early:.0f}, turns 51-60 mean {b_late:.0f}, ratio "
+          f"{b_late / b_early:.2f}; first turn {base60[0]}, largest {max(base60)}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,168 @@
+"""Memory tiers: the window, the rolling summary, token budgets, and session isolation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Engine, ModelRequest, ScriptedModel
+from engine.errors import PromptTooLarge
+from engine.memory import ExtractiveSummarizer, fit_prompt
+from engine.models import Completion
+from engine.prompts import Message, estimate_tokens
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Recording:
+    """The scripted model, keeping every request it was sent."""
+
+    name = "scripted"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.inner = ScriptedModel.from_data(data)
+        self.requests: list[ModelRequest] = []
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        self.requests.append(request)
+        return await self.inner.complete(request)
+
+
+async def _engine(puramur: Any, db_url: str, model: Any) -> Engine:
+    return await Engine.open(puramur, db=db_url, model=model)
+
+
+async def test_first_message_has_empty_history(puramur: Any, db_url: str) -> None:
+    model = Recording({"default": {"reply": "Hello!"}})
+    engine = await _engine(puramur, db_url, model)
+    try:
+        result = await engine.handle("first", "Hi")
+    finally:
+        await engine.close()
+    assert result.reply == "Hello!"
+    messages = model.requests[0].messages
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert messages[-1]["content"] == "Hi"
+
+
+async def test_window_is_the_last_n_messages_in_order(puramur: Any, db_url: str) -> None:
+    window = puramur.stage("discovery").spec.memory.window
+    model = Recording({"default": {"reply": "noted"}})
+    engine = await _engine(puramur, db_url, model)
+    try:
+        for i in range(8):
+            await engine.handle("w", f"message {i}")
+    finally:
+        await engine.close()
+    last = model.requests[-1].messages
+    history = last[1:-1]
+    assert len(history) == window
+    # The last `window` messages before "message 7", oldest first, alternating roles.
+    expected_users = [f"message {i}" for i in range(7 - window // 2, 7)]
+    assert [m["content"] for m in history if m["role"] == "user"] == expected_users
+    assert [m["role"] for m in history] == ["user", "assistant"] * (window // 2)
+    assert last[-1]["content"] == "message 7"
+
+
+async def test_summary_folds_messages_that_leave_the_window(puramur: Any, db_url: str,
+                                                            sql: Any) -> None:
+    model = Recording({"default": {"reply": "noted"}})
+    engine = await _engine(puramur, db_url, model)
+    try:
+        for i in range(6):
+            await engine.handle("sum", f"my cat detail number {i}")
+            await engine.drain()
+        summary, upto = sql("SELECT conversation_summary, summary_upto FROM "
+                            "puramur_sessions_state WHERE session_id = 'sum'")[0]
+        assert "my cat detail number 0" in summary  # left the window long ago
+        assert upto > 0
+        await engine.handle("sum", "and one more thing")
+    finally:
+        await engine.close()
+    system = model.requests[-1].messages[0]["content"]
+    assert "Earlier in this conversation:" in system
+    assert "my cat detail number 0" in system
+    # The message window still carries only recent messages.
+    assert all("number 0" not in m["content"] for m in model.requests[-1].messages[1:])
+
+
+class Broken:
+    async def summarize(self, previous: str, messages: Any, budget: int) -> str:
+        raise RuntimeError("summarizer is down")
+
+
+async def test_failing_summarizer_does_not_fail_the_turn(puramur: Any, db_url: str,
+                                                         sql: Any) -> None:
+    engine = await _engine(puramur, db_url, Recording({"default": {"reply": "ok"}}))
+    engine._summary_impl = Broken()  # type: ignore[assignment]
+    try:
+        for i in range(6):
+            result = await engine.handle("broken", f"message {i}")
+            await engine.drain()
+            assert result.reply == "ok"
+        assert sql("SELECT summary_upto FROM puramur_sessions_state "
+                   "WHERE session_id = 'broken'") == [(0,)]
+        # The summarizer comes back: the next job catches up on everything missed.
+        engine._summary_impl = ExtractiveSummarizer()
+        await engine.handle("broken", "message 6")
+        await engine.drain()
+    finally:
+        await engine.close()
+    summary, upto = sql("SELECT conversation_summary, summary_upto FROM puramur_sessions_state "
+                        "WHERE session_id = 'broken'")[0]
+    assert "message 0" in summary and upto > 0
+
+
+async def test_sessions_never_see_each_others_messages(puramur: Any, db_url: str) -> None:
+    model = Recording({"default": {"reply": "ok"}})
+    engine = await _engine(puramur, db_url, model)
+    try:
+        for i in range(6):
+            await engine.handle("alice", f"alice secret {i}")
+            await engine.handle("bob", f"bob text {i}")
+            await engine.drain()
+    finally:
+        await engine.close()
+    for request in model.requests:
+        text = " ".join(m["content"] for m in request.messages)
+        other = "bob" if request.session_id == "alice" else "alice"
+        assert other not in text.lower(), request.session_id
+
+
+def test_budget_trims_old_messages_then_the_summary() -> None:
+    history = [Message("user", "x" * 400), Message("assistant", "y" * 400)]
+
+    def render(summary: str) -> str:
+        return "RULES " + summary
+
+    full = fit_prompt("s", render, "S" * 400, history, "hi", None)
+    assert full.dropped_messages == 0
+    budget = full.tokens - 50
+    fitted = fit_prompt("s", render, "S" * 400, history, "hi", budget)
+    assert fitted.dropped_messages == 1 and not fitted.dropped_summary
+    assert fitted.messages[1]["content"] == "y" * 400  # the oldest went first
+    tight = estimate_tokens([{"content": "RULES "}, {"content": "hi"}])
+    fitted = fit_prompt("s", render, "S" * 400, history, "hi", tight)
+    assert fitted.dropped_messages == 2 and fitted.dropped_summary
+    assert fitted.messages[0]["content"] == "RULES "  # the instructions are never dropped
+    with pytest.raises(PromptTooLarge) as info:
+        fit_prompt("discovery", render, "", [], "hi", 3)
+    assert "discovery" in str(info.value) and "budget of 3" in str(info.value)
+
+
+def test_validate_warns_when_a_template_alone_exceeds_its_budget(tmp_path: Path) -> None:
+    from engine.validate import check_file
+
+    text = (ROOT / "funnels" / "puramur.yaml").read_text()
+    text = text.replace("prompt_budget: 1000", "prompt_budget: 60")
+    for key, folder in (("prompts:", "prompts/puramur"), ("schemas:", "schemas/puramur")):
+        text = text.replace(f"{key} ../{folder}", f"{key} {ROOT / folder}")
+    text = text.replace("catalog: puramur/catalog.yaml",
+                        f"catalog: {ROOT / 'funnels/puramur/catalog.yaml'}")
+    path = tmp_path / "small.yaml"
+    path.write_text(text)
+    _, diagnostics = check_file(path)
+    codes = {(d.code, d.severity) for d in diagnostics}
+    assert ("F204", "warning") in codes
