@@ -66,6 +66,7 @@ class TurnResult:
     handoff: bool = False
     returning: bool = False
     error: str | None = None
+    backlog: int = 0  # messages that left the window and wait for the summary
 
 
 @dataclass
@@ -178,7 +179,7 @@ class Engine:
                 raise
         if result.handoff:
             await self.dispatch(session_id)
-        if self.spec.memory.summary:
+        if self.spec.memory.summary and result.backlog >= max(2, self._window):
             self._background(self.summarize(session_id))
         return result
 
@@ -243,6 +244,8 @@ class Engine:
             eng = {k: plain(row[k]) for k in ("stage", "stage_iteration", "turns",
                                               "stage_history", "notices")}
             expected, last_seen = int(row["row_version"]), row["last_message_at"]
+        # Messages outside the window not yet in the summary, once the reply is logged.
+        backlog = max(0, int((row or {}).get("message_backlog") or 1) + 1 - self._window)
         stage_before = eng["stage"]
         if stage_before not in funnel.stages and stage_before in spec.removed_stages:
             self._enter(eng, spec.removed_stages[stage_before], now)
@@ -356,7 +359,7 @@ class Engine:
             validation_failures=answer.failures,
             repaired=answer.failures > 0 and not answer.fallback, fallback=answer.fallback,
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, handoff=handoff,
-            returning=returning, error=answer.error,
+            returning=returning, error=answer.error, backlog=backlog,
         )
 
     def _cond_ctx(self, state: Mapping[str, Any], eng: Mapping[str, Any], accepted: list[str],

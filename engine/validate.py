@@ -29,6 +29,8 @@ from .errors import did_you_mean
 from .spec import FunnelSpec, build_spec
 
 _FUNNEL_KEY = re.compile(r"^funnel\s*:", re.MULTILINE)
+# Scenario files (`funnel test`) name their funnel with `funnel:` too; no funnel has these keys.
+_SCENARIO_KEY = re.compile(r"^(scenario|turns)\s*:", re.MULTILINE)
 
 
 @lru_cache(maxsize=1)
@@ -88,7 +90,8 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[Diagnostic]]
         if path.is_dir():
             for candidate in sorted([*path.rglob("*.yaml"), *path.rglob("*.yml")]):
                 try:
-                    if _FUNNEL_KEY.search(candidate.read_text("utf-8")):
+                    text = candidate.read_text("utf-8")
+                    if _FUNNEL_KEY.search(text) and not _SCENARIO_KEY.search(text):
                         found.append(candidate)
                 except (OSError, UnicodeDecodeError):
                     continue

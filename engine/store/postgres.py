@@ -132,7 +132,16 @@ class _Table:
         ).format(upsert=upsert, messages=sql.Identifier(ddl.MESSAGES),
                  turns=sql.Identifier(ddl.TURNS), outbox=sql.Identifier(ddl.OUTBOX)).as_string()
         self.upsert = upsert.as_string()
-        self.select = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(t).as_string()
+        if spec.memory.summary:
+            # With the row: how many messages are not folded into the summary yet.
+            self.select = sql.SQL(
+                "SELECT s.*, (SELECT COUNT(*) FROM {m} WHERE funnel = %s AND session_id = "
+                "s.session_id AND id > s.summary_upto) AS message_backlog FROM {t} s "
+                "WHERE s.session_id = %s").format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
+            self.select_args: tuple[str, ...] = (spec.name,)
+        else:
+            self.select = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(t).as_string()
+            self.select_args = ()
         self.log = sql.SQL(
             "INSERT INTO {m} (funnel, session_id, role, content, stage) VALUES "
             "(%s, %s, %s, %s, COALESCE((SELECT stage FROM {t} WHERE session_id = %s), %s)) "
@@ -268,7 +277,7 @@ class PostgresStore:
     async def load(self, funnel: FunnelSpec, session_id: str) -> dict[str, Any] | None:
         async with self._conn() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(self.table(funnel).select, (session_id,))
+            await cur.execute(self.table(funnel).select, (*self.table(funnel).select_args, session_id))
             return await cur.fetchone()
 
     async def recent_messages(self, funnel: FunnelSpec, session_id: str, limit: int,
@@ -517,7 +526,7 @@ class SessionHandle:
                 await _commit_point(pipeline)
             await conn.execute(_LOCK, (self.key,))
             self.locked = True
-            await row_cur.execute(self.table.select, (self.session_id,))
+            await row_cur.execute(self.table.select, (*self.table.select_args, self.session_id))
             if window > 0:
                 if text is not None:
                     await msg_cur.execute(_RECENT_CURRVAL, (spec.name, self.session_id, window))

@@ -1,0 +1,376 @@
+"""Plays scenarios (`engine.scenarios`) on the real engine and checks what it did.
+
+One run: one temporary PostgreSQL schema (``funnel_test_<random>``, dropped
+afterwards) on the embedded server or ``--db``, so scenarios never see real
+sessions; one store; one :class:`Engine` per funnel, shared by its scenarios,
+whose model, clock and notifier the runner points at the current scenario.
+Each scenario runs in a fresh session id. Nothing here imports litellm.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from .engine import Engine, TurnResult
+from .errors import FunnelError, FunnelInvalid, ModelError, StoreUnavailable
+from .funnel import CompiledFunnel, load_funnel
+from .models import Completion, ModelRequest, ScriptedModel
+from .prompts import full_view
+from .scenarios import DEFAULT_CLOCK, Failure, Scenario, Turn, check_against
+from .state import defaults
+from .store import Store, TurnWrite, open_store
+
+CHANNEL = "scenario"  # the channel turns arrive on (the hand-off's `channel` field)
+_MISSING = object()
+
+
+@dataclass
+class ScenarioResult:
+    file: str
+    name: str
+    line: int
+    failures: list[Failure] = field(default_factory=list)
+    seconds: float = 0.0
+    turns: int = 0  # turns played
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def errored(self) -> bool:
+        return any(f.kind == "error" for f in self.failures)
+
+
+class ScenarioModel:
+    """The model of every engine in a run: answers with the current turn's ``llm`` output
+    (through :class:`ScriptedModel`, so the output takes the engine's validation path) and
+    keeps the prompt the engine rendered."""
+
+    name = "scenario"
+
+    def __init__(self) -> None:
+        self.script: ScriptedModel | None = None
+        self.prompt: str | None = None
+
+    def play(self, llm: Any) -> None:
+        self.script = ScriptedModel.from_data({"default": llm})
+        self.script.name = self.name
+        self.prompt = None
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        if request.attempt == 0 and request.messages:
+            self.prompt = request.messages[0]["content"]
+        if self.script is None:
+            raise ModelError("the scenario gives no `llm` output for this turn")
+        return await self.script.complete(request)
+
+
+class Clock:
+    """The engines' clock: stands still unless a turn moves it (``after`` / ``at``)."""
+
+    def __init__(self) -> None:
+        self.now = DEFAULT_CLOCK
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Notifications:
+    """The engines' notifier: records hand-off notifications instead of sending them."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    async def __call__(self, payload: Mapping[str, Any]) -> None:
+        self.sent.append(dict(payload))
+
+
+LoadedScenario = tuple[Path, Scenario | None, list[Failure]]
+
+
+async def run_all(loaded: Sequence[LoadedScenario], db: str | None) -> list[ScenarioResult]:
+    """Run every loaded scenario in order; the database starts once (only if one can run)."""
+    results: dict[int, ScenarioResult] = {}
+    ready: list[tuple[int, Scenario]] = []
+    for i, (path, scenario, problems) in enumerate(loaded):
+        if scenario is None:
+            name = problems[0].scenario if problems else path.stem
+            results[i] = ScenarioResult(str(path), name, 1, list(problems))
+        else:
+            ready.append((i, scenario))
+    if ready:
+        async with temporary_schema(db) as (url, token):
+            store = await open_store(url)
+            try:
+                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                    runner = Runner(store, conn, token)
+                    for i, scenario in ready:
+                        results[i] = await runner.run(scenario)
+            finally:
+                await store.close()
+    return [results[i] for i in range(len(loaded))]
+
+
+@asynccontextmanager
+async def temporary_schema(db: str | None) -> AsyncIterator[tuple[str, str]]:
+    """Create ``funnel_test_<random>`` and yield (a URL whose search_path is it, the random
+    part); drop it afterwards."""
+    if db is None:
+        from .store.embedded import embedded_url
+
+        db = embedded_url()
+    token = secrets.token_hex(6)
+    schema = f"funnel_test_{token}"
+    try:
+        admin = await psycopg.AsyncConnection.connect(db, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StoreUnavailable(f"cannot connect to PostgreSQL for `funnel test`: {first}; "
+                               "check --db / FUNNEL_DB") from None
+    async with admin:
+        await admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        try:
+            options = psycopg.conninfo.conninfo_to_dict(db).get("options")
+            path = f"-csearch_path={schema}"
+            yield psycopg.conninfo.make_conninfo(
+                db, options=f"{options} {path}" if options else path), token
+        finally:
+            await admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+class Runner:
+    def __init__(self, store: Store, conn: psycopg.AsyncConnection[Any], token: str) -> None:
+        self.store = store
+        self.conn = conn
+        self.token = token
+        self.model = ScenarioModel()
+        self.clock = Clock()
+        self.notifications = Notifications()
+        self.engines: dict[Path, Engine | str] = {}
+        self.sessions = 0
+
+    async def engine(self, scenario: Scenario) -> Engine | str:
+        """The funnel's engine (opened once per run), or why it cannot be opened."""
+        key = scenario.funnel.resolve()
+        if key not in self.engines:
+            try:
+                self.engines[key] = await Engine.open(
+                    load_funnel(key), store=self.store, model=self.model,
+                    notifier=self.notifications, clock=self.clock)
+            except FunnelInvalid as exc:
+                errors = [d for d in exc.diagnostics if d.severity == "error"]
+                self.engines[key] = (f"the funnel {scenario.funnel} has {len(errors)} error(s); "
+                                     f"run `funnel validate` on it: {errors[0].format()}")
+            except FunnelError as exc:
+                self.engines[key] = " ".join(str(exc).split())
+        return self.engines[key]
+
+    async def run(self, scenario: Scenario) -> ScenarioResult:
+        started = time.perf_counter()
+        result = ScenarioResult(scenario.file, scenario.name, scenario.line)
+        engine = await self.engine(scenario)
+        if isinstance(engine, str):
+            result.failures.append(scenario.error(scenario.funnel_line, engine))
+            return result
+        result.failures += check_against(scenario, engine.funnel)
+        if result.failures:
+            return result
+        self.sessions += 1
+        session = f"scenario-{self.token}-{self.sessions}"
+        self.clock.now = scenario.clock
+        line, number = scenario.line_at("start") if scenario.start else scenario.line, None
+        try:
+            if scenario.start is not None:
+                await self.seed(engine, session, scenario.start)
+            for turn in scenario.turns:
+                line, number = turn.line, turn.number
+                failures = await self.turn(engine, session, scenario, turn)
+                result.turns += 1
+                if failures:  # later turns would only repeat the divergence
+                    result.failures += failures
+                    break
+        except Exception as exc:  # the engine failed: report it and go on with the next one
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            result.failures.append(Failure(scenario.file, line, scenario.name, number,
+                                           f"the engine raised {type(exc).__name__}: {message}",
+                                           "error"))
+        result.seconds = time.perf_counter() - started
+        return result
+
+    async def turn(self, engine: Engine, session: str, scenario: Scenario, turn: Turn
+                   ) -> list[Failure]:
+        if turn.at is not None:
+            self.clock.now = turn.at
+        if turn.after is not None:
+            self.clock.now += turn.after
+        self.model.play(turn.llm)
+        self.notifications.sent.clear()
+        result = await engine.handle(session, turn.customer, channel=CHANNEL)
+        await self.stamp(engine, session)
+        row = await engine.state(session) if "state" in turn.expect else None
+        found = check(turn.expect, result, row, self.model.prompt,
+                      bool(self.notifications.sent))
+        return [Failure(scenario.file, turn.line_of(key), scenario.name, turn.number, message)
+                for key, message in found]
+
+    async def stamp(self, engine: Engine, session: str) -> None:
+        """Make ``last_message_at`` the scenario's time: the database writes its own NOW(),
+        and the engine measures the idle gap from it with its own clock."""
+        await self.conn.execute(
+            sql.SQL("UPDATE {} SET last_message_at = %s WHERE session_id = %s").format(
+                sql.Identifier(engine.spec.table)), (self.clock.now, session))
+
+    async def seed(self, engine: Engine, session: str, start: Mapping[str, Any]) -> None:
+        """Write the ``start`` row: defaults, the given fields, derived fields recomputed."""
+        funnel, spec, now = engine.funnel, engine.spec, self.clock.now
+        state = defaults(spec)
+        state.update({k: copy.deepcopy(v) for k, v in start.items() if k in spec.state})
+        stage = start["stage"]
+        eng = {"stage": stage, "stage_iteration": start.get("stage_iteration", 0),
+               "turns": start.get("turns", 0), "notices": list(start.get("notices") or []),
+               "stage_history": start.get("stage_history")
+               or [{"stage": stage, "entered_at": now.isoformat()}]}
+        _complete_lines(funnel, state, now.isoformat())
+        ctx = full_view(funnel, state)
+        ctx.update(stage=stage, stage_iteration=eng["stage_iteration"], actions=[],
+                   handoff_requested=None, returning=False, turns=eng["turns"],
+                   stage_history=eng["stage_history"])
+        funnel.rules.recompute(state, ctx, now.isoformat())
+        await self.store.save_turn(spec, TurnWrite(
+            session_id=session, values={**state, **eng, "funnel_version": spec.version},
+            expected_version=0, reply=None, stage_after=stage,
+            turn={"stage_before": stage, "transitions": [], "actions": [], "refused": [],
+                  "validation_failures": 0, "repaired": False, "fallback": False,
+                  "prompt_tokens": 0, "completion_tokens": 0, "model": "scenario:start"}))
+        await self.stamp(engine, session)
+
+
+def _complete_lines(funnel: CompiledFunnel, state: dict[str, Any], now: str) -> None:
+    """Cart lines and presented products given by SKU get the catalog's name and price."""
+    spec, catalog = funnel.spec, funnel.catalog
+    if spec.cart and catalog is not None:
+        lines = []
+        for raw in state.get(spec.cart.field) or []:
+            product = catalog.by_sku[str(raw["sku"])]
+            lines.append({"name": product.name, "price": product.as_prompt()["price"], "qty": 1,
+                          "line_total": 0, "added_at": now, **raw})
+        state[spec.cart.field] = lines
+    if spec.presented_field:
+        state[spec.presented_field] = [
+            {"presented_at": now, "stage_iteration": 0, **p} if isinstance(p, dict) else p
+            for p in state.get(spec.presented_field) or []]
+
+
+# -- expectations ----------------------------------------------------------------------
+
+
+def check(expect: Mapping[str, Any], result: TurnResult, row: Mapping[str, Any] | None,
+          prompt: str | None, notified: bool) -> list[tuple[str, str]]:
+    """Compare one turn's expectations with what the engine did; return (key, message) for
+    each that failed, the key naming the expectation's line (``state.<path>`` for a field)."""
+    out: list[tuple[str, str]] = []
+
+    def differ(key: str, what: str, want: Any, got: Any) -> None:
+        if not _same(want, got):
+            out.append((key, f"expected {what} {_show(want)}, got {_show(got)}"))
+
+    if "stage" in expect:
+        differ("stage", "stage", expect["stage"], result.stage_after)
+    for path, want in (expect.get("state") or {}).items():
+        got = _lookup(row or {}, path)
+        missing = got is _MISSING or got is None
+        shown = "absent" if got is _MISSING else _show(got)
+        if want == "present" or want == "absent":
+            if missing != (want == "absent"):
+                out.append((f"state.{path}", f"expected state {path} {want}, got {shown}"))
+        elif got is _MISSING or not _same(want, got):
+            out.append((f"state.{path}", f"expected state {path} {_show(want)}, got {shown}"))
+    if "reply" in expect:
+        differ("reply", "reply", expect["reply"], result.reply)
+    if "reply_matches" in expect and not re.search(expect["reply_matches"], result.reply):
+        out.append(("reply_matches", f"expected reply matching {_show(expect['reply_matches'])}"
+                    f", got {_show(result.reply)}"))
+    differences = {
+        "actions": [o.type for o in result.actions if o.accepted],
+        "refused": [o.type for o in result.actions if not o.accepted],
+        "fallback": result.fallback, "handoff": result.handoff, "notified": notified,
+        "transitions": [f"{t['from']}->{t['to']}" for t in result.transitions],
+    }
+    for key, got in differences.items():
+        if key in expect:
+            want = expect[key]
+            if key == "transitions":
+                want = ["->".join(s.strip() for s in a.split("->")) for a in want]
+            differ(key, key, want, got)
+    for text in expect.get("prompt_contains") or []:
+        if prompt is None or text not in prompt:
+            out.append(("prompt_contains", f"expected prompt containing {_show(text)}, got "
+                        + ("no prompt" if prompt is None else _show(_clip(prompt)))))
+    for text in expect.get("prompt_not_contains") or []:
+        if prompt is not None and text in prompt:
+            at = prompt.index(text)
+            out.append(("prompt_not_contains", f"expected prompt without {_show(text)}, got "
+                        f"{_show(_clip(prompt[max(0, at - 60):]))}"))
+    return out
+
+
+def _lookup(row: Mapping[str, Any], path: str) -> Any:
+    value: Any = row
+    for part in path.split("."):
+        if isinstance(value, Mapping):
+            value = value.get(part, _MISSING)
+        elif isinstance(value, list) and re.fullmatch(r"-?[0-9]+", part) \
+                and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return _MISSING
+        if value is _MISSING:
+            return value
+    return value
+
+
+def _same(want: Any, got: Any) -> bool:
+    if isinstance(want, bool) or isinstance(got, bool):
+        return isinstance(want, bool) and isinstance(got, bool) and want == got
+    if isinstance(want, int | float) and isinstance(got, int | float):
+        return abs(want - got) < 1e-9
+    if isinstance(want, str) and isinstance(got, str):
+        return want == got or _same_instant(want, got)
+    if isinstance(want, dict) and isinstance(got, dict):
+        return want.keys() == got.keys() and all(_same(want[k], got[k]) for k in want)
+    if isinstance(want, list) and isinstance(got, list):
+        return len(want) == len(got) and all(map(_same, want, got))
+    return bool(want == got)
+
+
+def _same_instant(a: str, b: str) -> bool:
+    """Two ISO timestamps with offsets that name the same instant (the database answers in
+    its own time zone)."""
+    try:
+        x, y = datetime.fromisoformat(a), datetime.fromisoformat(b)
+    except ValueError:
+        return False
+    return x.tzinfo is not None and y.tzinfo is not None and x == y
+
+
+def _show(value: Any) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,186 @@
+"""The service's configuration, from environment variables (uvicorn workers read it there).
+
+`funnel serve` puts its options into the environment and starts uvicorn with
+the app factory :func:`engine.service.app.create_app`, so every worker process
+builds the same configuration. Tests build :class:`ServiceConfig` directly.
+
+| variable | meaning | default |
+| --- | --- | --- |
+| ``FUNNEL_SERVE_FUNNELS`` | funnel files, separated by ``os.pathsep`` | required |
+| ``FUNNEL_DB`` | PostgreSQL URL | the embedded server |
+| ``FUNNEL_MODEL`` / ``FUNNEL_API_BASE`` | model for every funnel | each funnel's own |
+| ``FUNNEL_API_KEYS`` | ``key1:converse,read_state;key2:admin`` | none (API closed) |
+| ``FUNNEL_SECRET`` | HMAC key of widget session tokens (≥ 16 chars) | random per process |
+| ``FUNNEL_TOKEN_TTL`` | widget token lifetime, seconds | 2592000 (30 days) |
+| ``FUNNEL_CORS_ORIGINS`` | allowed browser origins, comma-separated | none |
+| ``FUNNEL_RATE_LIMIT`` | ``COUNT/SECONDS`` per client | ``60/60`` |
+| ``FUNNEL_SESSION_QUEUE`` | turns of one session running or waiting, per process | 4 |
+| ``FUNNEL_TURN_POOL`` | turns at once per process (= DB connections held) | 20 |
+| ``FUNNEL_DB_POOL`` | short-statement connections per process | 5 |
+| ``FUNNEL_DB_TIMEOUT`` | seconds to wait for a database connection | 5 |
+| ``FUNNEL_RETRY_AFTER`` | Retry-After of a 503 while the database is down | 5 |
+| ``FUNNEL_METRICS_PUBLIC`` | ``1``: ``/metrics`` needs no key | 0 |
+| ``FUNNEL_METRICS_DIR`` | folder where workers share their counters | none |
+| ``FUNNEL_TELEGRAM_API`` | Bot API base URL | ``https://api.telegram.org`` |
+| ``FUNNEL_TELEGRAM_TOKEN_<NAME>`` | bot token of funnel NAME (upper case) | none |
+| ``FUNNEL_TELEGRAM_SECRET_<NAME>`` | its webhook secret token | none |
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..funnel import CompiledFunnel
+from ..models import Model
+
+SCOPES = frozenset({"converse", "read_state", "metrics", "admin"})
+DEFAULT_TELEGRAM_API = "https://api.telegram.org"
+
+
+@dataclass(frozen=True)
+class TelegramBot:
+    token: str
+    secret: str
+
+
+@dataclass
+class ServiceConfig:
+    """Everything the app needs; :meth:`from_env` reads it from the environment."""
+
+    funnels: list[str | Path | CompiledFunnel]
+    db: str | None = None
+    model: str | Model | None = None  # None: each funnel's own model
+    api_base: str | None = None
+    api_keys: dict[str, frozenset[str]] = field(default_factory=dict)
+    secret: bytes = b""
+    token_ttl: float = 30 * 86400
+    cors_origins: list[str] = field(default_factory=list)
+    rate_limit: tuple[int, float] = (60, 60.0)
+    session_queue: int = 4
+    turn_pool: int = 20
+    db_pool: int = 5
+    db_timeout: float = 5.0
+    retry_after: int = 5
+    metrics_public: bool = False
+    metrics_dir: str | None = None
+    telegram_api: str = DEFAULT_TELEGRAM_API
+    telegram: dict[str, TelegramBot] = field(default_factory=dict)  # funnel name -> bot
+    secret_generated: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.secret:
+            self.secret = secrets.token_bytes(32)
+            self.secret_generated = True
+        if len(self.secret) < 16:
+            raise ConfigError("FUNNEL_SECRET must have at least 16 characters")
+        for key, scopes in self.api_keys.items():
+            unknown = scopes - SCOPES
+            if unknown or not key:
+                raise ConfigError(f"FUNNEL_API_KEYS: unknown scope(s) {', '.join(sorted(unknown))}"
+                                  f"; known: {', '.join(sorted(SCOPES))}" if unknown else
+                                  "FUNNEL_API_KEYS: an empty key")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ServiceConfig:
+        """Read the ``FUNNEL_*`` variables (see the module docstring).
+
+        Raises:
+            ConfigError: a variable is malformed or no funnel is given.
+        """
+        env = os.environ if env is None else env
+        funnels: list[str | Path | CompiledFunnel] = [
+            p for p in env.get("FUNNEL_SERVE_FUNNELS", "").split(os.pathsep) if p]
+        if not funnels:
+            raise ConfigError("FUNNEL_SERVE_FUNNELS names no funnel file")
+        telegram: dict[str, TelegramBot] = {}
+        prefix = "FUNNEL_TELEGRAM_TOKEN_"
+        for name, token in env.items():
+            if name.startswith(prefix) and token:
+                suffix = name.removeprefix(prefix)
+                secret = env.get(f"FUNNEL_TELEGRAM_SECRET_{suffix}", "")
+                if not secret:
+                    raise ConfigError(f"{name} is set but FUNNEL_TELEGRAM_SECRET_{suffix} is not: "
+                                      "the webhook needs a secret token")
+                telegram[suffix] = TelegramBot(token, secret)
+        secret = env.get("FUNNEL_SECRET", "")
+        return cls(
+            funnels=funnels,
+            db=env.get("FUNNEL_DB") or None,
+            model=env.get("FUNNEL_MODEL") or None,
+            api_base=env.get("FUNNEL_API_BASE") or None,
+            api_keys=parse_api_keys(env.get("FUNNEL_API_KEYS", "")),
+            secret=secret.encode(),
+            token_ttl=_number(env, "FUNNEL_TOKEN_TTL", 30 * 86400),
+            cors_origins=[o.strip().rstrip("/") for o in env.get("FUNNEL_CORS_ORIGINS", "")
+                          .split(",") if o.strip()],
+            rate_limit=parse_rate(env.get("FUNNEL_RATE_LIMIT", "60/60")),
+            session_queue=int(_number(env, "FUNNEL_SESSION_QUEUE", 4)),
+            turn_pool=int(_number(env, "FUNNEL_TURN_POOL", 20)),
+            db_pool=int(_number(env, "FUNNEL_DB_POOL", 5)),
+            db_timeout=_number(env, "FUNNEL_DB_TIMEOUT", 5),
+            retry_after=int(_number(env, "FUNNEL_RETRY_AFTER", 5)),
+            metrics_public=env.get("FUNNEL_METRICS_PUBLIC", "0") in ("1", "true", "yes"),
+            metrics_dir=env.get("FUNNEL_METRICS_DIR") or None,
+            telegram_api=env.get("FUNNEL_TELEGRAM_API") or DEFAULT_TELEGRAM_API,
+            telegram=telegram,
+        )
+
+    def telegram_bot(self, funnel: str) -> TelegramBot | None:
+        return self.telegram.get(env_suffix(funnel))
+
+
+def env_suffix(funnel: str) -> str:
+    """The suffix of a funnel's per-funnel variables: ``b2b-demo`` -> ``B2B_DEMO``."""
+    return re.sub(r"[^A-Z0-9]", "_", funnel.upper())
+
+
+def parse_api_keys(text: str) -> dict[str, frozenset[str]]:
+    """``key1:converse,read_state;key2:admin`` -> {key: scopes}. Messages never quote a key."""
+    keys: dict[str, frozenset[str]] = {}
+    for n, item in enumerate((i.strip() for i in text.split(";")), start=1):
+        if not item:
+            continue
+        key, sep, scopes = item.partition(":")
+        names = frozenset(s.strip() for s in scopes.split(",") if s.strip())
+        if not sep or not key.strip() or not names:
+            raise ConfigError(f"FUNNEL_API_KEYS: entry {n} is not KEY:SCOPE[,SCOPE...]")
+        if len(key.strip()) < 16:
+            raise ConfigError(f"FUNNEL_API_KEYS: the key of entry {n} is shorter than 16 characters")
+        unknown = names - SCOPES
+        if unknown:
+            raise ConfigError(f"FUNNEL_API_KEYS: entry {n} has unknown scope(s) "
+                              f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(SCOPES))}")
+        keys[key.strip()] = names
+    return keys
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """``60/60`` (60 requests per 60 seconds) -> (60, 60.0)."""
+    count, _, seconds = text.partition("/")
+    try:
+        rate = (int(count), float(seconds or 60))
+    except ValueError:
+        raise ConfigError(f"FUNNEL_RATE_LIMIT must be COUNT/SECONDS, e.g. 60/60; got {text!r}"
+                          ) from None
+    if rate[0] < 1 or rate[1] <= 0:
+        raise ConfigError(f"FUNNEL_RATE_LIMIT must be positive; got {text!r}")
+    return rate
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number; got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive; got {raw!r}")
+    return value
