@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .actions import ActionOutcome, TurnScratch
-from .errors import ConcurrentUpdate, FunnelError, ModelError, StoreUnavailable
+from .errors import ConcurrentUpdate, FunnelError, ModelError, PromptTooLarge, StoreUnavailable
 from .funnel import CompiledFunnel, CompiledStage, load_funnel
 from .machine import Firing
 from .memory import ExtractiveSummarizer, ModelSummarizer, Summarizer, fit_prompt
@@ -105,7 +105,7 @@ class Engine:
 
     @classmethod
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
-                   model: str | Model = "scripted", api_base: str | None = None,
+                   model: str | Model | None = None, api_base: str | None = None,
                    notifier: Notifier | None = None, store: Store | None = None,
                    clock: Callable[[], datetime] | None = None) -> Engine:
         """Load the funnel, open the store (embedded PostgreSQL without ``db``), check the table.
@@ -116,8 +116,10 @@ class Engine:
             SchemaOutdated: the table is behind the funnel (run ``funnel migrate``).
         """
         compiled = funnel if isinstance(funnel, CompiledFunnel) else load_funnel(funnel)
+        if model is None:
+            model = compiled.spec.model.name
         if isinstance(model, str):
-            model = make_model(model if model != "scripted" else "scripted", api_base=api_base)
+            model = make_model(model, api_base=api_base)
         owns = store is None
         if store is None:
             store = await open_store(db)
@@ -262,10 +264,16 @@ class Engine:
         context = build_context(funnel, stage, state, eng, customer_message=text,
                                 messages=history, returning=returning, idle_seconds=idle,
                                 now=now.isoformat())
-        fitted = fit_prompt(stage.spec.name, lambda summary: render(stage, {**context,
-                                                                            "summary": summary}),
-                            context["summary"], history, text, stage.spec.memory.prompt_budget)
-        answer = await self._ask(stage, fitted.messages, session_id, eng["turns"] + 1, text)
+        try:
+            fitted = fit_prompt(stage.spec.name,
+                                lambda summary: render(stage, {**context, "summary": summary}),
+                                context["summary"], history, text,
+                                stage.spec.memory.prompt_budget)
+        except PromptTooLarge as exc:
+            # The customer still gets an answer; the turn record keeps the sizes.
+            answer = _Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
+        else:
+            answer = await self._ask(stage, fitted.messages, session_id, eng["turns"] + 1, text)
 
         scratch = TurnScratch(session_id, eng["stage"], eng["stage_iteration"], now)
         updated: list[str] = []
@@ -323,7 +331,9 @@ class Engine:
             outbox.append(OutboxItem(
                 key=f"{spec.name}:{session_id}:handoff", kind="handoff",
                 payload=self._handoff_payload(session_id, state, channel)))
-        eng["notices"] = scratch.notices
+        # A fallback turn applied nothing, so last turn's notices still stand.
+        eng["notices"] = (list(eng.get("notices") or []) + scratch.notices) if answer.fallback \
+            else scratch.notices
         prompt_tokens = sum(c.prompt_tokens for c in answer.completions)
         completion_tokens = sum(c.completion_tokens for c in answer.completions)
         costs = [c.cost for c in answer.completions if c.cost is not None]
@@ -349,7 +359,7 @@ class Engine:
                 "cost": sum(costs) if costs else None,
                 "model": getattr(self.model, "name", None), "error": answer.error,
             },
-            outbox=outbox,
+            outbox=outbox, message_time=now,
         )
         await access.save(write)
         return TurnResult(

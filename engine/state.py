@@ -59,6 +59,9 @@ def normalize_phone(raw: str, country_code: str | None) -> str | None:
             text = "+" + cc + text
     if not re.fullmatch(r"\+[1-9][0-9]{7,14}", text):
         return None
+    if country_code and text.startswith("+" + country_code) and \
+            len(text) - 1 - len(country_code) < 7:
+        return None  # no country's subscriber numbers are this short
     return text
 
 

@@ -69,9 +69,8 @@ def remove(sku: str, qty: int | None = None) -> dict[str, Any]:
 class Clock:
     """Real time plus an adjustable offset.
 
-    ``last_message_at`` is written by the database's ``NOW()`` while the engine
-    compares it with its own clock, so the clock must stay near real time: the
-    offset is then the idle gap the engine sees at the next message.
+    The engine writes ``last_message_at`` with this clock, so a step between two
+    messages is the idle gap the engine sees at the second one.
     """
 
     def __init__(self) -> None:
@@ -318,9 +317,8 @@ async def test_engine_owned_fields_fail_the_stage_schema(make: Factory, sql: Any
     assert repair[0].messages[-2] == {"role": "assistant", "content": json.dumps(bad)}
 
     after = await h.state("s1")
-    moving = {"turns", "row_version", "stage_iteration", "updated_at", "last_message_at"}
-    assert {k: v for k, v in after.items() if k not in moving} == \
-        {k: v for k, v in before.items() if k not in moving}
+    kept = [*h.engine.spec.state, "stage", "stage_history", "notices", "funnel_version"]
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}
     assert after["stage"] == "discovery" and after["cart_total"] == 0
     assert after["handoff_reason"] is None and after["discovery_completeness"] == 0
     assert sql("SELECT fallback, validation_failures, repaired FROM funnel_turns "
@@ -374,6 +372,23 @@ async def test_the_engine_ignores_fields_a_stage_may_not_update(make: Factory,
     assert "the field 'customer' cannot be updated at this stage" in result.notices
     state = await h.state("s1")
     assert state["customer"] == {"name": "Anna"} and state["pet"]["name"] == "Rex"
+
+
+@pytest.mark.parametrize("bad", [{"reply": "x", "updates": ["pet"]},
+                                 {"reply": "x", "actions": ["present_products"]},
+                                 {"reply": "x", "actions": "present_products"}])
+async def test_a_malformed_envelope_is_repaired_not_a_crash(
+        make: Factory, permissive: CompiledFunnel, bad: dict[str, Any]) -> None:
+    # A schema that passes `funnel validate` need not type `updates` or the action items.
+    good = {"reply": "A cat, noted.", "updates": {"pet": {"type": "cat"}}}
+    h = await make([GREET, {"output": bad, "repair": good}, {"output": bad, "repair": bad}],
+                   funnel=permissive)
+    _, repaired, failed = await h.say("s1", "Hi", "A cat", "Hm")
+    assert repaired.repaired and repaired.reply == "A cat, noted."
+    repair = [r for r in h.model.requests if r.attempt == 1][0]
+    assert "must be" in repair.messages[-1]["content"]
+    assert failed.fallback and failed.actions == [] and failed.updated == []
+    assert (await h.state("s1"))["pet"] == {"type": "cat"}
 
 
 # -- presenting products ---------------------------------------------------------------
@@ -683,6 +698,15 @@ async def test_contact_collection_checks_the_phone(make: Factory) -> None:
     assert len(h.notifier.calls) == 1
 
 
+async def test_a_five_digit_number_is_not_a_phone(make: Factory) -> None:
+    five = {"reply": "Thanks!", "updates": {"customer": {"name": "Anna", "phone": "12345"}}}
+    h = await path_to_contact(make, five)
+    [result] = await h.say("s1", "Anna, 12345")
+    state = await h.state("s1")
+    assert state["customer"] == {"name": "Anna"}
+    assert result.stage_after == "contact_collection" and h.notifier.calls == []
+
+
 async def test_an_invalid_phone_that_passes_the_schema_is_not_stored(
         make: Factory, permissive: CompiledFunnel) -> None:
     short = {"reply": "Thanks!", "updates": {"customer": {"phone": "12"}}}
@@ -751,6 +775,20 @@ async def test_a_failing_notifier_does_not_fail_the_turn(make: Factory, sql: Any
                "max(last_error) FROM funnel_outbox") == [(1, True, 2, None)]
 
 
+async def test_concurrent_messages_of_one_session_are_serialised(make: Factory,
+                                                                   sql: Any) -> None:
+    h = await make({"default": OK})
+    results = await asyncio.gather(*(h.engine.handle("s1", f"message {i}") for i in range(4)),
+                                   h.engine.handle("s2", "other"))
+    assert all(r.reply == OK["reply"] for r in results)
+    state = await h.state("s1")
+    assert state["turns"] == 4
+    assert sorted(r.state["turns"] for r in results[:4]) == [1, 2, 3, 4]
+    assert sql("SELECT session_id, count(*) FROM funnel_turns GROUP BY 1 ORDER BY 1") == [
+        ("s1", 4), ("s2", 1)]
+    assert sql("SELECT count(*) FROM funnel_messages WHERE session_id = 's1'") == [(8,)]
+
+
 # -- language and returning customers ------------------------------------------------------
 async def test_the_language_of_the_envelope_is_stored(make: Factory) -> None:
     h = await make([{**GREET, "language": "pl"}, OK, {"reply": "Hi", "language": "en"}])
@@ -768,9 +806,8 @@ async def test_a_customer_returning_after_the_idle_gap(make: Factory) -> None:
     await h.say("s1", "Hi", step=timedelta(0))
     [soon] = await h.say("s1", "A cat", step=timedelta(hours=5))
     assert soon.returning is False and "is back after" not in h.model.prompt("s1", 2)
-    # the clock is real time plus the offset, and last_message_at is the DB's NOW(),
-    # so an offset of 7 hours is a gap of 7 hours
-    [back] = await h.say("s1", "I'm back", step=timedelta(hours=2))
+    # last_message_at is written with the engine's clock, so the gap is the step
+    [back] = await h.say("s1", "I'm back", step=timedelta(hours=7))
     assert back.returning is True
     prompt = h.model.prompt("s1", 3)
     assert "The customer is back after 7 hour(s) away" in prompt
@@ -892,12 +929,23 @@ async def test_bad_input_raises_and_writes_nothing(make: Factory, sql: Any, sess
         assert sql(f"SELECT count(*) FROM {table}") == [(0,)]
 
 
-async def test_the_longest_allowed_input_is_accepted(make: Factory, sql: Any) -> None:
+async def test_the_longest_allowed_session_id_is_accepted(make: Factory, sql: Any) -> None:
     h = await make({"default": OK})
-    result = await h.engine.handle("x" * 200, "y" * 8000)
+    result = await h.engine.handle("x" * 200, "Hi")
     assert result.reply == OK["reply"]
     assert sql(f"SELECT length(session_id) FROM {TABLE}") == [(200,)]
+
+
+async def test_a_message_over_the_prompt_budget_gets_the_fallback(make: Factory,
+                                                                 sql: Any) -> None:
+    # 8000 characters are allowed, but do not fit puramur's 1000-token prompt budget:
+    # the customer still gets an answer, and the turn record names the stage and sizes.
+    h = await make({"default": OK})
+    result = await h.engine.handle("s1", "y" * 8000)
+    assert result.fallback and result.reply == h.engine.funnel.stage("greeting").spec.fallback
+    assert "stage 'greeting'" in (result.error or "") and "budget of 1000" in result.error
     assert sql("SELECT length(content) FROM funnel_messages WHERE role = 'user'") == [(8000,)]
+    assert sql("SELECT fallback, error LIKE '%budget%' FROM funnel_turns") == [(True, True)]
 
 
 # -- the sync wrapper and the CLI -------------------------------------------------------

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -101,9 +102,10 @@ class _Table:
                 sets.append(sql.SQL("{} = EXCLUDED.{}").format(col, col))
         upsert = sql.SQL(
             "INSERT INTO {t} ({names}, row_version, created_at, updated_at, last_message_at) "
-            "VALUES ({values}, 1, NOW(), NOW(), NOW()) "
+            "VALUES ({values}, 1, %(__now)s, %(__now)s, %(__now)s) "
             "ON CONFLICT (session_id) DO UPDATE SET {sets}, "
-            "row_version = {t}.row_version + 1, updated_at = NOW(), last_message_at = NOW() "
+            "row_version = {t}.row_version + 1, updated_at = %(__now)s, "
+            "last_message_at = %(__now)s "
             "WHERE {t}.row_version = %(__expected)s "
             "RETURNING row_version"
         ).format(t=t, names=sql.SQL(", ").join(names), values=sql.SQL(", ").join(values),
@@ -151,8 +153,11 @@ class _Table:
             t).as_string()
 
     def params(self, write: TurnWrite) -> dict[str, Any]:
+        # Timestamps come from the engine's clock (tests and scenarios move it);
+        # without one, the current time.
         out: dict[str, Any] = {"__expected": write.expected_version,
-                               "session_id": write.session_id}
+                               "session_id": write.session_id,
+                               "__now": write.message_time or datetime.now(UTC)}
         for name, _ in self.columns[1:]:
             value = write.values.get(name)
             out[name] = Jsonb(value, dumps=_dumps) if name in self.json_columns and \
