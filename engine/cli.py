@@ -82,7 +82,39 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--check", action="store_true", help="report, change nothing")
     m.add_argument("--drop", action="store_true", help="drop columns no longer declared")
     db_opts(m)
+
+    sv = sub.add_parser("serve", help="serve funnels over HTTP: API, web widget, Telegram webhook")
+    sv.add_argument("funnels", nargs="+", metavar="FUNNEL", help="each served under its name")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="uvicorn worker processes, all on the same database")
+    sv.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
+                    help="litellm model string, or scripted:PATH (default: each funnel's model)")
+    sv.add_argument("--api-base", default=None, metavar="URL")
+    db_opts(sv)
+
+    rp = sub.add_parser("report", help="funnel analytics: stages, drop-off, time, products, "
+                        "hand-offs, cost (computed in SQL)")
+    rp.add_argument("funnel", metavar="FUNNEL")
+    rp.add_argument("--since", default="7d", type=_period, metavar="PERIOD",
+                    help="sessions started (turns recorded) in this period, e.g. 30d (default 7d)")
+    rp.add_argument("--format", choices=["table", "json", "html"], default="table")
+    rp.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of stdout")
+    db_opts(rp)
     return p
+
+
+def _period(text: str) -> float:
+    from .spec import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("the period must be longer than zero")
+    return seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -295,6 +327,33 @@ def cmd_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .service.server import serve
+
+    return serve(args.funnels, db=args.db, host=args.host, port=args.port, workers=args.workers,
+                 model=args.model, api_base=args.api_base)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .analytics import build_report, render_json, render_table
+    from .funnel import load_funnel
+
+    funnel = load_funnel(args.funnel)
+    report = asyncio.run(build_report(funnel, db=args.db, since=args.since))
+    if args.format == "html":
+        from .report_html import render_html
+
+        text = render_html(report)
+    else:
+        text = render_json(report) if args.format == "json" else render_table(report)
+    if args.out:
+        Path(args.out).write_text(text, "utf-8")
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 _COMMANDS = {
     "validate": cmd_validate,
     "graph": cmd_graph,
@@ -305,6 +364,8 @@ _COMMANDS = {
     "migrate": cmd_migrate,
     "purge": cmd_purge,
     "test": cmd_test,
+    "serve": cmd_serve,
+    "report": cmd_report,
 }
 
 if __name__ == "__main__":

@@ -107,13 +107,17 @@ class Engine:
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
                    model: str | Model | None = None, api_base: str | None = None,
                    notifier: Notifier | None = None, store: Store | None = None,
-                   clock: Callable[[], datetime] | None = None) -> Engine:
+                   clock: Callable[[], datetime] | None = None,
+                   summarizer: Summarizer | None = None) -> Engine:
         """Load the funnel, open the store (embedded PostgreSQL without ``db``), check the table.
 
         Raises:
             FunnelInvalid: the funnel has errors.
             StoreUnavailable: the database cannot be reached.
             SchemaOutdated: the table is behind the funnel (run ``funnel migrate``).
+
+        ``model`` defaults to the funnel's ``model.name``; ``summarizer`` to a model
+        summarizer when ``memory.summarizer_model`` is set, else the offline one.
         """
         compiled = funnel if isinstance(funnel, CompiledFunnel) else load_funnel(funnel)
         if model is None:
@@ -131,6 +135,7 @@ class Engine:
             raise
         engine = cls(compiled, store, model, notifier=notifier, clock=clock)
         engine._owns_store = owns
+        engine._summary_impl = summarizer
         return engine
 
     async def close(self) -> None:

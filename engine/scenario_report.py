@@ -45,7 +45,7 @@ def junit(results: Sequence[ScenarioResult]) -> str:
     suite = ET.SubElement(root, "testsuite", {"name": "funnel test", **counts})
     for r in results:
         case = ET.SubElement(suite, "testcase", {
-            "classname": Path(r.file).with_suffix("").as_posix().replace("/", "."),
+            "classname": Path(r.file).with_suffix("").as_posix().lstrip("./").replace("/", "."),
             "name": r.name, "file": r.file, "line": str(r.line), "time": f"{r.seconds:.3f}"})
         if r.failures:
             tag = "error" if r.errored else "failure"

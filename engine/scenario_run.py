@@ -10,8 +10,8 @@ Each scenario runs in a fresh session id. Nothing here imports litellm.
 from __future__ import annotations
 
 import copy
-import re
 import secrets
+import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -23,17 +23,18 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .engine import Engine, TurnResult
-from .errors import FunnelError, FunnelInvalid, ModelError, StoreUnavailable
+from .engine import Engine
+from .errors import FunnelError, FunnelInvalid, ModelError, StoreError, StoreUnavailable
 from .funnel import CompiledFunnel, load_funnel
+from .memory import ExtractiveSummarizer
 from .models import Completion, ModelRequest, ScriptedModel
 from .prompts import full_view
+from .scenario_check import check
 from .scenarios import DEFAULT_CLOCK, Failure, Scenario, Turn, check_against
 from .state import defaults
 from .store import Store, TurnWrite, open_store
 
 CHANNEL = "scenario"  # the channel turns arrive on (the hand-off's `channel` field)
-_MISSING = object()
 
 
 @dataclass
@@ -115,10 +116,9 @@ async def run_all(loaded: Sequence[LoadedScenario], db: str | None) -> list[Scen
         async with temporary_schema(db) as (url, token):
             store = await open_store(url)
             try:
-                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-                    runner = Runner(store, conn, token)
-                    for i, scenario in ready:
-                        results[i] = await runner.run(scenario)
+                runner = Runner(store, token)
+                for i, scenario in ready:
+                    results[i] = await runner.run(scenario)
             finally:
                 await store.close()
     return [results[i] for i in range(len(loaded))]
@@ -137,24 +137,31 @@ async def temporary_schema(db: str | None) -> AsyncIterator[tuple[str, str]]:
     try:
         admin = await psycopg.AsyncConnection.connect(db, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise StoreUnavailable(f"cannot connect to PostgreSQL for `funnel test`: {first}; "
-                               "check --db / FUNNEL_DB") from None
+        raise StoreUnavailable(f"cannot connect to PostgreSQL for `funnel test`: {_first(exc)};"
+                               " check --db / FUNNEL_DB") from None
     async with admin:
-        await admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        try:
+            await admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot create the temporary schema {schema}: {_first(exc)}; "
+                             "`funnel test` needs the CREATE privilege on the database") from None
         try:
             options = psycopg.conninfo.conninfo_to_dict(db).get("options")
             path = f"-csearch_path={schema}"
             yield psycopg.conninfo.make_conninfo(
                 db, options=f"{options} {path}" if options else path), token
         finally:
-            await admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+            try:
+                await admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(
+                    sql.Identifier(schema)))
+            except psycopg.Error as exc:
+                print(f"funnel test: warning: could not drop the temporary schema {schema}: "
+                      f"{_first(exc)}; drop it by hand", file=sys.stderr)
 
 
 class Runner:
-    def __init__(self, store: Store, conn: psycopg.AsyncConnection[Any], token: str) -> None:
+    def __init__(self, store: Store, token: str) -> None:
         self.store = store
-        self.conn = conn
         self.token = token
         self.model = ScenarioModel()
         self.clock = Clock()
@@ -167,9 +174,11 @@ class Runner:
         key = scenario.funnel.resolve()
         if key not in self.engines:
             try:
+                # The offline summarizer, never `memory.summarizer_model` (a real model).
                 self.engines[key] = await Engine.open(
                     load_funnel(key), store=self.store, model=self.model,
-                    notifier=self.notifications, clock=self.clock)
+                    notifier=self.notifications, clock=self.clock,
+                    summarizer=ExtractiveSummarizer())
             except FunnelInvalid as exc:
                 errors = [d for d in exc.diagnostics if d.severity == "error"]
                 self.engines[key] = (f"the funnel {scenario.funnel} has {len(errors)} error(s); "
@@ -219,19 +228,12 @@ class Runner:
         self.model.play(turn.llm)
         self.notifications.sent.clear()
         result = await engine.handle(session, turn.customer, channel=CHANNEL)
-        await self.stamp(engine, session)
+        await engine.drain()  # a background summary lands before the next turn, every run
         row = await engine.state(session) if "state" in turn.expect else None
         found = check(turn.expect, result, row, self.model.prompt,
                       bool(self.notifications.sent))
-        return [Failure(scenario.file, turn.line_of(key), scenario.name, turn.number, message)
-                for key, message in found]
-
-    async def stamp(self, engine: Engine, session: str) -> None:
-        """Make ``last_message_at`` the scenario's time: the database writes its own NOW(),
-        and the engine measures the idle gap from it with its own clock."""
-        await self.conn.execute(
-            sql.SQL("UPDATE {} SET last_message_at = %s WHERE session_id = %s").format(
-                sql.Identifier(engine.spec.table)), (self.clock.now, session))
+        return sorted((Failure(scenario.file, turn.line_of(key), scenario.name, turn.number,
+                               message) for key, message in found), key=lambda f: f.line)
 
     async def seed(self, engine: Engine, session: str, start: Mapping[str, Any]) -> None:
         """Write the ``start`` row: defaults, the given fields, derived fields recomputed."""
@@ -254,8 +256,8 @@ class Runner:
             expected_version=0, reply=None, stage_after=stage,
             turn={"stage_before": stage, "transitions": [], "actions": [], "refused": [],
                   "validation_failures": 0, "repaired": False, "fallback": False,
-                  "prompt_tokens": 0, "completion_tokens": 0, "model": "scenario:start"}))
-        await self.stamp(engine, session)
+                  "prompt_tokens": 0, "completion_tokens": 0, "model": "scenario:start"},
+            message_time=now))
 
 
 def _complete_lines(funnel: CompiledFunnel, state: dict[str, Any], now: str) -> None:
@@ -274,103 +276,5 @@ def _complete_lines(funnel: CompiledFunnel, state: dict[str, Any], now: str) -> 
             for p in state.get(spec.presented_field) or []]
 
 
-# -- expectations ----------------------------------------------------------------------
-
-
-def check(expect: Mapping[str, Any], result: TurnResult, row: Mapping[str, Any] | None,
-          prompt: str | None, notified: bool) -> list[tuple[str, str]]:
-    """Compare one turn's expectations with what the engine did; return (key, message) for
-    each that failed, the key naming the expectation's line (``state.<path>`` for a field)."""
-    out: list[tuple[str, str]] = []
-
-    def differ(key: str, what: str, want: Any, got: Any) -> None:
-        if not _same(want, got):
-            out.append((key, f"expected {what} {_show(want)}, got {_show(got)}"))
-
-    if "stage" in expect:
-        differ("stage", "stage", expect["stage"], result.stage_after)
-    for path, want in (expect.get("state") or {}).items():
-        got = _lookup(row or {}, path)
-        missing = got is _MISSING or got is None
-        shown = "absent" if got is _MISSING else _show(got)
-        if want == "present" or want == "absent":
-            if missing != (want == "absent"):
-                out.append((f"state.{path}", f"expected state {path} {want}, got {shown}"))
-        elif got is _MISSING or not _same(want, got):
-            out.append((f"state.{path}", f"expected state {path} {_show(want)}, got {shown}"))
-    if "reply" in expect:
-        differ("reply", "reply", expect["reply"], result.reply)
-    if "reply_matches" in expect and not re.search(expect["reply_matches"], result.reply):
-        out.append(("reply_matches", f"expected reply matching {_show(expect['reply_matches'])}"
-                    f", got {_show(result.reply)}"))
-    differences = {
-        "actions": [o.type for o in result.actions if o.accepted],
-        "refused": [o.type for o in result.actions if not o.accepted],
-        "fallback": result.fallback, "handoff": result.handoff, "notified": notified,
-        "transitions": [f"{t['from']}->{t['to']}" for t in result.transitions],
-    }
-    for key, got in differences.items():
-        if key in expect:
-            want = expect[key]
-            if key == "transitions":
-                want = ["->".join(s.strip() for s in a.split("->")) for a in want]
-            differ(key, key, want, got)
-    for text in expect.get("prompt_contains") or []:
-        if prompt is None or text not in prompt:
-            out.append(("prompt_contains", f"expected prompt containing {_show(text)}, got "
-                        + ("no prompt" if prompt is None else _show(_clip(prompt)))))
-    for text in expect.get("prompt_not_contains") or []:
-        if prompt is not None and text in prompt:
-            at = prompt.index(text)
-            out.append(("prompt_not_contains", f"expected prompt without {_show(text)}, got "
-                        f"{_show(_clip(prompt[max(0, at - 60):]))}"))
-    return out
-
-
-def _lookup(row: Mapping[str, Any], path: str) -> Any:
-    value: Any = row
-    for part in path.split("."):
-        if isinstance(value, Mapping):
-            value = value.get(part, _MISSING)
-        elif isinstance(value, list) and re.fullmatch(r"-?[0-9]+", part) \
-                and -len(value) <= int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return _MISSING
-        if value is _MISSING:
-            return value
-    return value
-
-
-def _same(want: Any, got: Any) -> bool:
-    if isinstance(want, bool) or isinstance(got, bool):
-        return isinstance(want, bool) and isinstance(got, bool) and want == got
-    if isinstance(want, int | float) and isinstance(got, int | float):
-        return abs(want - got) < 1e-9
-    if isinstance(want, str) and isinstance(got, str):
-        return want == got or _same_instant(want, got)
-    if isinstance(want, dict) and isinstance(got, dict):
-        return want.keys() == got.keys() and all(_same(want[k], got[k]) for k in want)
-    if isinstance(want, list) and isinstance(got, list):
-        return len(want) == len(got) and all(map(_same, want, got))
-    return bool(want == got)
-
-
-def _same_instant(a: str, b: str) -> bool:
-    """Two ISO timestamps with offsets that name the same instant (the database answers in
-    its own time zone)."""
-    try:
-        x, y = datetime.fromisoformat(a), datetime.fromisoformat(b)
-    except ValueError:
-        return False
-    return x.tzinfo is not None and y.tzinfo is not None and x == y
-
-
-def _show(value: Any) -> str:
-    import json
-
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
+def _first(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

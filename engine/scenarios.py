@@ -4,7 +4,8 @@ scripted model outputs and say what the engine must do at each turn (`funnel tes
 This module finds and loads scenario files and checks them (the JSON Schema
 ``schemas/scenario.schema.json``, then names against the funnel), reporting
 every problem with its file and line. `engine.scenario_run` plays them on a
-temporary PostgreSQL schema; `engine.scenario_report` prints the results.
+temporary PostgreSQL schema, `engine.scenario_check` compares each turn with its
+``expect``, and `engine.scenario_report` prints the results.
 The format is documented in docs/scenarios.md. Nothing here imports litellm.
 """
 
@@ -153,10 +154,10 @@ def load_scenario(path: Path) -> tuple[Scenario | None, list[Failure]]:
     if not isinstance(data, dict):
         return None, problems + err(1, "a scenario file is a mapping with `funnel` and `turns`")
     for error in sorted(_validator().iter_errors(data), key=lambda e: list(map(str, e.path))):
-        line, message = _describe(error, located)
-        problems.append(Failure(file, line, name, None, message, "error"))
+        problems += [Failure(file, line, name, None, message, "error")
+                     for line, message in _describe(error, located)]
     if problems:
-        return None, problems
+        return None, sorted(problems, key=lambda f: f.line)
     scenario = Scenario(
         file=file, name=name, line=1, funnel=path.parent / data["funnel"],
         funnel_line=located.where(("funnel",))[0], clock=DEFAULT_CLOCK,
@@ -174,7 +175,7 @@ def load_scenario(path: Path) -> tuple[Scenario | None, list[Failure]]:
         turn, turn_problems = _turn(i, raw, scenario)
         problems += turn_problems
         scenario.turns.append(turn)
-    return (None if problems else scenario), problems
+    return (None if problems else scenario), sorted(problems, key=lambda f: f.line)
 
 
 def _turn(i: int, raw: dict[str, Any], scenario: Scenario) -> tuple[Turn, list[Failure]]:
@@ -254,25 +255,31 @@ def check_against(scenario: Scenario, funnel: CompiledFunnel) -> list[Failure]:
                 problems.append(scenario.error(turn.line_of("actions"), (
                     f"expect.actions: '{name}' is not an action of funnel '{spec.name}'"
                     f"{did_you_mean(name, spec.actions)}")))
-    return problems
+    return sorted(problems, key=lambda f: f.line)
 
 
-def _describe(error: jsonschema.ValidationError, located: _yaml.Located) -> tuple[int, str]:
-    keys = tuple(error.absolute_path)
+def _describe(error: jsonschema.ValidationError, located: _yaml.Located
+              ) -> list[tuple[int, str]]:
+    keys: tuple[str | int, ...] = tuple(error.absolute_path)
     where = "`" + ".".join(map(str, keys)) + "`" if keys else "the scenario"
-    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict) \
+            and isinstance(error.schema, dict):
         allowed = set(error.schema.get("properties", {}))
-        extra = [k for k in error.instance if k not in allowed]
-        name = extra[0] if extra else ""
-        line = located.where((*keys, name), key=True)[0] if extra else located.where(keys)[0]
-        return line, (f"unknown key '{name}' in {where}{did_you_mean(str(name), allowed)}; "
-                      f"expected one of: {', '.join(sorted(allowed))}")
+        return [(located.where((*keys, name), key=True)[0],
+                 f"unknown key '{name}' in {where}{did_you_mean(str(name), allowed)}; "
+                 f"expected one of: {', '.join(sorted(allowed))}")
+                for name in error.instance if name not in allowed]
+    return [_describe_one(error, keys, where, located)]
+
+
+def _describe_one(error: jsonschema.ValidationError, keys: tuple[str | int, ...], where: str,
+                  located: _yaml.Located) -> tuple[int, str]:
     if error.validator == "anyOf" and keys and keys[-1] == "llm":
         return located.where(keys)[0], (
             f"{where}: give an output envelope with `reply`, a raw string (bad output), "
             "{output, repair} or {error}")
-    if error.validator == "propertyNames":
-        line = located.where((*keys, error.instance), key=True)[0]
+    if "propertyNames" in error.schema_path:
+        line = located.where((*keys, str(error.instance)), key=True)[0]
         return line, f"{where}: {error.instance!r} is not a valid name or dotted path"
     if error.validator == "pattern" and keys and keys[-1] in ("after",):
         return located.where(keys)[0], f"{where}: {error.instance!r} is not a duration (7h, 30m)"

@@ -95,8 +95,8 @@ class Broken:
 
 async def test_failing_summarizer_does_not_fail_the_turn(puramur: Any, db_url: str,
                                                          sql: Any) -> None:
-    engine = await _engine(puramur, db_url, Recording({"default": {"reply": "ok"}}))
-    engine._summary_impl = Broken()  # type: ignore[assignment]
+    engine = await Engine.open(puramur, db=db_url, model=Recording({"default": {"reply": "ok"}}),
+                               summarizer=Broken())
     try:
         for i in range(6):
             result = await engine.handle("broken", f"message {i}")

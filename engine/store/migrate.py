@@ -11,27 +11,39 @@ from psycopg import sql
 from ..spec import FunnelSpec
 from . import ddl
 
+# Migrations of every funnel serialize on one lock; a bounded wait turns a stuck
+# migration elsewhere into an error instead of a hang.
+_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '30s'"
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('funnel-migrations', 0))"
 
 
 async def apply_shared(conn: psycopg.AsyncConnection[Any]) -> None:
     """Apply the shared tables' migrations not applied yet; safe to run concurrently."""
-    await conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {ddl.MIGRATIONS} (funnel TEXT NOT NULL, version INT NOT NULL,"
-        " description TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),"
-        " PRIMARY KEY (funnel, version))"
-    )
-    done = await _applied(conn, "")
-    if len(done) >= len(ddl.SHARED_MIGRATIONS):
+    if len(await _shared_applied(conn)) >= len(ddl.SHARED_MIGRATIONS):
         return
     async with conn.transaction():
+        # Under the lock: two concurrent CREATE TABLE IF NOT EXISTS of the same new
+        # table collide in the catalog (a unique violation on pg_type), not a no-op.
+        await conn.execute(_LOCK_TIMEOUT)
         await conn.execute(_LOCK)
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {ddl.MIGRATIONS} (funnel TEXT NOT NULL, "
+            "version INT NOT NULL, description TEXT NOT NULL, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT NOW(), PRIMARY KEY (funnel, version))"
+        )
         done = await _applied(conn, "")
         for version, stmt in enumerate(ddl.SHARED_MIGRATIONS, start=1):
             if version in done:
                 continue
             await conn.execute(stmt.encode())
             await _record(conn, "", version, stmt.split("(")[0].strip()[:200])
+
+
+async def _shared_applied(conn: psycopg.AsyncConnection[Any]) -> set[int]:
+    """The shared migrations applied so far; none while ``funnel_migrations`` is missing."""
+    exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                       (ddl.MIGRATIONS,))).fetchone()
+    return await _applied(conn, "") if exists and exists[0] else set()
 
 
 async def _applied(conn: psycopg.AsyncConnection[Any], funnel: str) -> set[int]:
@@ -66,11 +78,18 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
     A new field adds a column with its default; a new index is created; a
     removed field is reported and kept unless ``drop``; sessions sitting in a
     stage the funnel no longer has are reported. With ``check`` nothing is
-    changed. Each change is recorded in ``funnel_migrations``.
+    changed. Each change is recorded in ``funnel_migrations``. The analysts'
+    views (docs/analytics.md) are created or replaced too, not recorded.
     """
-    await apply_shared(conn)
     report: list[str] = []
+    if not check:
+        await apply_shared(conn)
+    else:  # report the shared tables' pending migrations without applying them
+        pending = len(ddl.SHARED_MIGRATIONS) - len(await _shared_applied(conn))
+        if pending > 0:
+            report.append(f"would apply {pending} migration(s) of the shared tables")
     async with conn.transaction():
+        await conn.execute(_LOCK_TIMEOUT)
         await conn.execute(_LOCK)
         have = await existing_columns(conn, spec.table)
         changes: list[tuple[str, sql.Composed]] = []
@@ -115,12 +134,26 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
                         report.append(f"error: {count} session(s) sit in stage '{stage}', "
                                       "which the funnel no longer declares; add "
                                       f"`removed_stages: {{{stage}: <stage>}}`")
+        changes = await _with_views(conn, spec, changes)
         if check:
             return [f"would {what}" for what, _ in changes] + report
         done = await _applied(conn, spec.table)
         version = max(done, default=0)
         for what, stmt in changes:
             await conn.execute(stmt)
+            if " view " in what:  # views are derived objects: (re)created, not recorded
+                continue
             version += 1
             await _record(conn, spec.table, version, f"v{spec.version}: {what}")
     return [what for what, _ in changes] + report
+
+
+async def _with_views(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec,
+                      changes: list[tuple[str, sql.Composed]]) -> list[tuple[str, sql.Composed]]:
+    """The table changes plus the analysts' views (docs/analytics.md), created or replaced
+    when their definition changed, and dropped first when a column they may read is dropped."""
+    from .analytics_sql import view_changes
+
+    dropping = any(what.startswith("drop column") for what, _ in changes)
+    before, after = await view_changes(conn, spec, dropping=dropping)
+    return before + changes + after
