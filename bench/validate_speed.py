@@ -8,11 +8,18 @@ point at Puramur's files) to a temporary folder, then times
 starting Python and importing what the validator cannot do without.
 
 Run from anywhere: ``python bench/validate_speed.py``. Target: median under 2 s.
+
+The validator checks a template or schema text once per run however many
+funnels use it (funnels in one repository share files). ``--own-files`` gives
+every copy its own prompts and schemas folders, each file's text made unique:
+the worst case, where nothing is shared.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +34,7 @@ RUNS = 5
 TARGET = 2.0
 
 
-def make_funnels(folder: Path, copies: int = COPIES) -> list[Path]:
+def make_funnels(folder: Path, copies: int = COPIES, *, own_files: bool = False) -> list[Path]:
     text = PURAMUR.read_text("utf-8")
     base = PURAMUR.parent
 
@@ -47,6 +54,15 @@ def make_funnels(folder: Path, copies: int = COPIES) -> list[Path]:
                       count=1, flags=re.M)
         body = body.replace("name: idx_sessions_", f"name: idx_{name}_")
         assert f"funnel: {name}" in body and f"table: {name}_sessions_state" in body
+        if own_files:
+            for key in ("prompts", "schemas"):
+                m = re.search(rf"^{key}: (\S+)", body, re.MULTILINE)
+                assert m
+                own = folder / f"{name}_{key}"
+                shutil.copytree(m[1], own)
+                for f in own.iterdir():  # a distinct text per copy: nothing cached is reused
+                    f.write_text(f.read_text("utf-8") + " " * (i + 1), "utf-8")
+                body = body.replace(m[0], f"{key}: {own.as_posix()}", 1)
         path = folder / f"{name}.yaml"
         path.write_text(body, "utf-8")
         out.append(path)
@@ -70,15 +86,20 @@ def report(label: str, times: list[float]) -> None:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--own-files", action="store_true",
+                        help="give every funnel its own copy of the prompts and schemas")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="funnel-bench-") as tmp:
         folder = Path(tmp)
-        files = make_funnels(folder)
+        files = make_funnels(folder, own_files=args.own_files)
         check = subprocess.run([sys.executable, "-m", "engine.cli", "validate", str(folder)],
                                cwd=ROOT, capture_output=True, text=True)
         if check.returncode != 0 or check.stdout:
             sys.exit(f"the generated funnels do not validate cleanly:\n{check.stdout}"
                      f"{check.stderr}")
-        print(f"{len(files)} funnels in {folder} ({sys.executable}, Python "
+        shared = "own prompts/schemas each" if args.own_files else "sharing puramur's files"
+        print(f"{len(files)} funnels ({shared}) in {folder} ({sys.executable}, Python "
               f"{sys.version.split()[0]})")
         floor = timed([sys.executable, "-c", "import yaml, jsonschema, jinja2"])
         report('floor: python -c "import yaml, jsonschema, jinja2"', floor)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Iterable
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -218,7 +219,7 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
             continue
         source = str(source)
         try:
-            tree = parse_expression(source)
+            tree = _parse_condition(source)
         except TemplateSyntaxError as exc:
             report.at(keys, "error", "F401", f"condition {source!r} does not parse: "
                       f"{exc.message}; write a Jinja expression such as `pet.type and pet.breed`")
@@ -226,6 +227,12 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
         check_paths(tree, state, known, report, keys, "condition", "F402")
         if comp_field and data.get("completeness"):
             _check_threshold(tree, comp_field, max_points, keys, report)
+
+
+@lru_cache(maxsize=1024)
+def _parse_condition(source: str) -> nodes.Template:
+    # Funnels repeat conditions (`handoff_requested == 'complaint'`); callers only read the AST.
+    return parse_expression(source)
 
 
 def check_paths(
@@ -239,9 +246,13 @@ def check_paths(
     *,
     file: Path | None = None,
     line_offset: int = 0,
+    paths: Iterable[tuple[tuple[str, ...], int]] | None = None,
 ) -> None:
-    """Report names (and nested properties) that neither the state nor the context declares."""
-    for path, lineno in attribute_paths(tree):
+    """Report names (and nested properties) that neither the state nor the context declares.
+
+    ``paths``: ``attribute_paths(tree)`` when the caller has it already.
+    """
+    for path, lineno in attribute_paths(tree) if paths is None else paths:
         head = path[0]
         if head not in known:
             msg = (f"{what} uses '{head}', which is neither a state field nor a documented "

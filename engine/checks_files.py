@@ -15,7 +15,7 @@ from . import _yaml
 from .catalog import CatalogError, load_catalog
 from .checks import _dict, _list, check_paths, engine_owned_names
 from .errors import did_you_mean
-from .expressions import make_environment
+from .expressions import attribute_paths, make_environment
 from .spec import PROMPT_NAMES
 
 if TYPE_CHECKING:
@@ -79,7 +79,8 @@ def _check_template(
     if tree is None:
         report.add(path, error_line, 1, "error", "F202", f"template syntax error: {error}")
         return
-    check_paths(tree, state, known, report, None, "template", "F203", file=path)
+    check_paths(tree, state, known, report, None, "template", "F203", file=path,
+                paths=_template_names(source, path.name, str(path)))
     for ref in meta.find_referenced_templates(tree):
         if ref is None:
             continue
@@ -103,6 +104,13 @@ def _parse_template(source: str, name: str, filename: str) -> tuple[nodes.Templa
         return _parse_env().parse(source, name, filename), 0, ""
     except TemplateSyntaxError as exc:
         return None, exc.lineno, exc.message or "invalid syntax"
+
+
+@lru_cache(maxsize=512)
+def _template_names(source: str, name: str, filename: str) -> tuple[tuple[tuple[str, ...], int], ...]:
+    """The dotted names a (parsable) template reads, with their lines."""
+    tree = _parse_template(source, name, filename)[0]
+    return tuple(attribute_paths(tree)) if tree is not None else ()
 
 
 @lru_cache(maxsize=1)
@@ -139,11 +147,13 @@ def _check_budget(data: dict[str, Any], stage: str, prompt: Path, folder: Path,
         return
     try:
         source = prompt.read_text("utf-8")
-        tree = make_environment(folder).parse(source)
+        tree = _parse_template(source, prompt.name, str(prompt))[0]
+        if tree is None:
+            return
         for ref in meta.find_referenced_templates(tree):
             if ref and (folder / ref).is_file():
                 source += (folder / ref).read_text("utf-8")
-    except (OSError, UnicodeDecodeError, TemplateSyntaxError):
+    except (OSError, UnicodeDecodeError):
         return
     tokens = len(source) // 4
     if tokens > budget:

@@ -80,11 +80,12 @@ class ServiceConfig:
         if len(self.secret) < 16:
             raise ConfigError("FUNNEL_SECRET must have at least 16 characters")
         for key, scopes in self.api_keys.items():
-            unknown = scopes - SCOPES
-            if unknown or not key:
-                raise ConfigError(f"FUNNEL_API_KEYS: unknown scope(s) {', '.join(sorted(unknown))}"
-                                  f"; known: {', '.join(sorted(SCOPES))}" if unknown else
-                                  "FUNNEL_API_KEYS: an empty key")
+            if not key:
+                raise ConfigError("FUNNEL_API_KEYS: an empty key")
+            if scopes - SCOPES:
+                raise ConfigError(f"FUNNEL_API_KEYS: unknown scope(s) "
+                                  f"{', '.join(sorted(scopes - SCOPES))}; known: "
+                                  f"{', '.join(sorted(SCOPES))}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServiceConfig:

@@ -92,7 +92,7 @@ class Metrics:
         self.save()
 
     def count(self, name: str, **labels: str) -> None:
-        self.inc(name, **labels)
+        self.inc(name, 1.0, **labels)
         self.save()
 
     # -- sharing between workers -------------------------------------------------------

@@ -25,7 +25,7 @@ from .config import TelegramBot
 from .limits import MAX_UPDATE_BYTES, RequestRefused, error, read_json
 
 if TYPE_CHECKING:
-    from .app import Service
+    from .core import Service
 
 log = logging.getLogger("funnel.service.telegram")
 
@@ -39,6 +39,7 @@ POLITE = {
 }
 _MEDIA = ("voice", "audio", "video", "video_note", "document", "animation", "location",
           "venue", "poll", "dice", "game")
+_MESSAGE_KEYS = ("message", "edited_message")
 _SEEN_MAX = 10_000
 
 
@@ -108,11 +109,13 @@ class TelegramChannel:
             update = await read_json(request, MAX_UPDATE_BYTES)
         except RequestRefused as exc:
             return exc.response()
-        if not isinstance(update, dict):
-            return error(400, "bad_request", "a Telegram update is a JSON object")
-        update_id = update.get("update_id")
+        if not isinstance(update, dict) or type(update.get("update_id")) is not int or any(
+                k in update and not isinstance(update[k], dict) for k in _MESSAGE_KEYS):
+            return error(400, "bad_request", "not a Telegram update: an object with an integer "
+                         "`update_id` and, if any, an object `message` / `edited_message`")
+        update_id: int = update["update_id"]
         seen = self._seen.setdefault(funnel, OrderedDict())
-        if isinstance(update_id, int) and update_id in seen:
+        if update_id in seen:
             return JSONResponse({"ok": True, "duplicate": True})
         kind, chat, text = classify(update)
         self.service.metrics.count("funnel_telegram_updates_total", funnel=funnel, kind=kind)
@@ -127,10 +130,9 @@ class TelegramChannel:
             else:
                 reply = POLITE[kind]
             await self.send(bot, funnel, chat, reply)
-        if isinstance(update_id, int):
-            seen[update_id] = None
-            while len(seen) > _SEEN_MAX:
-                seen.popitem(last=False)
+        seen[update_id] = None
+        while len(seen) > _SEEN_MAX:
+            seen.popitem(last=False)
         return JSONResponse({"ok": True})
 
     async def send(self, bot: TelegramBot, funnel: str, chat: int | str, text: str) -> bool:

@@ -71,6 +71,12 @@ class _Health:
     async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.last_used[id(conn)] = time.monotonic()
 
+    def distrust(self) -> None:
+        """A connection was lost, so the server may have restarted: every pooled
+        connection is checked at its next use, however recently it was used.
+        Otherwise each of them would fail one turn before the pool replaces it."""
+        self.last_used.clear()
+
 
 class _Table:
     """Statements for one funnel's session table, built once."""
@@ -182,11 +188,12 @@ class PostgresStore:
     """A :class:`engine.store.Store` on PostgreSQL."""
 
     def __init__(self, url: str, pool: AsyncConnectionPool, lock_pool: AsyncConnectionPool,
-                 timeout: float) -> None:
+                 timeout: float, health: _Health | None = None) -> None:
         self.url = url
         self.pool = pool
         self.lock_pool = lock_pool
         self.timeout = timeout
+        self.health = health or _Health()
         self._tables: dict[str, _Table] = {}
 
     @classmethod
@@ -199,13 +206,20 @@ class PostgresStore:
         """
         kwargs: dict[str, Any] = {"autocommit": True}
         health = _Health()
+        # psycopg_pool retries a failed connection in the background with a doubling
+        # delay (1, 2, 4, ... s) for up to 5 minutes: after a minute down, the next
+        # attempt may come a minute after the database is back, and every request
+        # times out until then. Giving up after ``timeout`` lets the next request
+        # start a fresh attempt at once.
         pool = AsyncConnectionPool(url, min_size=1, max_size=max_connections, open=False,
                                    kwargs=kwargs, timeout=timeout, check=health.check,
-                                   reset=health.reset, name="funnel")
+                                   reset=health.reset, name="funnel",
+                                   reconnect_timeout=timeout)
         lock_pool = AsyncConnectionPool(url, min_size=0, max_size=max_turns, open=False,
                                         kwargs=kwargs, timeout=timeout * 12, check=health.check,
-                                        reset=health.reset, name="funnel-locks")
-        store = cls(url, pool, lock_pool, timeout)
+                                        reset=health.reset, name="funnel-locks",
+                                        reconnect_timeout=timeout)
+        store = cls(url, pool, lock_pool, timeout, health)
         try:
             await pool.open(wait=True, timeout=timeout)
             await lock_pool.open()
@@ -232,6 +246,7 @@ class PostgresStore:
                 "nothing was written"
             ) from None
         except psycopg.OperationalError as exc:
+            self.health.distrust()
             raise StoreUnavailable(
                 f"lost the connection to PostgreSQL at {_safe_url(self.url)}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}; "
@@ -302,23 +317,44 @@ class PostgresStore:
     @asynccontextmanager
     async def session(self, funnel: FunnelSpec, session_id: str) -> AsyncIterator[SessionHandle]:
         """Hold the session's lock for one turn; load and save through the handle."""
+        conn = await self._lock_connection(session_id)
         try:
-            async with self.lock_pool.connection() as conn:
-                handle = SessionHandle(self.table(funnel), conn, session_id)
-                try:
-                    yield handle
-                finally:
-                    if handle.locked:
-                        await handle.release()
-        except PoolTimeout:
-            raise StoreUnavailable(
-                f"no database connection for session {session_id!r}: too many turns are "
-                "running at once or PostgreSQL is not answering; try again"
-            ) from None
+            handle = SessionHandle(self.table(funnel), conn, session_id)
+            try:
+                yield handle
+            finally:
+                if handle.locked:
+                    await handle.release()
         except psycopg.OperationalError as exc:
+            self.health.distrust()
             raise StoreUnavailable(f"lost the connection to PostgreSQL at "
                                    f"{_safe_url(self.url)}: {_first_line(exc)}; the turn was "
                                    "not saved") from None
+        finally:
+            await self.lock_pool.putconn(conn)
+
+    async def _lock_connection(self, session_id: str) -> psycopg.AsyncConnection[Any]:
+        """A connection for one turn, from ``lock_pool``.
+
+        Waiting for a free one is normal while many turns run (up to the lock
+        pool's timeout), but a database that is down must fail fast, not after
+        that long wait: when no connection comes within ``timeout``, one empty
+        statement on the short pool tells a busy pool from an unreachable server.
+        """
+        deadline = time.monotonic() + self.lock_pool.timeout
+        while True:
+            try:
+                return await self.lock_pool.getconn(
+                    timeout=max(0.01, min(self.timeout, deadline - time.monotonic())))
+            except PoolTimeout:
+                pass
+            async with self._conn() as probe:  # StoreUnavailable (naming the server) if down
+                await probe.execute("")
+            if time.monotonic() >= deadline:
+                raise StoreUnavailable(
+                    f"no database connection for session {session_id!r}: too many turns are "
+                    "running at once; try again"
+                )
 
     @asynccontextmanager
     async def session_lock(self, funnel: FunnelSpec, session_id: str) -> AsyncIterator[None]:
@@ -378,9 +414,24 @@ class PostgresStore:
                     sets: list[sql.Composable] = [sql.SQL("{} = {}").format(sql.Identifier(f.name),
                                                        _default_literal(f))
                             for f in personal]
+                    # The rolling summary retells the messages whose text is cleared below.
+                    summary = funnel.state.get(funnel.memory.summary or "")
+                    if summary is not None and not summary.personal:
+                        sets.append(sql.SQL("{} = {}").format(sql.Identifier(summary.name),
+                                                              _default_literal(summary)))
                     sets.append(sql.SQL("notices = '[\"anonymized\"]'::jsonb"))
                     await conn.execute(sql.SQL("UPDATE {} SET {} WHERE session_id = ANY(%s)")
                                        .format(t, sql.SQL(", ").join(sets)), (ids,))
+                    # Outbox payloads (the handoff alert) carry a copy of the state.
+                    payload: sql.Composable = sql.SQL("payload")
+                    for f in personal:
+                        payload = sql.SQL("({} #- ARRAY['state', {}]) - {}").format(
+                            payload, sql.Literal(f.name), sql.Literal(f.name))
+                    if personal:
+                        await conn.execute(sql.SQL(
+                            "UPDATE {} SET payload = {} WHERE funnel = %s AND "
+                            "session_id = ANY(%s)").format(sql.Identifier(ddl.OUTBOX), payload),
+                            (funnel.name, ids))
                     cur = await conn.execute(sql.SQL(
                         "UPDATE {} SET content = '[anonymized]' WHERE funnel = %s AND "
                         "session_id = ANY(%s)").format(sql.Identifier(ddl.MESSAGES)),

@@ -1,0 +1,240 @@
+"""`funnel report`: where conversations go, how long they take, what they cost.
+
+The numbers are computed on the database (``engine.store.analytics_sql``, one
+aggregating query per section, in one read-only snapshot); this module only
+shapes the aggregated rows into a report and renders it as aligned tables or
+JSON (``engine.report_html`` renders the HTML page).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from .funnel import CompiledFunnel, load_funnel
+from .spec import FunnelSpec
+
+# (key, title) in report order; the HTML page and the tables use the same titles.
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("active_by_stage", "Active sessions by stage"),
+    ("stage_funnel", "Funnel: sessions that reached each stage"),
+    ("stage_time", "Time in each stage"),
+    ("products", "Most presented products"),
+    ("handoff_reasons", "Hand-off reasons"),
+    ("costs", "Cost, tokens and quality"),
+)
+TITLES = dict(SECTIONS)
+
+
+def _num(value: Any) -> Any:
+    """Decimals as int or float, timestamps as ISO text: JSON-friendly values."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _rows(rows: list[dict[str, Any]], drop: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    return [{k: _num(v) for k, v in r.items() if k not in drop} for r in rows]
+
+
+def format_duration(seconds: float) -> str:
+    """``95`` -> ``"1m 35s"``, ``7200`` -> ``"2h"``, ``7.5`` -> ``"7.5s"``."""
+    s = float(seconds)
+    if s < 60:
+        return f"{s:.1f}".removesuffix(".0") + "s"
+    whole = int(round(s))
+    for big, small, bs, ss in (("d", "h", 86400, 3600), ("h", "m", 3600, 60), ("m", "s", 60, 1)):
+        if whole >= bs:
+            rest = (whole % bs) // ss
+            return f"{whole // bs}{big}" + (f" {rest}{small}" if rest else "")
+    return f"{whole}s"  # pragma: no cover
+
+
+def since_text(seconds: float) -> str:
+    """``604800`` -> ``"7d"``: the window as the command line takes it."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
+          catalog_names: dict[str, str] | None = None, currency: str | None = None
+          ) -> dict[str, Any]:
+    """The report as plain data (the JSON output) from the store's aggregated rows."""
+    sec = data["sections"]
+    notes: list[str] = []
+    if not data["sessions_table"]:
+        notes.append(f"table {spec.table} does not exist yet: no session was recorded "
+                     f"(`funnel migrate {spec.path}` creates it)")
+    if not data["turns_table"]:
+        notes.append("table funnel_turns does not exist yet: no turn was recorded")
+
+    active = _rows(sec["active_by_stage"], ("pos",))
+    stages = _rows(sec["stage_funnel"], ("pos", "total_sessions"))
+    if not stages:  # no table: every declared stage with zero sessions
+        stages = [{"stage": s.name, "final": s.final, "sessions": 0, "pct_of_first": None,
+                   "stopped_here": 0} for s in spec.stages.values()]
+    total = int(sec["stage_funnel"][0]["total_sessions"]) if sec["stage_funnel"] else 0
+    drop = None
+    candidates = [s for s in stages if not s["final"] and s["stopped_here"] > 0]
+    if candidates:
+        worst = max(candidates, key=lambda s: (s["stopped_here"], -stages.index(s)))
+        drop = {"stage": worst["stage"], "stopped": worst["stopped_here"],
+                "reached": worst["sessions"],
+                "pct": round(100.0 * worst["stopped_here"] / worst["sessions"], 1)}
+    times = _rows(sec["stage_time"], ("pos",))
+    if not times:
+        times = [{"stage": s, "samples": 0, "avg_seconds": None, "median_seconds": None}
+                 for s in spec.stages]
+
+    products = None
+    if spec.presented_field:
+        products = _rows(sec.get("products", []))
+        for p in products:
+            p["name"] = (catalog_names or {}).get(p["sku"])
+    handoffs = _rows(sec["handoff_reasons"]) if spec.handoff else None
+
+    conv = _rows(sec["conversation_costs"])
+    conversations = conv[0] if conv else {
+        "conversations": 0, "turns": 0, "prompt_tokens": 0, "completion_tokens": 0,
+        "cost": None, "avg_turns": None, "avg_tokens": None, "avg_cost": None,
+        "median_cost": None}
+    return {
+        "funnel": spec.name, "version": spec.version, "table": spec.table,
+        "generated_at": _num(data["now"]), "since": since_text(since),
+        "since_seconds": int(since) if float(since).is_integer() else since,
+        "currency": currency, "notes": notes,
+        "active_by_stage": {"window_hours": 24, "total": sum(r["sessions"] for r in active),
+                            "rows": active},
+        "stage_funnel": {"sessions": total, "stages": stages, "biggest_drop_off": drop},
+        "stage_time": times,
+        "products": products,
+        "handoff_reasons": handoffs,
+        "costs": {"conversations": conversations,
+                  "stages": _rows(sec["stage_costs"], ("pos",))},
+    }
+
+
+async def build_report(funnel: str | Path | CompiledFunnel, *, db: str | None = None,
+                       since: float = 7 * 86400, limit: int = 20) -> dict[str, Any]:
+    """Compute the report of a funnel on the database at ``db`` (the embedded one if None).
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    from .store.analytics_sql import fetch_report
+
+    compiled = funnel if isinstance(funnel, CompiledFunnel) else load_funnel(funnel)
+    data = await fetch_report(db, compiled.spec, since, limit=limit)
+    catalog = compiled.catalog
+    names = {p.sku: p.name for p in catalog.products} if catalog else {}
+    return shape(compiled.spec, data, since, names, catalog.currency if catalog else None)
+
+
+# -- rendering -------------------------------------------------------------------------
+def render_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+
+
+def _fmt(value: Any, kind: str = "") -> str:
+    if value is None:
+        return "-"
+    if kind == "dur":
+        return format_duration(value)
+    if kind == "pct":
+        return f"{value:.1f}%"
+    if kind == "money":
+        return f"{value:,.2f}"
+    if kind == "cost":
+        return f"${value:.4f}"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """Aligned columns: text left, numbers right."""
+    if not rows:
+        return "  (no data)"
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    numeric = [all(_numeric(r[i]) for r in rows) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        return "  " + "  ".join(c.rjust(w) if n else c.ljust(w)
+                                for c, w, n in zip(cells, widths, numeric, strict=True)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+_NUMERIC = re.compile(r"^(-|\$?[0-9][0-9,]*(\.[0-9]+)?%?|[0-9.]+[dhms]( [0-9]+[hms])?)$")
+
+
+def _numeric(text: str) -> bool:
+    """A number, an amount, a percentage, a duration or "-": right-aligned."""
+    return bool(_NUMERIC.match(text))
+
+
+def render_table(report: dict[str, Any]) -> str:
+    r = report
+    out = [f"Funnel {r['funnel']} v{r['version']} (table {r['table']}): sessions started in the "
+           f"last {r['since']}, as of {r['generated_at'][:19].replace('T', ' ')} UTC"]
+    out += [f"note: {n}" for n in r["notes"]]
+
+    def section(key: str, sub: str, body: str) -> None:
+        out.extend(["", f"{TITLES[key]} ({sub})" if sub else TITLES[key], body])
+
+    a = r["active_by_stage"]
+    section("active_by_stage", "last 24 h, not handed off",
+            table(["stage", "sessions"], [[x["stage"], _fmt(x["sessions"])] for x in a["rows"]]))
+    f = r["stage_funnel"]
+    body = table(["stage", "sessions", "% of first", "went no further"],
+                 [[s["stage"], _fmt(s["sessions"]), _fmt(s["pct_of_first"], "pct"),
+                   "-" if s["final"] else _fmt(s["stopped_here"])] for s in f["stages"]])
+    d = f["biggest_drop_off"]
+    if d:
+        body += (f"\n  biggest drop-off: {d['stage']}: {d['stopped']} of {d['reached']} sessions "
+                 f"({d['pct']:.1f}%) went no further")
+    section("stage_funnel", f"{f['sessions']} sessions", body)
+    section("stage_time", "completed visits",
+            table(["stage", "visits", "average", "median"],
+                  [[t["stage"], _fmt(t["samples"]), _fmt(t["avg_seconds"], "dur"),
+                    _fmt(t["median_seconds"], "dur")] for t in r["stage_time"]]))
+    if r["products"] is not None:
+        section("products", "converted = handed off",
+                table(["sku", "name", "presented", "converted", "conversion"],
+                      [[p["sku"], p["name"] or "-", _fmt(p["presented"]), _fmt(p["converted"]),
+                        _fmt(p["conversion_pct"], "pct")] for p in r["products"]]))
+    if r["handoff_reasons"] is not None:
+        section("handoff_reasons", "",
+                table(["reason", "hand-offs", "avg cart", "avg time to hand-off"],
+                      [[h["reason"] or "-", _fmt(h["handoffs"]), _fmt(h["avg_cart_total"], "money"),
+                        _fmt(h["avg_seconds_to_handoff"], "dur")] for h in r["handoff_reasons"]]))
+    c = r["costs"]["conversations"]
+    body = table(["conversations", "turns", "tokens", "cost", "avg turns", "avg tokens",
+                  "avg cost", "median cost"],
+                 [[_fmt(c["conversations"]), _fmt(c["turns"]),
+                   _fmt(c["prompt_tokens"] + c["completion_tokens"]), _fmt(c["cost"], "cost"),
+                   _fmt(c["avg_turns"]), _fmt(c["avg_tokens"]), _fmt(c["avg_cost"], "cost"),
+                   _fmt(c["median_cost"], "cost")]]) if c["conversations"] else "  (no data)"
+    body += "\n\n" + table(
+        ["stage", "turns", "sessions", "tokens", "cost", "cost/conv", "validation failed",
+         "fallback"],
+        [[s["stage"], _fmt(s["turns"]), _fmt(s["sessions"]),
+          _fmt(s["prompt_tokens"] + s["completion_tokens"]), _fmt(s["cost"], "cost"),
+          _fmt(s["cost_per_conversation"], "cost"), _fmt(s["validation_failure_pct"], "pct"),
+          _fmt(s["fallback_pct"], "pct")] for s in r["costs"]["stages"]])
+    section("costs", "turns in the window, per conversation and per stage", body)
+    return "\n".join(out) + "\n"
+
+
+__all__ = ["SECTIONS", "build_report", "format_duration", "render_json", "render_table",
+           "shape", "since_text"]

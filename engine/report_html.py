@@ -1,0 +1,245 @@
+"""`funnel report --format html`: one self-contained page for a manager.
+
+Inline CSS and inline SVG charts only: no scripts, no fonts, no network. The
+input is the report of :func:`engine.analytics.build_report`.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from .analytics import TITLES, format_duration
+
+ACCENT = "#4f46e5"
+PALETTE = ["#4f46e5", "#5b54e8", "#6d63ec", "#7f74ef", "#9185f2", "#a397f5", "#b4a9f7",
+           "#c4bbf9", "#d2cbfb"]
+WARN = "#dc2626"
+GOOD = "#16a34a"
+
+CSS = """
+*{box-sizing:border-box}
+body{margin:0;background:#f4f5fa;color:#1f2433;font:15px/1.45 -apple-system,BlinkMacSystemFont,
+"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
+main{max-width:1100px;margin:0 auto;padding:28px 28px 40px}
+header h1{margin:0;font-size:26px;letter-spacing:-.01em}
+header p{margin:4px 0 0;color:#646b80}
+.kpis{display:grid;grid-template-columns:repeat(5,1fr);gap:14px;margin:22px 0 8px}
+.kpi{background:#fff;border-radius:12px;padding:14px 16px;box-shadow:0 1px 2px rgba(20,24,40,.06),
+0 1px 8px rgba(20,24,40,.04)}
+.kpi b{display:block;font-size:24px;font-weight:650;letter-spacing:-.01em}
+.kpi span{color:#646b80;font-size:13px}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:18px;margin-top:18px}
+section{background:#fff;border-radius:14px;padding:18px 20px 16px;margin-top:18px;
+box-shadow:0 1px 2px rgba(20,24,40,.06),0 1px 8px rgba(20,24,40,.04)}
+.grid section{margin-top:0}
+section h2{margin:0 0 2px;font-size:17px}
+section .sub{margin:0 0 12px;color:#646b80;font-size:13px}
+svg{display:block;width:100%;height:auto}
+svg text{font-family:inherit;font-size:13px;fill:#1f2433}
+svg .muted{fill:#646b80}
+svg .on{fill:#fff;font-weight:600}
+table{width:100%;border-collapse:collapse;font-size:13.5px}
+th{text-align:left;font-weight:600;color:#646b80;border-bottom:1px solid #e3e5ee;padding:6px 8px}
+td{border-bottom:1px solid #f0f1f6;padding:6px 8px}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
+.bar{display:inline-block;height:8px;border-radius:4px;background:#22a06b;vertical-align:middle;
+margin-right:6px}
+.callout{margin:12px 0 0;padding:10px 14px;border-radius:10px;background:#fef2f2;color:#7f1d1d;
+border:1px solid #fecaca}
+.bad{color:#dc2626;font-weight:600}
+.empty{color:#8a90a3;font-style:italic;margin:6px 0}
+.note{margin:14px 0 0;padding:10px 14px;border-radius:10px;background:#fffbeb;border:1px solid #fde68a}
+footer{margin-top:22px;color:#8a90a3;font-size:12.5px}
+code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
+"""
+
+
+def _e(value: Any) -> str:
+    return escape(str(value), quote=True)
+
+
+def _n(value: Any, kind: str = "") -> str:
+    if value is None:
+        return "–"
+    if kind == "pct":
+        return f"{value:.1f}%"
+    if kind == "dur":
+        return format_duration(value)
+    if kind == "cost":
+        return f"${value:,.4f}"
+    if kind == "money":
+        return f"{value:,.0f}"
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
+def _section(key: str, sub: str, body: str) -> str:
+    return (f'<section id="{key}"><h2>{_e(TITLES[key])}</h2><p class="sub">{_e(sub)}</p>'
+            f"{body}</section>")
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
+    head = "".join(f'<th class="n">{_e(h)}</th>' if i in numeric else f"<th>{_e(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>"
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def hbars(rows: list[tuple[str, float, str]], *, color: str = ACCENT, width: int = 480,
+          label_w: int = 150, text_w: int = 70, row_h: int = 26) -> str:
+    """Horizontal bars: (label, value, text shown after the bar)."""
+    if not rows:
+        return '<p class="empty">No data in this period.</p>'
+    top = max((v for _, v, _ in rows), default=0) or 1
+    area = width - label_w - text_w
+    parts = []
+    for i, (label, value, text) in enumerate(rows):
+        y = i * row_h
+        w = max(2.0, area * value / top) if value else 0
+        parts.append(
+            f'<text x="{label_w - 8}" y="{y + 17}" text-anchor="end">{_e(label)}</text>'
+            f'<rect x="{label_w}" y="{y + 5}" width="{w:.1f}" height="{row_h - 10}" rx="4" '
+            f'fill="{color}"/><text x="{label_w + w + 6:.1f}" y="{y + 17}" class="muted">'
+            f"{_e(text)}</text>")
+    h = len(rows) * row_h
+    return (f'<svg viewBox="0 0 {width} {h}" role="img" aria-label="bar chart">'
+            + "".join(parts) + "</svg>")
+
+
+def funnel_chart(stages: list[dict[str, Any]], drop_stage: str | None, width: int = 1040) -> str:
+    """Centred bars, one per stage, widths in proportion to the sessions that reached it."""
+    if not stages or not stages[0]["sessions"] and not any(s["sessions"] for s in stages):
+        return '<p class="empty">No sessions started in this period.</p>'
+    top = max(s["sessions"] for s in stages) or 1
+    label_w, right_w, row_h, gap = 170, 250, 32, 8
+    area = width - label_w - right_w
+    cx = label_w + area / 2
+    parts = []
+    prev: tuple[float, float] | None = None
+    for i, s in enumerate(stages):
+        y = i * (row_h + gap)
+        w = max(4.0, area * s["sessions"] / top) if s["sessions"] else 4.0
+        x = cx - w / 2
+        color = GOOD if s["final"] else PALETTE[min(i, len(PALETTE) - 1)]
+        if prev is not None:  # the trapezoid from the previous bar: what was kept
+            px, pw = prev
+            parts.append(f'<polygon points="{px:.1f},{y - gap} {px + pw:.1f},{y - gap} '
+                         f'{x + w:.1f},{y} {x:.1f},{y}" fill="#e6e4fb"/>')
+        parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h}" rx="5" '
+                     f'fill="{color}"/>')
+        parts.append(f'<text x="{label_w - 12}" y="{y + 22}" text-anchor="end">'
+                     f'{_e(s["stage"].replace("_", " "))}</text>')
+        pct = "" if s["pct_of_first"] is None else f'  ·  {s["pct_of_first"]:.1f}%'
+        drop = (f'<tspan fill="{WARN}" font-weight="600">  ▼ {s["stopped_here"]:,} stopped</tspan>'
+                if s["stage"] == drop_stage else "")
+        parts.append(f'<text x="{label_w + area + 12}" y="{y + 22}"><tspan font-weight="600">'
+                     f'{s["sessions"]:,}</tspan><tspan class="muted">{_e(pct)}</tspan>{drop}</text>')
+        prev = (x, w)
+    h = len(stages) * (row_h + gap) - gap
+    return (f'<svg viewBox="0 0 {width} {h}" role="img" aria-label="funnel chart">'
+            + "".join(parts) + "</svg>")
+
+
+def _kpis(r: dict[str, Any]) -> str:
+    f, c = r["stage_funnel"], r["costs"]["conversations"]
+    handed = sum(h["handoffs"] for h in r["handoff_reasons"] or [])
+    rate = f" ({100.0 * handed / f['sessions']:.0f}%)" if f["sessions"] else ""
+    turns = sum(s["turns"] for s in r["costs"]["stages"])
+    fallbacks = sum(s["fallback_turns"] for s in r["costs"]["stages"])
+    cards = [
+        (f"{f['sessions']:,}", f"sessions started, last {r['since']}"),
+        (f"{r['active_by_stage']['total']:,}", "active in the last 24 h"),
+        (f"{handed:,}{rate}" if r["handoff_reasons"] is not None else "–", "handed off"),
+        (_n(c["avg_cost"], "cost"), "cost per conversation"),
+        (f"{100.0 * fallbacks / turns:.1f}%" if turns else "–", "turns that fell back"),
+    ]
+    return '<div class="kpis">' + "".join(
+        f'<div class="kpi"><b>{_e(v)}</b><span>{_e(t)}</span></div>' for v, t in cards) + "</div>"
+
+
+def render_html(report: dict[str, Any]) -> str:
+    r = report
+    when = str(r["generated_at"])[:16].replace("T", " ")
+    out = [f"<header><h1>{_e(r['funnel'])} · funnel report</h1><p>Sessions started in the last "
+           f"{_e(r['since'])} · generated {_e(when)} UTC · funnel v{r['version']}, table "
+           f"<code>{_e(r['table'])}</code></p></header>", _kpis(r)]
+    out += [f'<p class="note">{_e(n)}</p>' for n in r["notes"]]
+
+    f = r["stage_funnel"]
+    d = f["biggest_drop_off"]
+    body = funnel_chart(f["stages"], d["stage"] if d else None)
+    if d:
+        body += (f'<p class="callout"><b>Biggest drop-off: {_e(d["stage"])}.</b> '
+                 f'{d["stopped"]:,} of {d["reached"]:,} sessions that reached it '
+                 f'({d["pct"]:.0f}%) went no further.</p>')
+    out.append(_section("stage_funnel", f"{f['sessions']:,} sessions started in the last "
+                        f"{r['since']}; the percentage is of the first stage", body))
+
+    a = r["active_by_stage"]
+    active = hbars([(x["stage"].replace("_", " "), x["sessions"], f"{x['sessions']:,}")
+                    for x in a["rows"]], width=500)
+    times = [t for t in r["stage_time"] if t["samples"]]
+    timing = hbars([(t["stage"].replace("_", " "), float(t["avg_seconds"]),
+                     f"{format_duration(t['avg_seconds'])} (median "
+                     f"{format_duration(t['median_seconds'])})") for t in times],
+                   color="#0ea5e9", width=500, label_w=140, text_w=150)
+    out.append('<div class="grid">'
+               + _section("active_by_stage", "last message in the last 24 h, not handed off",
+                          active)
+               + _section("stage_time", "average of completed visits; median in brackets",
+                          timing) + "</div>")
+
+    if r["products"] is not None:
+        rows = [[f"<code>{_e(p['sku'])}</code>", _e(p["name"] or "–"), _n(p["presented"]),
+                 _n(p["converted"]),
+                 f'<span class="bar" style="width:{0.6 * (p["conversion_pct"] or 0):.0f}px">'
+                 f'</span>{_n(p["conversion_pct"], "pct")}'] for p in r["products"]]
+        body = (_table(["SKU", "product", "presented", "handed off", "conversion"], rows,
+                       {2, 3, 4}) if rows else '<p class="empty">No product was presented.</p>')
+        out.append(_section("products", "sessions it was presented in, and how many of them "
+                            "were handed to a manager", body))
+    if r["handoff_reasons"] is not None:
+        cur = f" ({r['currency']})" if r.get("currency") else ""
+        rows = [[_e(h["reason"] or "–"), _n(h["handoffs"]), _n(h["avg_cart_total"], "money"),
+                 _n(h["avg_seconds_to_handoff"], "dur")] for h in r["handoff_reasons"]]
+        body = (_table(["reason", "hand-offs", f"average cart{cur}", "average time to hand-off"],
+                       rows, {1, 2, 3}) if rows else '<p class="empty">No hand-off yet.</p>')
+        out.append(_section("handoff_reasons", "hand-offs in the period, by reason", body))
+
+    c, stages = r["costs"]["conversations"], r["costs"]["stages"]
+    summary = (f"{c['conversations']:,} conversations · {c['turns']:,} turns · "
+               f"{c['prompt_tokens'] + c['completion_tokens']:,} tokens · total "
+               f"{_n(c['cost'], 'cost')} · per conversation {_n(c['avg_cost'], 'cost')} "
+               f"(median {_n(c['median_cost'], 'cost')}), {_n(c['avg_tokens'])} tokens, "
+               f"{_n(c['avg_turns'])} turns")
+    priced = any(s["cost"] for s in stages)  # a model without prices: tokens instead
+    chart = hbars([(s["stage"].replace("_", " "),
+                    float(s["cost"] or 0) if priced else s["prompt_tokens"] + s["completion_tokens"],
+                    (_n(s["cost"], "cost") if priced else
+                     f"{s['prompt_tokens'] + s['completion_tokens']:,} tokens")
+                    + f"  ·  {_n(s['turns'])} turn{'' if s['turns'] == 1 else 's'}")
+                   for s in stages],
+                  color="#f59e0b", width=1040, label_w=170, text_w=170)
+
+    def rate(v: Any) -> str:
+        return f'<span class="bad">{_n(v, "pct")}</span>' if v and v >= 10 else _n(v, "pct")
+
+    rows = [[_e(s["stage"]), _n(s["turns"]), _n(s["sessions"]),
+             _n(s["prompt_tokens"] + s["completion_tokens"]), _n(s["cost"], "cost"),
+             _n(s["cost_per_conversation"], "cost"), rate(s["validation_failure_pct"]),
+             rate(s["fallback_pct"])] for s in stages]
+    table = _table(["stage", "turns", "conversations", "tokens", "cost", "cost / conversation",
+                    "validation failed", "fallback"], rows, {1, 2, 3, 4, 5, 6, 7}) if rows else ""
+    out.append(_section("costs", summary if c["conversations"] else "No turn in this period.",
+                        chart + table))
+    out.append(f"<footer>Computed in SQL by <code>funnel report</code>. The same queries are "
+               f"views for analysts: <code>{_e(r['table'])}_v_*</code> (see docs/analytics.md)."
+               "</footer>")
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(r['funnel'])} funnel report</title>"
+            "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
+            f"<style>{CSS}</style></head><body><main>" + "".join(out) + "</main></body></html>\n")
+
+
+__all__ = ["funnel_chart", "hbars", "render_html"]

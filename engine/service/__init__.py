@@ -1,0 +1,12 @@
+"""`funnel serve`: the HTTP service (Starlette on uvicorn).
+
+- ``app``: the ASGI app and its factory ``create_app`` (routes, error bodies);
+- ``core``: ``Service``, the funnels' engines on one shared store, a turn and its limits;
+- ``config``: ``ServiceConfig`` from ``FUNNEL_*`` environment variables;
+- ``auth``: API keys with scopes, signed widget session tokens;
+- ``limits``: 413 / 429 / 503 refusals; ``metrics``: Prometheus text; ``telegram``: the webhook;
+- ``openapi``: the API document; ``server``: the command; ``static/``: the web widget.
+
+The engine core never imports this package; it needs the ``serve`` extra
+(``pip install 'funnel-engine[serve]'``). See docs/service.md.
+"""

@@ -1,0 +1,264 @@
+"""The ASGI app: every funnel given, under its name, on one PostgreSQL.
+
+``create_app()`` (no arguments) reads :class:`ServiceConfig` from the
+environment, which is how ``funnel serve --workers N`` starts each uvicorn
+worker (``uvicorn --factory engine.service.app:create_app`` does the same).
+Funnels load when the app is built (a bad funnel stops the start); the
+database is opened by :class:`engine.service.core.Service` at start-up and,
+while it is down, again on later requests, so the process starts, answers
+``/healthz`` and reports not ready on ``/readyz`` until PostgreSQL answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from ..engine import TurnResult
+from ..errors import StoreUnavailable
+from .auth import WidgetSession
+from .config import ServiceConfig
+from .core import Service
+from .limits import RequestRefused, error, message_text, read_json
+from .openapi import SESSION_PATTERN, document
+
+log = logging.getLogger("funnel.service")
+STATIC = Path(__file__).resolve().parent / "static"
+_SESSION = re.compile(SESSION_PATTERN)
+
+
+def _service(request: Request) -> Service:
+    service: Service = request.app.state.service
+    return service
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    body = json.dumps(data, ensure_ascii=False, default=str, separators=(",", ":"))
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _turn(result: TurnResult) -> Response:
+    return _json({"reply": result.reply, "stage": result.stage_after, "handoff": result.handoff})
+
+
+def _session_param(request: Request) -> str:
+    session = str(request.path_params["session"])
+    if not _SESSION.match(session):
+        raise RequestRefused(400, "bad_request", f"a session id matches {SESSION_PATTERN}")
+    return session
+
+
+Handler = Callable[[Request, Service, str], Awaitable[Response]]
+
+
+def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """Resolve the funnel, turn refusals into error responses and count them."""
+
+    async def endpoint(request: Request) -> Response:
+        service = _service(request)
+        funnel = str(request.path_params.get("funnel", ""))
+        try:
+            service.check_funnel(funnel)
+            return await handler(request, service, funnel)
+        except RequestRefused as exc:
+            if exc.status != 404:
+                service.metrics.refused(funnel, exc.code)
+            return exc.response()
+
+    return endpoint
+
+
+async def post_message(request: Request, service: Service, funnel: str) -> Response:
+    client = service.client(request, "converse")
+    service.limiter.check(client.name)
+    session = _session_param(request)
+    text = message_text(await read_json(request))
+    return _turn(await service.converse(funnel, session, text, channel="api"))
+
+
+async def get_session(request: Request, service: Service, funnel: str) -> Response:
+    client = service.client(request, "read_state")
+    service.limiter.check(client.name)
+    session = _session_param(request)
+    engine = await service.engine(funnel)
+    try:
+        state = await engine.state(session)
+    except StoreUnavailable:
+        raise service.trip() from None
+    if state is None:
+        raise RequestRefused(404, "not_found", f"no session {session!r} in funnel '{funnel}'")
+    return _json(state)
+
+
+async def widget_session(request: Request, service: Service, funnel: str) -> Response:
+    service.check_origin(request)
+    service.limiter.check(f"ip:{request.client.host if request.client else '?'}")
+    try:
+        current: WidgetSession | None = service.widget(request, funnel)
+    except RequestRefused:
+        current = None  # no token, or one that is expired or not ours: a new session
+    token, session = service.tokens.issue(funnel, current.session_id if current else None)
+    return _json({"token": token, "expires_at": session.expires_at})
+
+
+async def widget_message(request: Request, service: Service, funnel: str) -> Response:
+    session = service.widget(request, funnel)
+    service.limiter.check(f"widget:{session.session_id}")
+    text = message_text(await read_json(request))
+    return _turn(await service.converse(funnel, session.session_id, text, channel="web"))
+
+
+async def widget_messages(request: Request, service: Service, funnel: str) -> Response:
+    if request.method == "POST":
+        return await widget_message(request, service, funnel)
+    session = service.widget(request, funnel)
+    service.limiter.check(f"widget:{session.session_id}")
+    engine = await service.engine(funnel)
+    try:
+        rows = await engine.store.history(engine.spec, session.session_id, 50)
+    except StoreUnavailable:
+        raise service.trip() from None
+    return _json({"messages": [
+        {"role": r["role"], "content": r["content"],
+         "created_at": r["created_at"].isoformat() if r.get("created_at") else None}
+        for r in rows if r["role"] in ("user", "assistant")]})
+
+
+async def telegram(request: Request, service: Service, funnel: str) -> Response:
+    return await service.telegram.webhook(request, funnel)
+
+
+async def healthz(request: Request) -> Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    service = _service(request)
+    funnels: dict[str, str] = {}
+    try:
+        await service.open_engines()
+        for name, engine in service.engines.items():
+            await engine.store.load(engine.spec, "readyz-probe")  # the table answers
+            funnels[name] = "ok"
+        database = "ok"
+        service.recovered()  # the database answers again: stop refusing turns
+    except StoreUnavailable as exc:
+        database = f"unreachable: {exc}"
+    except Exception as exc:  # readiness reports a failure, it does not raise one
+        database = f"error: {type(exc).__name__}"
+    funnels.update({n: f"schema outdated: {p}" for n, p in service.problems.items()})
+    for name in service.funnels:
+        funnels.setdefault(name, "not open")
+    ready = database == "ok" and all(v == "ok" for v in funnels.values())
+    body = {"ready": ready, "database": database, "funnels": funnels}
+    if ready:
+        return _json(body)
+    response = _json(body, 503)
+    response.headers["Retry-After"] = str(service.config.retry_after)
+    return response
+
+
+async def metrics(request: Request) -> Response:
+    service = _service(request)
+    if not service.config.metrics_public:
+        try:
+            service.client(request, "metrics")
+        except RequestRefused as exc:
+            return exc.response()
+    return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def openapi(request: Request) -> Response:
+    return _json(document(list(_service(request).funnels), __version__))
+
+
+def _static(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
+    content = (STATIC / name).read_bytes()
+
+    async def serve(request: Request) -> Response:
+        return Response(content, media_type=media_type,
+                        headers={"Cache-Control": "public, max-age=300"})
+
+    return serve
+
+
+async def demo(request: Request) -> Response:
+    service = _service(request)
+    funnel = str(request.path_params["funnel"])
+    if funnel not in service.funnels:
+        return error(404, "not_found", f"no funnel named {funnel[:80]!r}")
+    page = (STATIC / "demo.html").read_text("utf-8")
+    title = funnel.replace("_", " ").replace("-", " ").title()
+    page = page.replace("{{TITLE}}", html.escape(title))
+    return HTMLResponse(page.replace("{{FUNNEL}}", html.escape(funnel)))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    response = error(exc.status_code, code, str(exc.detail))
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+async def _crash(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error on %s %s: %s", request.method, request.url.path,
+              type(exc).__name__, exc_info=exc)
+    return error(500, "internal", "internal error; see the service log")
+
+
+def create_app(config: ServiceConfig | None = None) -> Starlette:
+    """Build the app (from the environment when ``config`` is None)."""
+    config = config or ServiceConfig.from_env()
+    if config.secret_generated:
+        log.warning("FUNNEL_SECRET is not set: widget tokens are signed with a random key and "
+                    "stop working when this process restarts")
+    service = Service(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    f = "/v1/funnels/{funnel}"
+    routes = [
+        Route(f"{f}/sessions/{{session}}/messages", _endpoint(post_message), methods=["POST"]),
+        Route(f"{f}/sessions/{{session}}", _endpoint(get_session), methods=["GET"]),
+        Route(f"{f}/widget/session", _endpoint(widget_session), methods=["POST"]),
+        Route(f"{f}/widget/messages", _endpoint(widget_messages), methods=["GET", "POST"]),
+        Route(f"{f}/telegram", _endpoint(telegram), methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/widget.js", _static("widget.js", "text/javascript; charset=utf-8"),
+              methods=["GET"]),
+        Route("/widget.css", _static("widget.css", "text/css; charset=utf-8"), methods=["GET"]),
+        Route("/demo/{funnel}", demo, methods=["GET"]),
+    ]
+    middleware = [Middleware(
+        CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
+        allow_headers=["Authorization", "Content-Type", "X-API-Key"], max_age=600)]
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _crash})
+    app.state.service = service
+    return app

@@ -1,0 +1,185 @@
+"""The service core: the funnels, their engines on one shared store, and a turn with its
+limits. The HTTP layer (``app``) and the Telegram webhook call :meth:`Service.converse`.
+
+The database is opened at start-up and, while it is down, again on later
+requests; after a connection failure turns are refused (503 + Retry-After)
+for ``FUNNEL_RETRY_AFTER`` seconds instead of each waiting for the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+from starlette.requests import Request
+
+from ..engine import Engine, TurnResult
+from ..errors import ConcurrentUpdate, FunnelError, SchemaOutdated, StoreUnavailable
+from ..funnel import CompiledFunnel, load_funnel
+from ..models import Model, make_model
+from ..store import Store, open_store
+from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
+from .config import ServiceConfig
+from .limits import RateLimiter, RequestRefused, SessionQueue
+from .metrics import Metrics
+from .telegram import TelegramChannel
+
+log = logging.getLogger("funnel.service")
+
+
+class Service:
+    """The funnels, their engines on one shared store, and the request limits."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        self.funnels: dict[str, CompiledFunnel] = {}
+        for item in config.funnels:
+            compiled = item if isinstance(item, CompiledFunnel) else load_funnel(item)
+            if compiled.name in self.funnels:
+                raise FunnelError(f"two funnels are named '{compiled.name}'; names must differ")
+            self.funnels[compiled.name] = compiled
+        self.keys = ApiKeys(config.api_keys)
+        self.tokens = WidgetTokens(config.secret, config.token_ttl)
+        self.limiter = RateLimiter(*config.rate_limit)
+        self.queue = SessionQueue(config.session_queue)
+        self.metrics = Metrics(config.metrics_dir)
+        self.telegram = TelegramChannel(self, config.telegram_api)
+        self.models: dict[str, Model] = {}
+        for name, compiled in self.funnels.items():
+            model = config.model or compiled.spec.model.name
+            self.models[name] = model if not isinstance(model, str) else make_model(
+                model, api_base=config.api_base)
+        self.store: Store | None = None
+        self.engines: dict[str, Engine] = {}
+        self.problems: dict[str, str] = {}  # funnel -> why it has no engine (schema outdated)
+        self._open_lock = asyncio.Lock()
+        self._down_until = 0.0
+
+    # -- life cycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.telegram.start()
+        try:
+            await self.open_engines()
+        except StoreUnavailable as exc:
+            log.warning("starting without the database (will retry): %s", exc)
+
+    async def close(self) -> None:
+        await self.telegram.close()
+        for engine in self.engines.values():
+            await engine.close()  # waits for background work; the store is ours to close
+        if self.store is not None:
+            await self.store.close()
+
+    def trip(self) -> RequestRefused:
+        """Note that the database is down; the refusal to answer with meanwhile."""
+        self._down_until = time.monotonic() + self.config.retry_after
+        return self._down()
+
+    def recovered(self) -> None:
+        self._down_until = 0.0
+
+    def _down(self) -> RequestRefused:
+        wait = max(1, math.ceil(self._down_until - time.monotonic()))
+        return RequestRefused(503, "unavailable", "the database is unreachable; nothing was lost "
+                              "that the service accepted: send again later", retry_after=wait)
+
+    async def open_engines(self) -> None:
+        """Open the store and an engine per funnel (each checks its table)."""
+        if len(self.engines) == len(self.funnels):
+            return
+        if time.monotonic() < self._down_until:
+            raise StoreUnavailable("the database was unreachable moments ago")
+        async with self._open_lock:
+            try:
+                if self.store is None:
+                    c = self.config
+                    self.store = await open_store(c.db, max_connections=c.db_pool,
+                                                  max_turns=c.turn_pool, timeout=c.db_timeout)
+                for name, compiled in self.funnels.items():
+                    if name not in self.engines:
+                        try:
+                            self.engines[name] = await Engine.open(
+                                compiled, store=self.store, model=self.models[name])
+                            self.problems.pop(name, None)
+                        except SchemaOutdated as exc:
+                            self.problems[name] = str(exc)
+            except StoreUnavailable:
+                self.trip()
+                raise
+
+    async def engine(self, funnel: str) -> Engine:
+        engine = self.engines.get(funnel)
+        if engine is None:
+            try:
+                await self.open_engines()
+            except StoreUnavailable:
+                raise self._down() from None
+            engine = self.engines.get(funnel)
+            if engine is None:
+                log.error("funnel %s: %s", funnel, self.problems.get(funnel))
+                raise RequestRefused(503, "schema_outdated", "the funnel's table is behind its "
+                                     "declaration; run `funnel migrate`", retry_after=60)
+        return engine
+
+    # -- a turn ------------------------------------------------------------------------
+    async def converse(self, funnel: str, session_id: str, text: str, *, channel: str
+                       ) -> TurnResult:
+        """Run one turn, within the per-session queue; refusals are :class:`RequestRefused`."""
+        if time.monotonic() < self._down_until:
+            raise self._down()
+        engine = await self.engine(funnel)
+        key = f"{funnel}/{session_id}"
+        self.queue.enter(key)
+        started = time.perf_counter()
+        try:
+            result = await engine.handle(session_id, text, channel=channel)
+        except StoreUnavailable as exc:
+            log.warning("funnel %s: %s", funnel, exc)
+            raise self.trip() from None
+        except ConcurrentUpdate:
+            raise RequestRefused(503, "busy", "the session changed under this turn; send the "
+                                 "message again", retry_after=1) from None
+        except FunnelError as exc:
+            if type(exc) is FunnelError:  # the engine's own input check
+                raise RequestRefused(400, "bad_request", str(exc)) from None
+            log.exception("funnel %s: the turn failed", funnel)
+            raise RequestRefused(500, "internal", "the turn failed; see the service log") from None
+        finally:
+            self.queue.leave(key)
+        self.metrics.turn(funnel, result, time.perf_counter() - started)
+        return result
+
+    # -- request checks ----------------------------------------------------------------
+    def check_funnel(self, funnel: str) -> CompiledFunnel:
+        compiled = self.funnels.get(funnel)
+        if compiled is None:
+            raise RequestRefused(404, "not_found", f"no funnel named {funnel[:80]!r}")
+        return compiled
+
+    def client(self, request: Request, scope: str) -> Client:
+        client = self.keys.check(presented_key(request))
+        if client is None:
+            raise RequestRefused(401, "unauthorized", "a valid API key is required "
+                                 "(Authorization: Bearer KEY or X-API-Key)")
+        if not client.allows(scope):
+            raise RequestRefused(403, "forbidden", f"the API key lacks the '{scope}' scope")
+        return client
+
+    def widget(self, request: Request, funnel: str) -> WidgetSession:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        session = self.tokens.verify(token.strip(), funnel) if scheme.lower() == "bearer" else None
+        if session is None:
+            raise RequestRefused(401, "unauthorized", "a valid widget session token is required; "
+                                 "get one from POST .../widget/session")
+        return session
+
+    def check_origin(self, request: Request) -> None:
+        origin = request.headers.get("origin")
+        if origin is None or "*" in self.config.cors_origins:
+            return
+        own = f"{request.url.scheme}://{request.url.netloc}"
+        if origin.rstrip("/") not in (*self.config.cors_origins, own):
+            raise RequestRefused(403, "forbidden", "this origin may not open widget sessions")

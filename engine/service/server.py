@@ -1,0 +1,73 @@
+"""`funnel serve`: check the funnels, then run uvicorn with the app factory.
+
+uvicorn's worker processes build the app themselves (``create_app()`` reads
+the environment), so everything is passed down as ``FUNNEL_*`` variables:
+the funnels, the database URL (the embedded server is started here, once,
+when none is given), the model, a shared widget-token secret and a shared
+metrics folder.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import FunnelError
+
+
+def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: int,
+          model: str | None, api_base: str | None = None) -> int:
+    try:
+        import uvicorn
+    except ImportError:
+        raise FunnelError("`funnel serve` needs starlette and uvicorn: "
+                          "pip install 'funnel-engine[serve]'") from None
+    from ..funnel import load_funnel
+    from .config import ServiceConfig
+
+    if workers < 1:
+        raise FunnelError("--workers must be at least 1")
+    names: dict[str, str] = {}
+    for path in funnels:
+        compiled = load_funnel(path)  # FunnelInvalid: the CLI prints every problem
+        if compiled.name in names:
+            raise FunnelError(f"{path} and {names[compiled.name]} are both named "
+                              f"'{compiled.name}'")
+        names[compiled.name] = path
+    env = os.environ
+    env["FUNNEL_SERVE_FUNNELS"] = os.pathsep.join(str(Path(p).resolve()) for p in funnels)
+    if db is None and not env.get("FUNNEL_DB"):
+        from ..store.embedded import embedded_url
+
+        db = embedded_url()  # one server for every worker, stopped when this process ends
+    if db:
+        env["FUNNEL_DB"] = db
+    if model:
+        env["FUNNEL_MODEL"] = model
+    if api_base:
+        env["FUNNEL_API_BASE"] = api_base
+    if not env.get("FUNNEL_SECRET"):
+        env["FUNNEL_SECRET"] = secrets.token_urlsafe(32)
+        print("funnel serve: FUNNEL_SECRET is not set; widget sessions end when the service "
+              "restarts", file=sys.stderr)
+    metrics_dir = None
+    if workers > 1 and not env.get("FUNNEL_METRICS_DIR"):
+        metrics_dir = tempfile.mkdtemp(prefix="funnel-metrics-")
+        env["FUNNEL_METRICS_DIR"] = metrics_dir
+    config = ServiceConfig.from_env()  # fail here, once, on a malformed variable
+    if not config.api_keys:
+        print("funnel serve: FUNNEL_API_KEYS is not set; only the widget and Telegram can "
+              "converse", file=sys.stderr)
+    print(f"funnel serve: {', '.join(sorted(names))} on http://{host}:{port} "
+          f"({workers} worker{'s' if workers > 1 else ''})", file=sys.stderr)
+    try:
+        uvicorn.run("engine.service.app:create_app", factory=True, host=host, port=port,
+                    workers=workers, ws="none", log_level=env.get("FUNNEL_LOG_LEVEL", "info"))
+    finally:
+        if metrics_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0

@@ -1,0 +1,211 @@
+/* funnel web widget: a chat panel for one funnel, no dependencies.
+ *
+ *   <script src="https://chat.example.com/widget.js" data-funnel="puramur" async></script>
+ *
+ * Optional attributes: data-api (service URL; default: where this script comes from),
+ * data-title, data-subtitle, data-greeting (a first bubble shown locally),
+ * data-placeholder, data-color (accent, any CSS colour), data-open="true".
+ * The service issues the session: the widget keeps the signed token it gets
+ * in localStorage and sends it as a bearer token; it never names a session.
+ * window.FunnelWidget.open() / .close() let the page drive it.
+ */
+(function () {
+  "use strict";
+  var script = document.currentScript || document.querySelector("script[data-funnel]");
+  if (!script || window.FunnelWidget) return;
+  var attr = function (name, fallback) {
+    var v = script.getAttribute("data-" + name);
+    return v === null || v === "" ? fallback : v;
+  };
+  var funnel = attr("funnel", "");
+  if (!funnel) { console.error("funnel widget: data-funnel is missing"); return; }
+  var api = attr("api", new URL(script.src, location.href).origin).replace(/\/+$/, "");
+  var base = api + "/v1/funnels/" + encodeURIComponent(funnel);
+  var storeKey = "funnel-widget:" + api + ":" + funnel;
+  var title = attr("title", "Chat with us");
+
+  if (!document.querySelector("link[data-funnel-widget]")) {
+    var link = document.createElement("link");
+    link.rel = "stylesheet";
+    link.href = api + "/widget.css";
+    link.setAttribute("data-funnel-widget", "");
+    document.head.appendChild(link);
+  }
+
+  function el(tag, cls, text) {
+    var node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+  var ICON_CHAT = '<svg viewBox="0 0 24 24" aria-hidden="true"><path d="M4 5.5A2.5 2.5 0 0 1 6.5 3h11A2.5 2.5 0 0 1 20 5.5v8a2.5 2.5 0 0 1-2.5 2.5H10l-4.2 3.6c-.5.4-1.3.1-1.3-.6V16h0A2.5 2.5 0 0 1 4 13.5z"/></svg>';
+  var ICON_CLOSE = '<svg viewBox="0 0 24 24" aria-hidden="true"><path d="M6.4 5 12 10.6 17.6 5 19 6.4 13.4 12l5.6 5.6-1.4 1.4-5.6-5.6L6.4 19 5 17.6 10.6 12 5 6.4z"/></svg>';
+  var ICON_SEND = '<svg viewBox="0 0 24 24" aria-hidden="true"><path d="M3.4 20.6 21 12 3.4 3.4 3.4 10l12.6 2-12.6 2z"/></svg>';
+
+  var root = el("div", "fw-root");
+  var accent = attr("color", "");
+  if (accent) root.style.setProperty("--fw-accent", accent);
+  var launcher = el("button", "fw-launcher");
+  launcher.type = "button";
+  launcher.setAttribute("aria-label", "Open chat: " + title);
+  launcher.innerHTML = ICON_CHAT;
+  var panel = el("div", "fw-panel");
+  panel.setAttribute("role", "dialog");
+  panel.setAttribute("aria-label", title);
+  panel.hidden = true;
+  var header = el("div", "fw-header");
+  var avatar = el("div", "fw-avatar", title.trim().charAt(0).toUpperCase() || "?");
+  var heading = el("div", "fw-heading");
+  heading.appendChild(el("div", "fw-title", title));
+  heading.appendChild(el("div", "fw-subtitle", attr("subtitle", "Online · replies in seconds")));
+  var close = el("button", "fw-close", "\u00d7");
+  close.type = "button";
+  close.setAttribute("aria-label", "Close chat");
+  header.appendChild(avatar); header.appendChild(heading); header.appendChild(close);
+  var log = el("div", "fw-log");
+  log.setAttribute("role", "log");
+  log.setAttribute("aria-live", "polite");
+  var form = el("form", "fw-form");
+  var input = el("textarea", "fw-input");
+  input.rows = 1;
+  input.maxLength = 8000;
+  input.placeholder = attr("placeholder", "Type a message\u2026");
+  input.setAttribute("aria-label", "Message");
+  var send = el("button", "fw-send");
+  send.type = "submit";
+  send.setAttribute("aria-label", "Send");
+  send.innerHTML = ICON_SEND;
+  form.appendChild(input); form.appendChild(send);
+  panel.appendChild(header); panel.appendChild(log); panel.appendChild(form);
+  root.appendChild(panel); root.appendChild(launcher);
+
+  function bubble(role, text) {
+    var row = el("div", "fw-row fw-" + role);
+    row.appendChild(el("div", "fw-bubble", text));
+    log.appendChild(row);
+    log.scrollTop = log.scrollHeight;
+    return row;
+  }
+  function notice(text) {
+    var row = el("div", "fw-notice", text);
+    log.appendChild(row);
+    log.scrollTop = log.scrollHeight;
+  }
+  var typing = el("div", "fw-row fw-bot fw-typing");
+  typing.innerHTML = '<div class="fw-bubble"><span></span><span></span><span></span></div>';
+
+  function stored() { try { return localStorage.getItem(storeKey); } catch (e) { return null; } }
+  function keep(token) { try { localStorage.setItem(storeKey, token); } catch (e) { /* private mode */ } }
+  var token = stored();
+
+  function session() {  // renew the stored token, or get a new session
+    var headers = token ? { Authorization: "Bearer " + token } : {};
+    return fetch(base + "/widget/session", { method: "POST", headers: headers })
+      .then(function (r) { if (!r.ok) throw r; return r.json(); })
+      .then(function (body) { token = body.token; keep(token); return token; });
+  }
+  function call(method, path, body, retried) {
+    var init = { method: method, headers: { Authorization: "Bearer " + token } };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    return fetch(base + path, init).then(function (r) {
+      if (r.status === 401 && !retried) {
+        token = null;
+        return session().then(function () { return call(method, path, body, true); });
+      }
+      return r;
+    });
+  }
+
+  var ready = null;
+  function start() {
+    if (!ready) {
+      ready = session().then(function () { return call("GET", "/widget/messages"); })
+        .then(function (r) { return r.ok ? r.json() : { messages: [] }; })
+        .then(function (body) {
+          var greeting = attr("greeting", "");
+          if (!body.messages.length && greeting) bubble("bot", greeting);
+          body.messages.forEach(function (m) {
+            bubble(m.role === "user" ? "user" : "bot", m.content);
+          });
+        })
+        .catch(function () { ready = null; notice("Can't connect right now. Please try again in a moment."); });
+    }
+    return ready;
+  }
+
+  function open() {
+    panel.hidden = false;
+    root.classList.add("fw-open");
+    launcher.setAttribute("aria-expanded", "true");
+    launcher.innerHTML = ICON_CLOSE;
+    start();
+    setTimeout(function () { input.focus(); }, 50);
+  }
+  function shut() {
+    panel.hidden = true;
+    root.classList.remove("fw-open");
+    launcher.setAttribute("aria-expanded", "false");
+    launcher.innerHTML = ICON_CHAT;
+  }
+  var busy = false;
+  function submit() {
+    var text = input.value.trim();
+    if (!text || busy) return;
+    busy = true;
+    send.disabled = true;
+    input.value = "";
+    grow();
+    bubble("user", text);
+    log.appendChild(typing);
+    log.scrollTop = log.scrollHeight;
+    (ready || start()).then(function () {
+      if (!token) throw new Error("no session");
+      return call("POST", "/widget/messages", { text: text });
+    }).then(function (r) {
+      if (r.ok) return r.json().then(function (body) { bubble("bot", body.reply); });
+      var wait = r.headers.get("Retry-After");
+      if (r.status === 429 || r.status === 503) {
+        notice("We're a little busy. Please send that again" + (wait ? " in " + wait + " s." : " shortly."));
+      } else if (r.status === 413) {
+        notice("That message is too long. Please split it.");
+      } else {
+        notice("Sorry, that didn't go through. Please try again.");
+      }
+      if (!input.value) input.value = text;
+    }).catch(function () {
+      notice("Connection lost. Please try again.");
+      if (!input.value) input.value = text;
+    }).then(function () {
+      if (typing.parentNode) typing.parentNode.removeChild(typing);
+      busy = false;
+      send.disabled = false;
+      grow();
+    });
+  }
+  function grow() {
+    input.style.height = "auto";
+    input.style.height = Math.min(input.scrollHeight + 2, 120) + "px";
+    input.style.overflowY = input.scrollHeight + 2 > 120 ? "auto" : "hidden";
+  }
+
+  launcher.addEventListener("click", function () { panel.hidden ? open() : shut(); });
+  close.addEventListener("click", shut);
+  form.addEventListener("submit", function (e) { e.preventDefault(); submit(); });
+  input.addEventListener("input", grow);
+  input.addEventListener("keydown", function (e) {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }
+  });
+  document.addEventListener("keydown", function (e) {
+    if (e.key === "Escape" && !panel.hidden) shut();
+  });
+
+  function mount() {
+    document.body.appendChild(root);
+    if (attr("open", "") === "true") open();
+  }
+  if (document.body) mount(); else document.addEventListener("DOMContentLoaded", mount);
+  window.FunnelWidget = { open: open, close: shut };
+})();

@@ -1,0 +1,385 @@
+"""The SQL of `funnel report` and of the analysts' views, built from a funnel's declaration.
+
+Every section is one query that aggregates on the server: Python only ever
+sees the aggregated rows. The same builders make the report's queries (the
+time window and the stage list bound as parameters) and the views that
+``funnel migrate`` creates (the same values inlined as literals, the window
+read from the ``funnel.since`` setting). Identifiers always go through
+``psycopg.sql.Identifier``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from ..errors import StoreUnavailable
+from ..spec import FunnelSpec
+from . import ddl
+
+# The window of the views: `SET funnel.since = '30 days'` changes it for a session.
+SINCE_SETTING = "funnel.since"
+VIEW_SINCE_DEFAULT = "7 days"
+VIEW_COMMENT = "funnel analytics view "
+ACTIVE_WINDOW = "24 hours"
+# For the report's transaction: JIT compilation costs more than it saves on these
+# aggregates; hashing or sorting a few hundred thousand rows wants more than 4 MB;
+# and the planner takes every jsonb_array_elements / jsonb_to_recordset over
+# stage_history for 100 rows (a session has a handful), which makes handing rows
+# from parallel workers look some 30 times dearer than it is: without the lower
+# parallel_tuple_cost, the time-in-stage section parses its timestamps on one core.
+REPORT_SETTINGS = {"jit": "off", "work_mem": "64MB", "parallel_tuple_cost": "0.001"}
+
+Section = Callable[[FunnelSpec, "_Binder"], sql.Composed | None]
+
+
+class _Binder:
+    """Values as parameters (the report) or as quoted literals (a view, which has no parameters)."""
+
+    def __init__(self, inline: bool, since: float = 0.0, limit: int | None = None) -> None:
+        self.inline = inline
+        self.since_seconds = float(since)
+        self.limit = limit
+        self.params: dict[str, Any] = {}
+
+    def __call__(self, name: str, value: Any, cast: str | None = None) -> sql.Composable:
+        if self.inline:
+            out: sql.Composable = sql.Literal(value)
+        else:
+            self.params[name] = value
+            out = sql.Placeholder(name)
+        return sql.SQL("{}::{}").format(out, sql.SQL(cast)) if cast else out
+
+    def since(self) -> sql.Composable:
+        if self.inline:
+            return sql.SQL("COALESCE(NULLIF(current_setting({}, true), '')::interval, {}::interval)"
+                           ).format(sql.Literal(SINCE_SETTING), sql.Literal(VIEW_SINCE_DEFAULT))
+        return sql.SQL("make_interval(secs => {})").format(
+            self("since", self.since_seconds, "float8"))
+
+
+def _stages(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    """The declared stages in order: ``st(stage, final, pos)``."""
+    return sql.SQL(
+        "st AS (SELECT s.stage, s.final, s.pos::int AS pos "
+        "FROM unnest({}, {}) WITH ORDINALITY AS s(stage, final, pos))"
+    ).format(b("stages", list(spec.stages), "text[]"),
+             b("finals", [s.final for s in spec.stages.values()], "boolean[]"))
+
+
+def _col(name: str) -> sql.Composed:
+    return sql.SQL("t.{}").format(sql.Identifier(name))
+
+
+def _handed_off(spec: FunnelSpec, b: _Binder) -> sql.Composable | None:
+    """A condition on ``t`` that holds for sessions handed to a human (None: no hand-off)."""
+    h = spec.handoff
+    if h is None:
+        return None
+    if h.triggered_at:
+        return sql.SQL("{} IS NOT NULL").format(_col(h.triggered_at))
+    return sql.SQL("t.stage_history @> {}").format(
+        b("handoff_stage_json", json.dumps([{"stage": h.stage}]), "jsonb"))
+
+
+def _handoff_time(spec: FunnelSpec, b: _Binder) -> sql.Composable:
+    h = spec.handoff
+    assert h is not None
+    if h.triggered_at:
+        return _col(h.triggered_at)
+    return sql.SQL("(SELECT min((x->>'entered_at')::timestamptz) FROM "
+                   "jsonb_array_elements(t.stage_history) x WHERE x->>'stage' = {})").format(
+                       b("handoff_stage", h.stage, "text"))
+
+
+def _recent(b: _Binder) -> sql.Composed:
+    return sql.SQL("t.created_at > NOW() - {}").format(b.since())
+
+
+# -- (1) active sessions by stage ------------------------------------------------------
+def active_by_stage(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    h = spec.handoff
+    not_handed: sql.Composable = sql.SQL("")
+    if h is not None and h.triggered_at:
+        not_handed = sql.SQL(" AND {} IS NULL").format(_col(h.triggered_at))
+    elif h is not None:
+        not_handed = sql.SQL(" AND t.stage <> {}").format(b("handoff_stage", h.stage, "text"))
+    return sql.SQL(
+        "WITH {st} SELECT t.stage, st.pos, count(*) AS sessions FROM {t} t "
+        "LEFT JOIN st ON st.stage = t.stage "
+        "WHERE t.last_message_at > NOW() - INTERVAL {window}{not_handed} "
+        "GROUP BY t.stage, st.pos ORDER BY sessions DESC, st.pos NULLS LAST, t.stage"
+    ).format(st=_stages(spec, b), t=sql.Identifier(spec.table),
+             window=sql.Literal(ACTIVE_WINDOW), not_handed=not_handed)
+
+
+# -- (2) the funnel: sessions that reached each stage ----------------------------------
+def stage_funnel(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    # Per session, one small aggregate over its history: the declared stages it
+    # reached (a bit mask of their positions) and the furthest one. Sessions are
+    # then counted per (mask, furthest), a handful of groups, so no sort of all
+    # sessions and nothing per session leaves the scan. A session "stopped" at
+    # the furthest stage it reached, in declared order.
+    stages = b("stages", list(spec.stages), "text[]")
+    if len(spec.stages) <= 62:
+        per_session = sql.SQL(
+            "SELECT bit_or(1::bigint << (x.p - 1)) AS mask, max(x.p) AS furthest FROM ("
+            "SELECT array_position({stages}, h->>'stage') AS p "
+            "FROM jsonb_array_elements(t.stage_history) h) x").format(stages=stages)
+        has = sql.SQL("s.mask & (1::bigint << (st.pos - 1)) <> 0")
+    else:  # too many stages for a bigint mask: an array of positions
+        per_session = sql.SQL(
+            "SELECT array_agg(DISTINCT x.p) AS mask, max(x.p) AS furthest FROM ("
+            "SELECT array_position({stages}, h->>'stage') AS p "
+            "FROM jsonb_array_elements(t.stage_history) h) x").format(stages=stages)
+        has = sql.SQL("st.pos = ANY(s.mask)")
+    return sql.SQL(
+        "WITH {st}, s AS (SELECT r.mask, r.furthest, count(*) AS n FROM {t} t "
+        "CROSS JOIN LATERAL ({per_session}) r WHERE {recent} GROUP BY 1, 2), "
+        "c AS (SELECT st.pos, sum(s.n) FILTER (WHERE {has}) AS reached, "
+        "sum(s.n) FILTER (WHERE s.furthest = st.pos) AS stopped FROM st CROSS JOIN s "
+        "GROUP BY st.pos) "
+        "SELECT st.pos, st.stage, st.final, COALESCE(c.reached, 0)::bigint AS sessions, "
+        "round(100.0 * COALESCE(c.reached, 0) / NULLIF(first_value(COALESCE(c.reached, 0)) "
+        "OVER (ORDER BY st.pos), 0), 1) AS pct_of_first, "
+        "COALESCE(c.stopped, 0)::bigint AS stopped_here, "
+        "(SELECT COALESCE(sum(n), 0) FROM s)::bigint AS total_sessions "
+        "FROM st LEFT JOIN c ON c.pos = st.pos ORDER BY st.pos"
+    ).format(st=_stages(spec, b), t=sql.Identifier(spec.table), per_session=per_session,
+             recent=_recent(b), has=has)
+
+
+# -- (3) time in each stage ------------------------------------------------------------
+def stage_time(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    # Completed visits only (a visit without exited_at is still going on). Each
+    # history item is parsed once, with typed columns; grouping is by the
+    # stage's integer position, which sorts much faster than its name.
+    return sql.SQL(
+        "WITH {st}, a AS (SELECT array_position({stages}, h.stage) AS pos, count(*) AS samples, "
+        "avg(d.secs) AS avg_secs, percentile_cont(0.5) WITHIN GROUP (ORDER BY d.secs) AS median "
+        "FROM {t} t CROSS JOIN LATERAL jsonb_to_recordset(t.stage_history) "
+        "AS h(stage text, entered_at timestamptz, exited_at timestamptz) "
+        "CROSS JOIN LATERAL (SELECT extract(epoch FROM h.exited_at - h.entered_at)::float8 "
+        "AS secs) d WHERE {recent} AND h.exited_at IS NOT NULL AND h.entered_at IS NOT NULL "
+        "GROUP BY 1) "
+        "SELECT st.pos, st.stage, COALESCE(a.samples, 0) AS samples, "
+        "round(a.avg_secs::numeric, 1) AS avg_seconds, round(a.median::numeric, 1) "
+        "AS median_seconds FROM st LEFT JOIN a ON a.pos = st.pos ORDER BY st.pos"
+    ).format(st=_stages(spec, b), stages=b("stages", list(spec.stages), "text[]"),
+             t=sql.Identifier(spec.table), recent=_recent(b))
+
+
+# -- (4) most presented products -------------------------------------------------------
+def products(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
+    if not spec.presented_field:
+        return None
+    handed = _handed_off(spec, b)
+    converted = (sql.SQL("count(*) FILTER (WHERE {})").format(handed) if handed is not None
+                 else sql.SQL("NULL::bigint"))
+    p = _col(spec.presented_field)
+    limit = sql.SQL(" LIMIT {}").format(b("limit", b.limit, "int")) if b.limit else sql.SQL("")
+    return sql.SQL(
+        "SELECT COALESCE(p->>'sku', p #>> '{{}}') AS sku, count(*) AS presented, "
+        "{converted} AS converted, round(100.0 * {converted} / count(*), 1) AS conversion_pct "
+        "FROM {t} t CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof({p}) = 'array' "
+        "THEN {p} ELSE '[]'::jsonb END) p WHERE {recent} "
+        "GROUP BY 1 ORDER BY presented DESC, sku{limit}"
+    ).format(converted=converted, t=sql.Identifier(spec.table), p=p, recent=_recent(b),
+             limit=limit)
+
+
+# -- (5) hand-off reasons --------------------------------------------------------------
+def handoff_reasons(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
+    h = spec.handoff
+    if h is None:
+        return None
+    reason = _col(h.reason) if h.reason else sql.SQL("NULL::text")
+    cart = (_col(spec.cart.total) if spec.cart and spec.cart.total else sql.SQL("NULL::numeric"))
+    at = _handoff_time(spec, b)
+    if h.triggered_at:  # the partial index on the hand-off time serves this
+        where = sql.SQL("{at} IS NOT NULL AND {at} > NOW() - {since}").format(at=at,
+                                                                            since=b.since())
+    else:
+        where = sql.SQL("{} AND {}").format(_recent(b), _handed_off(spec, b))
+    return sql.SQL(
+        "SELECT {reason} AS reason, count(*) AS handoffs, round(avg({cart}), 2) AS avg_cart_total, "
+        "round(avg(extract(epoch FROM {at} - t.created_at)), 1) AS avg_seconds_to_handoff "
+        "FROM {t} t WHERE {where} GROUP BY 1 ORDER BY handoffs DESC, reason"
+    ).format(reason=reason, cart=cart, at=at, t=sql.Identifier(spec.table), where=where)
+
+
+# -- (6) cost, tokens and quality, from funnel_turns ------------------------------------
+def _turns_where(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    return sql.SQL("tr.funnel = {} AND tr.created_at > NOW() - {}").format(
+        b("funnel", spec.name, "text"), b.since())
+
+
+def conversation_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    return sql.SQL(
+        "SELECT count(*) AS conversations, COALESCE(sum(c.turns), 0) AS turns, "
+        "COALESCE(sum(c.prompt_tokens), 0) AS prompt_tokens, "
+        "COALESCE(sum(c.completion_tokens), 0) AS completion_tokens, sum(c.cost) AS cost, "
+        "round(avg(c.turns), 2) AS avg_turns, "
+        "round(avg(c.prompt_tokens + c.completion_tokens), 1) AS avg_tokens, "
+        "round(avg(c.cost), 6) AS avg_cost, "
+        "round((percentile_cont(0.5) WITHIN GROUP (ORDER BY c.cost))::numeric, 6) AS median_cost "
+        "FROM (SELECT tr.session_id, count(*) AS turns, sum(tr.prompt_tokens) AS prompt_tokens, "
+        "sum(tr.completion_tokens) AS completion_tokens, sum(tr.cost) AS cost "
+        "FROM {turns} tr WHERE {where} GROUP BY tr.session_id) c"
+    ).format(turns=sql.Identifier(ddl.TURNS), where=_turns_where(spec, b))
+
+
+def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    # The sums per stage aggregate in parallel; the distinct sessions per stage
+    # come from a hash of (stage, session): no sort of every turn by session id.
+    where = _turns_where(spec, b)
+    return sql.SQL(
+        "WITH {st}, a AS (SELECT tr.stage_before AS stage, count(*) AS turns, "
+        "sum(tr.prompt_tokens) AS prompt_tokens, sum(tr.completion_tokens) AS completion_tokens, "
+        "sum(tr.cost) AS cost, count(*) FILTER (WHERE tr.validation_failures > 0) AS failed, "
+        "count(*) FILTER (WHERE tr.fallback) AS fallbacks, avg(tr.llm_ms) AS llm_ms "
+        "FROM {turns} tr WHERE {where} GROUP BY 1), "
+        "s AS (SELECT x.stage, count(*) AS sessions FROM (SELECT DISTINCT tr.stage_before AS stage, "
+        "tr.session_id FROM {turns} tr WHERE {where}) x GROUP BY 1) "
+        "SELECT a.stage, st.pos, a.turns, s.sessions, a.prompt_tokens, a.completion_tokens, "
+        "a.cost, round(a.cost / s.sessions, 6) AS cost_per_conversation, "
+        "round((a.prompt_tokens + a.completion_tokens)::numeric / a.turns, 1) "
+        "AS avg_tokens_per_turn, a.failed AS validation_failed_turns, "
+        "round(100.0 * a.failed / a.turns, 1) AS validation_failure_pct, "
+        "a.fallbacks AS fallback_turns, round(100.0 * a.fallbacks / a.turns, 1) AS fallback_pct, "
+        "round(a.llm_ms) AS avg_llm_ms "
+        "FROM a JOIN s ON s.stage = a.stage LEFT JOIN st ON st.stage = a.stage "
+        "ORDER BY st.pos NULLS LAST, a.stage"
+    ).format(st=_stages(spec, b), turns=sql.Identifier(ddl.TURNS), where=where)
+
+
+# name -> (builder, reads funnel_turns)
+SECTIONS: dict[str, tuple[Section, bool]] = {
+    "active_by_stage": (active_by_stage, False),
+    "stage_funnel": (stage_funnel, False),
+    "stage_time": (stage_time, False),
+    "products": (products, False),
+    "handoff_reasons": (handoff_reasons, False),
+    "conversation_costs": (conversation_costs, True),
+    "stage_costs": (stage_costs, True),
+}
+
+
+def section_queries(spec: FunnelSpec, since: float, *, limit: int = 20
+                    ) -> dict[str, tuple[sql.Composed, dict[str, Any], bool]]:
+    """The report's queries that apply to the funnel: name -> (query, parameters, uses turns)."""
+    out = {}
+    for name, (build, turns) in SECTIONS.items():
+        b = _Binder(inline=False, since=since, limit=limit)
+        query = build(spec, b)
+        if query is not None:
+            out[name] = (query, b.params, turns)
+    return out
+
+
+# -- views -----------------------------------------------------------------------------
+def view_name(spec: FunnelSpec, section: str) -> str:
+    name = f"{spec.table}_v_{section}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha1(spec.table.encode()).hexdigest()[:6]
+    return f"{spec.table[:63 - len(section) - 10]}_{digest}_v_{section}"
+
+
+def view_statements(spec: FunnelSpec) -> dict[str, tuple[sql.Composed, str]]:
+    """View name -> (``CREATE OR REPLACE VIEW ...; COMMENT ON VIEW ...``, its comment)."""
+    out = {}
+    for section, (build, _) in SECTIONS.items():
+        query = build(spec, _Binder(inline=True))
+        if query is None:
+            continue
+        name = view_name(spec, section)
+        body = query.as_string()
+        comment = VIEW_COMMENT + hashlib.sha1(body.encode()).hexdigest()[:16]
+        out[name] = (sql.SQL("CREATE OR REPLACE VIEW {v} AS {q}; COMMENT ON VIEW {v} IS {c}").format(
+            v=sql.Identifier(name), q=sql.SQL(body), c=sql.Literal(comment)), comment)
+    return out
+
+
+async def view_changes(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *,
+                       dropping: bool = False
+                       ) -> tuple[list[tuple[str, sql.Composed]], list[tuple[str, sql.Composed]]]:
+    """What ``funnel migrate`` must do to the funnel's views: (before, after) the table changes.
+
+    A view is (re)created when missing or when its definition changed (its
+    comment carries a hash of the definition). Our views the funnel no longer
+    needs are dropped first; when columns are dropped, every view is dropped
+    before and recreated after, since a view may read a dropped column.
+    """
+    wanted = view_statements(spec)
+    rows = await (await conn.execute(
+        "SELECT c.relname, obj_description(c.oid, 'pg_class') FROM pg_class c "
+        "WHERE c.relkind = 'v' AND c.relnamespace = current_schema()::regnamespace "
+        "AND c.relname = ANY(%s)",
+        ([view_name(spec, s) for s in SECTIONS],))).fetchall()
+    existing = {name: comment or "" for name, comment in rows}
+    before: list[tuple[str, sql.Composed]] = []
+    after: list[tuple[str, sql.Composed]] = []
+    for name, comment in existing.items():
+        if (name not in wanted or dropping) and comment.startswith(VIEW_COMMENT):
+            before.append((f"drop view {name}", sql.SQL("DROP VIEW IF EXISTS {}").format(
+                sql.Identifier(name))))
+    dropped = {what.removeprefix("drop view ") for what, _ in before}
+    for name, (stmt, comment) in wanted.items():
+        if name in dropped or name not in existing:
+            after.append((f"create view {name}", stmt))
+        elif existing[name] != comment:
+            after.append((f"replace view {name}", stmt))
+    return before, after
+
+
+# -- running the report ----------------------------------------------------------------
+async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit: int = 20,
+                       timeout: float = 10.0) -> dict[str, Any]:
+    """Run every section in one read-only snapshot; return the aggregated rows.
+
+    Returns ``{"now", "sessions_table", "turns_table", "sections": {name: [row, ...]}}``;
+    a section whose table does not exist yet has no rows. Nothing is written.
+    """
+    from .embedded import embedded_url
+    from .postgres import _safe_url
+
+    url = url or embedded_url()
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout)))
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"cannot connect to PostgreSQL at {_safe_url(url)}: "
+                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}"
+                               ) from None
+    async with conn:
+        await conn.set_read_only(True)
+        await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        async with conn.transaction():
+            for name, value in REPORT_SETTINGS.items():
+                await conn.execute("SELECT set_config(%s, %s, true)", (name, value))
+            row = await (await conn.execute(
+                "SELECT NOW(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+                (sql.Identifier(spec.table).as_string(conn),
+                 sql.Identifier(ddl.TURNS).as_string(conn)))).fetchone()
+            assert row is not None
+            now, have_sessions, have_turns = row
+            sections: dict[str, list[dict[str, Any]]] = {}
+            for name, (query, params, turns) in section_queries(spec, since, limit=limit).items():
+                if not (have_turns if turns else have_sessions):
+                    sections[name] = []
+                    continue
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(query, params)
+                sections[name] = await cur.fetchall()
+    return {"now": now, "sessions_table": bool(have_sessions), "turns_table": bool(have_turns),
+            "sections": sections}
+
+
+__all__ = ["REPORT_SETTINGS", "SECTIONS", "fetch_report", "section_queries", "view_changes", "view_name",
+           "view_statements"]

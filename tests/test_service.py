@@ -1,0 +1,601 @@
+"""`funnel serve`: the HTTP service on the real engine, a real PostgreSQL and the scripted model.
+
+Most tests use Starlette's TestClient; those that need real concurrency, real
+logs, a browser or schemathesis run the app under uvicorn on 127.0.0.1
+(tests/service_support.py), with a fake Telegram Bot API and a TCP proxy in
+front of PostgreSQL that a test can cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from service_support import FakeTelegram, TcpProxy, running
+from starlette.testclient import TestClient
+
+from engine.engine import MAX_MESSAGE_CHARS
+from engine.models import Completion, ModelRequest, ScriptedModel
+from engine.service.app import create_app
+from engine.service.auth import WidgetTokens
+from engine.service.config import ServiceConfig, TelegramBot, parse_api_keys
+from engine.service.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+PURAMUR = ROOT / "funnels" / "puramur.yaml"
+DEMO = ROOT / "funnels" / "puramur" / "demo.yaml"
+GREETING = "Hello! I'm the Puramur consultant. Is your pet a cat or a dog?"
+CONVERSE = "converse-key-3f9a1c77e2b4"
+READER = "read-state-key-8d21b5c04e9f"
+ADMIN = "admin-key-5b7e2f19a6c3d8"
+METRICS = "metrics-key-0c4d8e1f7a2b"
+BOT_TOKEN = "123456:TEST-bot-token"
+HOOK_SECRET = "hook-secret-4c8e1b"
+SECRET = b"test-secret-0123456789abcdef"
+BASE = "/v1/funnels/puramur"
+
+pytestmark = pytest.mark.postgres
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def config(db_url: str, **overrides: Any) -> ServiceConfig:
+    options: dict[str, Any] = {
+        "funnels": [PURAMUR], "db": db_url, "model": f"scripted:{DEMO}",
+        "api_keys": {CONVERSE: frozenset({"converse"}), READER: frozenset({"read_state"}),
+                     ADMIN: frozenset({"admin"}), METRICS: frozenset({"metrics"})},
+        "secret": SECRET, "rate_limit": (1000, 60.0), "telegram_api": "http://127.0.0.1:9",
+        "telegram": {"PURAMUR": TelegramBot(BOT_TOKEN, HOOK_SECRET)},
+    }
+    options.update(overrides)
+    return ServiceConfig(**options)
+
+
+@pytest.fixture
+def client(db_url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(config(db_url))) as c:
+        yield c
+
+
+@pytest.fixture
+def telegram() -> Iterator[FakeTelegram]:
+    fake = FakeTelegram().start()
+    yield fake
+    fake.stop()
+
+
+class GatedModel:
+    """The demo script, but each call waits until the test opens the gate."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.inner = ScriptedModel.from_file(DEMO)
+        self.called = threading.Event()
+        self.gate = threading.Event()
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        self.called.set()
+        await asyncio.to_thread(self.gate.wait, 30)
+        return await self.inner.complete(request)
+
+
+def user_messages(sql: Any, session: str) -> list[str]:
+    return [r[0] for r in sql("SELECT content FROM funnel_messages WHERE session_id = %s "
+                              "AND role = 'user' ORDER BY id", (session,))]
+
+
+# -- the API --------------------------------------------------------------------------
+
+
+def test_messages_round_trip_and_state(client: TestClient, sql: Any) -> None:
+    r = client.post(f"{BASE}/sessions/s-1/messages", json={"text": "Hi!"}, headers=bearer(CONVERSE))
+    assert r.status_code == 200, r.text
+    assert r.json() == {"reply": GREETING, "stage": "discovery", "handoff": False}
+    r = client.post(f"{BASE}/sessions/s-1/messages", json={"text": "A Sphynx, dry skin"},
+                    headers={"X-API-Key": CONVERSE})
+    assert r.json()["stage"] == "presentation"
+    state = client.get(f"{BASE}/sessions/s-1", headers=bearer(READER)).json()
+    assert state["stage"] == "presentation" and state["pet"]["breed"] == "Sphynx"
+    assert state["turns"] == 2
+    assert user_messages(sql, "s-1") == ["Hi!", "A Sphynx, dry skin"]
+    assert client.get(f"{BASE}/sessions/nobody", headers=bearer(ADMIN)).status_code == 404
+    assert client.get("/v1/funnels/nope/sessions/s-1", headers=bearer(ADMIN)).status_code == 404
+    r = client.post(f"{BASE}/sessions/s-1/messages", content=b"{not json",
+                    headers=bearer(CONVERSE))
+    assert r.status_code == 400 and r.json()["error"] == "bad_request"
+    assert client.post(f"{BASE}/sessions/s-1/messages", json={"text": "  "},
+                       headers=bearer(CONVERSE)).status_code == 400
+
+
+def test_the_demo_conversation_reaches_handoff(client: TestClient) -> None:
+    script = [str(m) for m in yaml.safe_load(DEMO.read_text())["customer"]]
+    results = [client.post(f"{BASE}/sessions/demo/messages", json={"text": text},
+                           headers=bearer(CONVERSE)).json() for text in script]
+    assert [r["handoff"] for r in results].count(True) == 1
+    assert results[-1]["stage"] == "handoff"
+
+
+def test_health_ready_openapi_and_static(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["funnels"] == {"puramur": "ok"}
+    doc = client.get("/openapi.json").json()
+    assert doc["openapi"].startswith("3.") and f"{BASE}/sessions/{{session}}/messages".replace(
+        "puramur", "{funnel}") in doc["paths"]
+    js = client.get("/widget.js")
+    assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+    assert "localStorage" in js.text and "/widget/session" in js.text
+    assert "fw-panel" in client.get("/widget.css").text
+    demo = client.get("/demo/puramur")
+    assert 'data-funnel="puramur"' in demo.text
+    assert client.get("/demo/nope").status_code == 404
+
+
+# -- authentication --------------------------------------------------------------------
+
+
+def test_auth_missing_wrong_and_scopes(client: TestClient) -> None:
+    url = f"{BASE}/sessions/a-1/messages"
+    r = client.post(url, json={"text": "Hi!"})
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    assert client.post(url, json={"text": "Hi!"}, headers=bearer("x" * 24)).status_code == 401
+    assert client.post(url, json={"text": "Hi!"}, headers=bearer(READER)).status_code == 403
+    assert client.post(url, json={"text": "Hi!"}, headers=bearer(METRICS)).status_code == 403
+    assert client.post(url, json={"text": "Hi!"}, headers=bearer(ADMIN)).status_code == 200
+    assert client.get(f"{BASE}/sessions/a-1", headers=bearer(CONVERSE)).status_code == 403
+    assert client.get(f"{BASE}/sessions/a-1").status_code == 401
+    assert client.get(f"{BASE}/sessions/a-1", headers=bearer(READER)).status_code == 200
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=bearer(CONVERSE)).status_code == 403
+    assert client.get("/metrics", headers=bearer(METRICS)).status_code == 200
+
+
+def test_keys_never_reach_the_logs(db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    wrong = "wrong-key-that-must-not-be-logged"
+    with running(create_app(config(db_url))) as url, httpx.Client(base_url=url) as http:
+        for key in (CONVERSE, READER, wrong):
+            http.post(f"{BASE}/sessions/log-1/messages", json={"text": "Hi!"},
+                      headers=bearer(key))
+            http.get(f"{BASE}/sessions/log-1", headers={"X-API-Key": key})
+        body = http.get(f"{BASE}/sessions/log-1", headers=bearer(wrong)).text
+    logged = caplog.text + "".join(str(r.args) for r in caplog.records)
+    assert "/sessions/log-1/messages" in logged  # the access log was captured
+    for key in (CONVERSE, READER, wrong, SECRET.decode()):
+        assert key not in logged
+        assert key not in body
+    assert parse_api_keys(f"{CONVERSE}:converse;{ADMIN}:admin") == {
+        CONVERSE: frozenset({"converse"}), ADMIN: frozenset({"admin"})}
+    with pytest.raises(Exception, match="unknown scope") as bad:
+        parse_api_keys(f"{CONVERSE}:converse,root")
+    assert CONVERSE not in str(bad.value)
+
+
+# -- the widget's session tokens ------------------------------------------------------
+
+
+def _widget(client: TestClient) -> str:
+    r = client.post(f"{BASE}/widget/session")
+    assert r.status_code == 200, r.text
+    return str(r.json()["token"])
+
+
+def test_widget_token_reaches_only_its_own_session(client: TestClient, sql: Any) -> None:
+    a, b = _widget(client), _widget(client)
+    tokens = WidgetTokens(SECRET, 3600)
+    sa, sb = tokens.verify(a, "puramur"), tokens.verify(b, "puramur")
+    assert sa and sb and sa.session_id != sb.session_id and sa.session_id.startswith("w-")
+    r = client.post(f"{BASE}/widget/messages", json={"text": "Hi!"}, headers=bearer(a))
+    assert r.status_code == 200 and r.json()["reply"] == GREETING
+    client.post(f"{BASE}/widget/messages", json={"text": "B's secret order"}, headers=bearer(b))
+    history = client.get(f"{BASE}/widget/messages", headers=bearer(a)).json()["messages"]
+    assert [m["content"] for m in history] == ["Hi!", GREETING]
+    assert user_messages(sql, sa.session_id) == ["Hi!"]
+
+    # The same payload naming B's session, with A's signature: refused.
+    payload, signature = a.split(".")
+    data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    data["s"] = sb.session_id
+    forged = base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+    for token in (f"{forged}.{signature}", WidgetTokens(b"another-secret-123456", 60).issue(
+            "puramur", sb.session_id)[0], WidgetTokens(SECRET, -10).issue(
+            "puramur", sb.session_id)[0], "garbage", ""):
+        for method, kwargs in (("POST", {"json": {"text": "show me B"}}), ("GET", {})):
+            r = client.request(method, f"{BASE}/widget/messages", headers=bearer(token), **kwargs)
+            assert r.status_code == 401, (token, r.text)
+    # A widget token is no API key, and session ids in API paths need one.
+    assert client.get(f"{BASE}/sessions/{sb.session_id}", headers=bearer(a)).status_code == 401
+    assert client.post(f"{BASE}/sessions/{sb.session_id}/messages", json={"text": "x"},
+                       headers=bearer(a)).status_code == 401
+    assert tokens.verify(a, "b2b_demo") is None  # bound to its funnel
+    assert user_messages(sql, sb.session_id) == ["B's secret order"]
+    # Renewing keeps the session; the service, not the browser, chose it.
+    renewed = client.post(f"{BASE}/widget/session", headers=bearer(a)).json()["token"]
+    renewed_session = tokens.verify(renewed, "puramur")
+    assert renewed_session is not None and renewed_session.session_id == sa.session_id
+
+
+def test_widget_origins_are_an_allow_list(db_url: str) -> None:
+    shop = "https://shop.example"
+    with TestClient(create_app(config(db_url, cors_origins=[shop]))) as client:
+        ok = client.post(f"{BASE}/widget/session", headers={"Origin": shop})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == shop
+        evil = client.post(f"{BASE}/widget/session", headers={"Origin": "https://evil.example"})
+        assert evil.status_code == 403 and "access-control-allow-origin" not in evil.headers
+        pre = client.options(f"{BASE}/widget/messages", headers={
+            "Origin": shop, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert pre.status_code == 200 and "authorization" in pre.headers[
+            "access-control-allow-headers"].lower()
+
+
+# -- limits ---------------------------------------------------------------------------
+
+
+def test_message_size_limit_is_413_and_nothing_is_logged(client: TestClient, sql: Any) -> None:
+    url = f"{BASE}/sessions/big/messages"
+    r = client.post(url, json={"text": "a" * (MAX_MESSAGE_CHARS + 1)}, headers=bearer(CONVERSE))
+    assert r.status_code == 413 and str(MAX_MESSAGE_CHARS) in r.json()["message"]
+    r = client.post(url, content=b'{"text": "' + b"b" * 200_000 + b'"}',
+                    headers={**bearer(CONVERSE), "Content-Type": "application/json"})
+    assert r.status_code == 413
+    token = _widget(client)
+    assert client.post(f"{BASE}/widget/messages", json={"text": "c" * (MAX_MESSAGE_CHARS + 1)},
+                       headers=bearer(token)).status_code == 413
+    assert user_messages(sql, "big") == []
+    r = client.post(url, json={"text": "d" * MAX_MESSAGE_CHARS}, headers=bearer(CONVERSE))
+    assert r.status_code == 200, r.text
+
+
+def test_rate_limit_is_429_with_retry_after(db_url: str, sql: Any) -> None:
+    with TestClient(create_app(config(db_url, rate_limit=(2, 60.0)))) as client:
+        url = f"{BASE}/sessions/rl/messages"
+        codes = [client.post(url, json={"text": f"m{i}"}, headers=bearer(CONVERSE))
+                 for i in range(3)]
+        assert [r.status_code for r in codes] == [200, 200, 429]
+        assert int(codes[2].headers["Retry-After"]) >= 1
+        assert codes[2].json()["error"] == "rate_limited"
+        # Per client: another key still gets through.
+        assert client.post(url, json={"text": "m3"}, headers=bearer(ADMIN)).status_code == 200
+        metrics = client.get("/metrics", headers=bearer(ADMIN)).text
+    assert user_messages(sql, "rl") == ["m0", "m1", "m3"]  # the refused one was never accepted
+    assert 'funnel_requests_refused_total{funnel="puramur",reason="rate_limited"} 1' in metrics
+
+
+def test_database_down_is_503_with_retry_after_and_not_ready(db_url: str) -> None:
+    dead = "postgresql://postgres@127.0.0.1:1/x?connect_timeout=1"
+    with TestClient(create_app(config(dead, db_timeout=1.0, retry_after=3))) as client:
+        assert client.get("/healthz").status_code == 200
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["ready"] is False
+        assert "unreachable" in ready.json()["database"] and "Retry-After" in ready.headers
+        r = client.post(f"{BASE}/sessions/d-1/messages", json={"text": "Hi!"},
+                        headers=bearer(CONVERSE))
+        assert r.status_code == 503 and 1 <= int(r.headers["Retry-After"]) <= 3
+        assert client.get(f"{BASE}/sessions/d-1", headers=bearer(READER)).status_code == 503
+        token = _widget(client)  # issuing a token needs no database
+        r = client.post(f"{BASE}/widget/messages", json={"text": "Hi!"}, headers=bearer(token))
+        assert r.status_code == 503 and "Retry-After" in r.headers
+
+
+def test_database_lost_mid_turn_keeps_the_accepted_message(db_url: str, sql: Any) -> None:
+    proxy = TcpProxy(db_url)
+    model = GatedModel()
+    app = create_app(config(proxy.dsn, model=model, db_timeout=1.0, retry_after=1))
+    try:
+        with running(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+            model.gate.set()
+            assert http.post(f"{BASE}/sessions/m-1/messages", json={"text": "Hi!"},
+                             headers=bearer(CONVERSE)).status_code == 200
+            model.gate.clear()
+            model.called.clear()
+            box: dict[str, httpx.Response] = {}
+            worker = threading.Thread(target=lambda: box.setdefault("r", http.post(
+                f"{BASE}/sessions/m-1/messages", json={"text": "my cat is a Sphynx"},
+                headers=bearer(CONVERSE))))
+            worker.start()
+            assert model.called.wait(10)  # the message is logged; the model is thinking
+            proxy.cut()
+            model.gate.set()
+            worker.join(60)
+            r = box["r"]
+            assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+            assert user_messages(sql, "m-1") == ["Hi!", "my cat is a Sphynx"]
+            assert http.get("/readyz").status_code == 503
+            proxy.restore()
+            deadline = time.monotonic() + 20
+            while http.get("/readyz").status_code != 200:
+                assert time.monotonic() < deadline, "the service did not recover"
+                time.sleep(0.3)
+            r = http.post(f"{BASE}/sessions/m-1/messages", json={"text": "She is 3"},
+                          headers=bearer(CONVERSE))
+            assert r.status_code == 200, r.text
+    finally:
+        proxy.close()
+    assert user_messages(sql, "m-1") == ["Hi!", "my cat is a Sphynx", "She is 3"]
+
+
+def test_full_session_queue_is_503_with_retry_after(db_url: str, sql: Any) -> None:
+    model = GatedModel()
+    with running(create_app(config(db_url, model=model, session_queue=1))) as url, \
+            httpx.Client(base_url=url, timeout=60) as http:
+        box: dict[str, httpx.Response] = {}
+        worker = threading.Thread(target=lambda: box.setdefault("r", http.post(
+            f"{BASE}/sessions/q-1/messages", json={"text": "first"}, headers=bearer(CONVERSE))))
+        worker.start()
+        assert model.called.wait(10)
+        r = http.post(f"{BASE}/sessions/q-1/messages", json={"text": "second"},
+                      headers=bearer(CONVERSE))
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        assert r.json()["error"] == "session_busy"
+        model.gate.set()
+        worker.join(30)
+        assert box["r"].status_code == 200
+        again = http.post(f"{BASE}/sessions/q-1/messages", json={"text": "second"},
+                          headers=bearer(CONVERSE))
+        assert again.status_code == 200
+    assert user_messages(sql, "q-1") == ["first", "second"]
+
+
+# -- metrics --------------------------------------------------------------------------
+
+
+def test_metrics_count_turns_errors_fallbacks_and_handoffs(db_url: str) -> None:
+    model = ScriptedModel.from_data({
+        "match": [{"pattern": "^boom", "output": {"error": "the model is down"}},
+                  {"pattern": "^junk", "output": {"output": "not json", "repair": "still not"}}],
+        "default": {"reply": "Hello!"}})
+    with TestClient(create_app(config(db_url, model=model))) as client:
+        for i, text in enumerate(("Hi!", "boom", "junk")):  # each a first turn: greeting
+            r = client.post(f"{BASE}/sessions/mx-{i}/messages", json={"text": text},
+                            headers=bearer(CONVERSE))
+            assert r.status_code == 200
+        text = client.get("/metrics", headers=bearer(METRICS)).text
+    assert 'funnel_turns_total{funnel="puramur",stage="greeting"} 3' in text
+    assert 'funnel_turn_duration_seconds_count{funnel="puramur",stage="greeting"} 3' in text
+    assert 'funnel_turn_duration_seconds_bucket{funnel="puramur",stage="greeting",le="+Inf"} 3' \
+        in text
+    assert 'funnel_model_errors_total{funnel="puramur",stage="greeting"} 1' in text
+    assert 'funnel_validation_failures_total{funnel="puramur",stage="greeting"} 2' in text
+    assert 'funnel_fallbacks_total{funnel="puramur",stage="greeting"} 2' in text
+    assert "# TYPE funnel_turn_duration_seconds histogram" in text
+
+
+def test_metrics_of_several_workers_add_up(tmp_path: Path) -> None:
+    one, two = Metrics(str(tmp_path)), Metrics(str(tmp_path))
+    one.count("funnel_telegram_updates_total", funnel="puramur", kind="text")
+    two.count("funnel_telegram_updates_total", funnel="puramur", kind="text")
+    two.observe("funnel_turn_duration_seconds", 0.2, funnel="puramur", stage="greeting")
+    two.save()
+    text = one.render()
+    assert 'funnel_telegram_updates_total{funnel="puramur",kind="text"} 2' in text
+    assert 'funnel_turn_duration_seconds_bucket{funnel="puramur",stage="greeting",le="0.25"} 1' \
+        in text
+
+
+# -- Telegram -------------------------------------------------------------------------
+
+
+def _update(update_id: int, **message: Any) -> dict[str, Any]:
+    msg = {"message_id": update_id, "date": 1700000000, "chat": {"id": 4242, "type": "private"},
+           "from": {"id": 4242, "is_bot": False, "first_name": "Anna"}, **message}
+    return {"update_id": update_id, "message": msg}
+
+
+def test_telegram_webhook(db_url: str, telegram: FakeTelegram, sql: Any) -> None:
+    app = create_app(config(db_url, telegram_api=telegram.url))
+    hook = f"{BASE}/telegram"
+    secret = {"X-Telegram-Bot-Api-Secret-Token": HOOK_SECRET}
+    with TestClient(app) as client:
+        assert client.post(hook, json=_update(1, text="Hi!")).status_code == 401
+        assert client.post(hook, json=_update(1, text="Hi!"), headers={
+            "X-Telegram-Bot-Api-Secret-Token": "wrong"}).status_code == 401
+        assert telegram.calls == [] and user_messages(sql, "tg-4242") == []
+
+        r = client.post(hook, json=_update(2, text="Hi!"), headers=secret)
+        assert r.status_code == 200 and r.json()["ok"] is True
+        assert telegram.calls[-1]["token"] == BOT_TOKEN
+        assert telegram.sent()[-1] == {"chat_id": 4242, "text": GREETING}
+        assert client.post(hook, json=_update(2, text="Hi!"), headers=secret).json()[
+            "duplicate"] is True  # Telegram re-sent it: not answered twice
+        assert len(telegram.sent()) == 1
+
+        client.post(hook, json=_update(3, sticker={"file_id": "x", "emoji": "🐱"}), headers=secret)
+        assert "sticker" in telegram.sent()[-1]["text"].lower()
+        client.post(hook, json=_update(4, photo=[{"file_id": "p", "width": 9, "height": 9}]),
+                    headers=secret)
+        assert "photo" in telegram.sent()[-1]["text"].lower()
+        edited = {"update_id": 5, "edited_message": _update(5, text="Hi!!")["message"]}
+        assert client.post(hook, json=edited, headers=secret).status_code == 200
+        assert "edited" in telegram.sent()[-1]["text"]
+        assert client.post(hook, json={"update_id": 6, "my_chat_member": {}},
+                           headers=secret).status_code == 200
+        assert len(telegram.sent()) == 4
+        assert user_messages(sql, "tg-4242") == ["Hi!"]  # no turn for the polite answers
+
+        client.post(hook, json=_update(7, photo=[{"file_id": "p"}], caption="A Sphynx, dry skin"),
+                    headers=secret)
+        assert telegram.sent()[-1]["text"].startswith("Sphynx skin needs gentle care")
+        state = client.get(f"{BASE}/sessions/tg-4242", headers=bearer(ADMIN)).json()
+        assert state["stage"] == "presentation"
+
+        telegram.fail = True  # the Bot API is down: the turn is saved, the webhook still 200
+        r = client.post(hook, json=_update(8, text="She is 3, Murka"), headers=secret)
+        assert r.status_code == 200
+        metrics = client.get("/metrics", headers=bearer(ADMIN)).text
+    assert 'funnel_telegram_send_errors_total{funnel="puramur"} 1' in metrics
+    assert 'funnel_telegram_updates_total{funnel="puramur",kind="sticker"} 1' in metrics
+    assert user_messages(sql, "tg-4242")[-1] == "She is 3, Murka"
+
+
+# -- `funnel serve` with workers ------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_funnel_serve_with_two_workers(db_url: str, tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "FUNNEL_API_KEYS": f"{ADMIN}:admin", "FUNNEL_SECRET": SECRET.decode(),
+           "FUNNEL_LOG_LEVEL": "warning"}
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.cli", "serve", str(PURAMUR), "--db", db_url,
+             "--port", str(port), "--workers", "2", "--model", f"scripted:{DEMO}"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+        with httpx.Client(base_url=url, timeout=30) as http:
+            replies = [http.post(f"{BASE}/sessions/cli-{i}/messages", json={"text": "Hi!"},
+                                 headers=bearer(ADMIN)).json()["reply"] for i in range(6)]
+            assert replies == [GREETING] * 6
+            token = http.post(f"{BASE}/widget/session").json()["token"]
+            for _ in range(4):  # whichever worker answers knows the shared secret
+                assert http.get(f"{BASE}/widget/messages", headers=bearer(token)
+                                ).status_code == 200
+            for _ in range(3):  # whichever worker answers adds up both workers' counts
+                metrics = http.get("/metrics", headers=bearer(ADMIN)).text
+                assert 'funnel_turns_total{funnel="puramur",stage="greeting"} 6' in metrics
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+# -- schemathesis against /openapi.json -----------------------------------------------
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_problem(db_url: str, telegram: FakeTelegram,
+                                       tmp_path: Path) -> None:
+    app = create_app(config(db_url, telegram_api=telegram.url, rate_limit=(100_000, 60.0)))
+    token = WidgetTokens(SECRET, 3600).issue("puramur")[0]
+    (tmp_path / "schemathesis.toml").write_text(
+        f'[auth.openapi.apiKey]\nbearer = "{ADMIN}"\n'
+        f'[auth.openapi.apiKeyHeader]\napi_key = "{ADMIN}"\n'
+        f'[auth.openapi.widgetToken]\nbearer = "{token}"\n'
+        f'[auth.openapi.telegramSecret]\napi_key = "{HOOK_SECRET}"\n'
+        # Invalid requests may also be refused as too large (413, the documented size limit).
+        '[checks.negative_data_rejection]\n'
+        'expected-statuses = ["400", "401", "403", "404", "405", "413", "422"]\n')
+    with running(app) as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "schemathesis.cli", "--config-file",
+             str(tmp_path / "schemathesis.toml"), "run", f"{url}/openapi.json",
+             "--checks", "all", "--max-examples", "25", "--seed", "1", "--workers", "1",
+             "--request-timeout", "20", "--max-failures", "5"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=540,
+            env={**os.environ, "SCHEMATHESIS_TELEMETRY": "false", "NO_COLOR": "1"})
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+# -- the widget in a real browser -----------------------------------------------------
+
+
+def _chromium() -> tuple[str, str]:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not (browser and driver):
+        message = ("chromium and chromium-driver are needed: "
+                   "apt-get install -y chromium chromium-driver")
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return browser, driver
+
+
+@pytest.mark.slow
+def test_widget_in_headless_chromium(db_url: str, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    browser, driver_path = _chromium()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--window-size=1200,860",
+                 f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    monkeypatch.setenv("SE_OFFLINE", "true")  # never let selenium-manager download anything
+    with running(create_app(config(db_url))) as url:
+        driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+        try:
+            wait = WebDriverWait(driver, 20)
+            driver.get(f"{url}/demo/puramur")
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".fw-launcher"))
+            driver.find_element(By.CSS_SELECTOR, ".fw-launcher").click()
+            wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".fw-panel").is_displayed())
+
+            def say(text: str, bots: int) -> list[str]:
+                box = driver.find_element(By.CSS_SELECTOR, ".fw-input")
+                box.send_keys(text)
+                box.send_keys("\n")
+                wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".fw-bot .fw-bubble"))
+                           >= bots and not d.find_elements(By.CSS_SELECTOR, ".fw-typing"))
+                return [e.text for e in driver.find_elements(By.CSS_SELECTOR,
+                                                             ".fw-bot .fw-bubble")]
+
+            assert say("Hi!", 2)[-1] == GREETING  # after the page's greeting bubble
+            bots = say("I have a Sphynx cat, her skin is very dry", 3)
+            assert bots[-1].startswith("Sphynx skin needs gentle care")
+            token = driver.execute_script(
+                "return localStorage.getItem(Object.keys(localStorage)[0])")
+            session = WidgetTokens(SECRET, 60).verify(token, "puramur")
+            assert session is not None
+            time.sleep(0.5)  # let the last bubble's fade-in finish
+            shot = tmp_path / "widget.png"
+            driver.save_screenshot(str(shot))
+            assert shot.stat().st_size > 10_000
+            docs = ROOT / "docs" / "widget-example.png"  # the picture in docs/service.md
+            if os.environ.get("FUNNEL_UPDATE_SCREENSHOT") or not docs.exists():
+                shutil.copyfile(shot, docs)
+
+            driver.refresh()  # the same session comes back from localStorage
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".fw-launcher"))
+            driver.find_element(By.CSS_SELECTOR, ".fw-launcher").click()
+            wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".fw-user .fw-bubble"))
+                       == 2)
+            texts = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".fw-user .fw-bubble")]
+            assert texts == ["Hi!", "I have a Sphynx cat, her skin is very dry"]
+        finally:
+            driver.quit()
