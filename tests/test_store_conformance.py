@@ -340,6 +340,17 @@ async def test_a_stale_save_raises_and_writes_nothing(store: Store, spec: Funnel
     assert await one_turn(store, spec, "s", "three") == 3
 
 
+async def test_a_save_never_brings_back_a_deleted_session(store: Store, spec: FunnelSpec,
+                                                          db: SQL) -> None:
+    assert await one_turn(store, spec, "gone", "one") == 1
+    db(f"DELETE FROM {TABLE} WHERE session_id = 'gone'")  # purged while a turn ran
+    write = turn_write(spec, "gone", 1, reply="late reply")
+    with pytest.raises(ConcurrentUpdate):
+        await store.save_turn(spec, write)
+    assert db(f"SELECT COUNT(*) FROM {TABLE}") == [(0,)]
+    assert db(f"SELECT COUNT(*) FROM {ddl.MESSAGES} WHERE content = 'late reply'") == [(0,)]
+
+
 # -- the message window ------------------------------------------------------------------
 async def test_the_message_window_is_the_last_n_before_the_current_message(
         store: Store, spec: FunnelSpec, other_spec: FunnelSpec, db: SQL,

@@ -96,16 +96,26 @@ class _Table:
         values = [sql.SQL("{}::{}").format(sql.Placeholder(n), ddl.column_type(ty))
                   for n, ty in self.columns]
         sets = []
+        update_sets = []
         # The rolling summary is written only by the summarizer (engine.memory).
         only_insert = {spec.memory.summary} if spec.memory.summary else set()
-        for n, _ in self.columns[1:]:
+        for (n, _), value in zip(self.columns[1:], values[1:], strict=True):
             if n in only_insert:
                 continue
             col = sql.Identifier(n)
             if n in write_once:
                 sets.append(sql.SQL("{} = COALESCE({}.{}, EXCLUDED.{})").format(col, t, col, col))
+                update_sets.append(sql.SQL("{} = COALESCE({}.{}, {})").format(col, t, col, value))
             else:
                 sets.append(sql.SQL("{} = EXCLUDED.{}").format(col, col))
+                update_sets.append(sql.SQL("{} = {}").format(col, value))
+        # A session the turn loaded is only ever updated: if it was deleted
+        # meanwhile (purge), the save must not bring it back.
+        update = sql.SQL(
+            "UPDATE {t} SET {sets}, row_version = {t}.row_version + 1, updated_at = %(__now)s, "
+            "last_message_at = %(__now)s WHERE session_id = %(session_id)s "
+            "AND row_version = %(__expected)s RETURNING row_version"
+        ).format(t=t, sets=sql.SQL(", ").join(update_sets))
         upsert = sql.SQL(
             "INSERT INTO {t} ({names}, row_version, created_at, updated_at, last_message_at) "
             "VALUES ({values}, 1, %(__now)s, %(__now)s, %(__now)s) "
@@ -119,27 +129,30 @@ class _Table:
         # One statement saves the whole turn: the state (if the version still
         # matches), the reply, the turn record and the outbox rows. Atomic, one
         # round trip, one commit; nothing but the state is written on a mismatch.
-        self.save = sql.SQL(
-            "WITH s AS ({upsert}), "
-            "m AS (INSERT INTO {messages} (funnel, session_id, role, content, stage) "
-            "SELECT %(__funnel)s, %(session_id)s, 'assistant', %(__reply)s::text, "
-            "%(__stage_after)s FROM s WHERE %(__reply)s::text IS NOT NULL), "
-            "tr AS (INSERT INTO {turns} (funnel, funnel_version, session_id, stage_before, "
-            "stage_after, transitions, actions, refused, validation_failures, repaired, fallback, "
-            "llm_ms, turn_ms, prompt_tokens, completion_tokens, cost, model, error) "
-            "SELECT %(__funnel)s, %(funnel_version)s, %(session_id)s, %(__t_stage_before)s, "
-            "%(__stage_after)s, %(__t_transitions)s, %(__t_actions)s, %(__t_refused)s, "
-            "%(__t_validation_failures)s, %(__t_repaired)s, %(__t_fallback)s, %(__t_llm_ms)s, "
-            "%(__t_turn_ms)s, %(__t_prompt_tokens)s, %(__t_completion_tokens)s, "
-            "%(__t_cost)s, %(__t_model)s, %(__t_error)s FROM s), "
-            "o AS (INSERT INTO {outbox} (idempotency_key, funnel, session_id, kind, payload) "
-            "SELECT x.key, %(__funnel)s, %(session_id)s, x.kind, x.payload FROM s, "
-            "jsonb_to_recordset(%(__outbox)s::jsonb) AS x(key text, kind text, payload jsonb) "
-            "ON CONFLICT (idempotency_key) DO NOTHING) "
-            "SELECT row_version FROM s"
-        ).format(upsert=upsert, messages=sql.Identifier(ddl.MESSAGES),
-                 turns=sql.Identifier(ddl.TURNS), outbox=sql.Identifier(ddl.OUTBOX)).as_string()
-        self.upsert = upsert.as_string()
+        def whole_turn(write: sql.Composable) -> str:
+            return sql.SQL(
+                "WITH s AS ({write}), "
+                "m AS (INSERT INTO {messages} (funnel, session_id, role, content, stage) "
+                "SELECT %(__funnel)s, %(session_id)s, 'assistant', %(__reply)s::text, "
+                "%(__stage_after)s FROM s WHERE %(__reply)s::text IS NOT NULL), "
+                "tr AS (INSERT INTO {turns} (funnel, funnel_version, session_id, stage_before, "
+                "stage_after, transitions, actions, refused, validation_failures, repaired, fallback, "
+                "llm_ms, turn_ms, prompt_tokens, completion_tokens, cost, model, error) "
+                "SELECT %(__funnel)s, %(funnel_version)s, %(session_id)s, %(__t_stage_before)s, "
+                "%(__stage_after)s, %(__t_transitions)s, %(__t_actions)s, %(__t_refused)s, "
+                "%(__t_validation_failures)s, %(__t_repaired)s, %(__t_fallback)s, %(__t_llm_ms)s, "
+                "%(__t_turn_ms)s, %(__t_prompt_tokens)s, %(__t_completion_tokens)s, "
+                "%(__t_cost)s, %(__t_model)s, %(__t_error)s FROM s), "
+                "o AS (INSERT INTO {outbox} (idempotency_key, funnel, session_id, kind, payload) "
+                "SELECT x.key, %(__funnel)s, %(session_id)s, x.kind, x.payload FROM s, "
+                "jsonb_to_recordset(%(__outbox)s::jsonb) AS x(key text, kind text, payload jsonb) "
+                "ON CONFLICT (idempotency_key) DO NOTHING) "
+                "SELECT row_version FROM s"
+            ).format(write=write, messages=sql.Identifier(ddl.MESSAGES),
+                     turns=sql.Identifier(ddl.TURNS), outbox=sql.Identifier(ddl.OUTBOX)).as_string()
+
+        self.save = whole_turn(upsert)
+        self.save_existing = whole_turn(update)
         if spec.memory.summary:
             # With the row: how many messages are not folded into the summary yet.
             self.select = sql.SQL(
@@ -157,6 +170,10 @@ class _Table:
         ).format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
         self.version_of = sql.SQL("SELECT row_version FROM {} WHERE session_id = %s").format(
             t).as_string()
+
+    def statement(self, write: TurnWrite) -> str:
+        """INSERT-or-update for a new session, UPDATE for one the turn loaded."""
+        return self.save if write.expected_version == 0 else self.save_existing
 
     def params(self, write: TurnWrite) -> dict[str, Any]:
         # Timestamps come from the engine's clock (tests and scenarios move it);
@@ -518,7 +535,7 @@ _UNLOCK = "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
 
 
 async def _save(conn: psycopg.AsyncConnection[Any], table: _Table, write: TurnWrite) -> int:
-    row = await (await conn.execute(table.save, table.params(write))).fetchone()
+    row = await (await conn.execute(table.statement(write), table.params(write))).fetchone()
     if row is None:
         found = await (await conn.execute(table.version_of, (write.session_id,))).fetchone()
         raise ConcurrentUpdate(write.session_id, write.expected_version,
@@ -602,7 +619,7 @@ class SessionHandle:
         conn = self.conn
         cur = conn.cursor()
         async with conn.pipeline() as pipeline:
-            await cur.execute(self.table.save, self.table.params(write))
+            await cur.execute(self.table.statement(write), self.table.params(write))
             await _commit_point(pipeline)  # the save commits before the lock is released
             await conn.execute(_UNLOCK, (self.key,))
         self.locked = False
