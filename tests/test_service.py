@@ -570,10 +570,20 @@ def test_widget_in_headless_chromium(db_url: str, tmp_path: Path,
                 box = driver.find_element(By.CSS_SELECTOR, ".fw-input")
                 box.send_keys(text)
                 box.send_keys("\n")
-                wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".fw-bot .fw-bubble"))
-                           >= bots and not d.find_elements(By.CSS_SELECTOR, ".fw-typing"))
-                return [e.text for e in driver.find_elements(By.CSS_SELECTOR,
-                                                             ".fw-bot .fw-bubble")]
+                def texts(d: Any) -> list[str]:
+                    # One script call reads every bubble at once (no stale elements while the
+                    # widget re-renders), and textContent is there before a fade-in ends.
+                    return list(d.execute_script(
+                        "return [...document.querySelectorAll('.fw-bot .fw-bubble')]"
+                        ".map(e => e.textContent.trim())"))
+
+                def done(d: Any) -> bool:
+                    bubbles = texts(d)
+                    return len(bubbles) >= bots and all(bubbles) and not d.execute_script(
+                        "return document.querySelectorAll('.fw-typing').length")
+
+                wait.until(done)
+                return texts(driver)
 
             assert say("Hi!", 2)[-1] == GREETING  # after the page's greeting bubble
             bots = say("I have a Sphynx cat, her skin is very dry", 3)
@@ -593,9 +603,12 @@ def test_widget_in_headless_chromium(db_url: str, tmp_path: Path,
             driver.refresh()  # the same session comes back from localStorage
             wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".fw-launcher"))
             driver.find_element(By.CSS_SELECTOR, ".fw-launcher").click()
-            wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".fw-user .fw-bubble"))
-                       == 2)
-            texts = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".fw-user .fw-bubble")]
-            assert texts == ["Hi!", "I have a Sphynx cat, her skin is very dry"]
+            def users(d: Any) -> list[str]:
+                return list(d.execute_script(
+                    "return [...document.querySelectorAll('.fw-user .fw-bubble')]"
+                    ".map(e => e.textContent.trim())"))
+
+            wait.until(lambda d: len(users(d)) == 2)
+            assert users(driver) == ["Hi!", "I have a Sphynx cat, her skin is very dry"]
         finally:
             driver.quit()
