@@ -94,6 +94,7 @@ async def worker_engine(url: str, sessions: list[str], turns: int, sleep: float,
     try:
         await asyncio.gather(*(session(s) for s in sessions))
     finally:
+        await engine.close()  # waits for background work; the store is ours to close
         await store.close()
     return latencies
 

@@ -107,6 +107,7 @@ async def run_engine(url: str, sessions: list[str], turns: int, workers: int
         return await drive(lambda sid: engine.handle(sid, "My cat has dry skin"), sessions,
                            turns, workers)
     finally:
+        await engine.close()  # waits for background work; the store is ours to close
         await store.close()
 
 

@@ -34,11 +34,14 @@ from .machine import Firing
 from .memory import ExtractiveSummarizer, ModelSummarizer, Summarizer, fit_prompt
 from .models import Completion, Model, ModelRequest, make_model
 from .notify import Notifier, dispatch, make_notifier
-from .prompts import build_context, full_view, render
+from .prompts import Message, build_context, full_view, render
 from .state import defaults, plain
 from .store import OutboxItem, SessionAccess, Store, TurnWrite, open_store
 
 log = logging.getLogger("funnel.engine")
+
+# (summary so far, summary_upto, messages to fold); (None, 0, None): read them from the log.
+SummaryJob = tuple[str | None, int, list[Message] | None]
 
 MAX_SESSION_ID = 200
 MAX_MESSAGE_CHARS = 8000
@@ -169,10 +172,12 @@ class Engine:
         _check_input(session_id, text)
         started = time.perf_counter()
         logged: list[int] = []  # the message id, once the message is durable
+        job: list[SummaryJob] = []  # a summary to fold after the reply, if the turn plans one
         for attempt in range(3):
             try:
                 async with self.store.session(self.spec, session_id) as access:
-                    result = await self._turn(access, session_id, text, logged, channel,
+                    job.clear()
+                    result = await self._turn(access, session_id, text, logged, job, channel,
                                               started)
                 break
             except ConcurrentUpdate:
@@ -186,8 +191,8 @@ class Engine:
                 raise
         if result.handoff:
             await self.dispatch(session_id)
-        if self.spec.memory.summary and result.backlog >= max(2, self._window):
-            self._background(self.summarize(session_id))
+        if job:
+            self._background(self.summarize(session_id, *job[0]))
         return result
 
     def _background(self, job: Coroutine[Any, Any, Any]) -> None:
@@ -200,7 +205,8 @@ class Engine:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def summarize(self, session_id: str) -> bool:
+    async def summarize(self, session_id: str, summary: str | None = None, upto: int = 0,
+                        backlog: list[Message] | None = None) -> bool:
         """Fold messages that left the window into the session's summary.
 
         Runs after the reply (in the background); never raises: a failure is
@@ -209,14 +215,16 @@ class Engine:
         """
         memory = self.spec.memory
         try:
-            summary, upto, backlog = await self.store.summary_backlog(
-                self.spec, session_id, self._window)
+            if summary is None or not backlog:
+                # Catching up (the turn did not have every message at hand): read the log.
+                summary, upto, rows = await self.store.summary_backlog(
+                    self.spec, session_id, self._window)
+                backlog = [Message(m.role, m.content, i) for i, m in rows]
             if not backlog:
                 return False
-            new = await self._summarizer().summarize(summary, [m for _, m in backlog],
-                                                     memory.summary_budget)
+            new = await self._summarizer().summarize(summary, backlog, memory.summary_budget)
             return await self.store.save_summary(self.spec, session_id, new, upto,
-                                                 backlog[-1][0])
+                                                 backlog[-1].id)
         except Exception as exc:  # the customer's turn already succeeded
             log.warning("summary of session %r failed (%s: %s); it will catch up on the "
                         "next turn", session_id, type(exc).__name__, exc)
@@ -231,13 +239,13 @@ class Engine:
 
     # -- the turn ----------------------------------------------------------------------
     async def _turn(self, access: SessionAccess, session_id: str, text: str, logged: list[int],
-                    channel: str, started: float) -> TurnResult:
+                    job: list[SummaryJob], channel: str, started: float) -> TurnResult:
         spec, funnel = self.spec, self.funnel
         now = self.clock()
         if logged:
-            _, row, recent = await access.load(self._window, current_id=logged[0])
+            _, row, recent = await access.load(3 * self._window, current_id=logged[0])
         else:
-            message_id, row, recent = await access.load(self._window, text=text)
+            message_id, row, recent = await access.load(3 * self._window, text=text)
             logged.append(message_id)
         if row is None:
             state = defaults(spec)
@@ -253,6 +261,16 @@ class Engine:
             expected, last_seen = int(row["row_version"]), row["last_message_at"]
         # Messages outside the window not yet in the summary, once the reply is logged.
         backlog = max(0, int((row or {}).get("message_backlog") or 1) + 1 - self._window)
+        planned = self._plan_summary(state, row, recent, backlog)
+        folded: tuple[str, int] | None = None
+        summarizer = self._summarizer() if planned is not None else None
+        if planned is not None and planned[2] and getattr(summarizer, "inline", False):
+            assert summarizer is not None and planned[0] is not None
+            new = await summarizer.summarize(planned[0], planned[2],
+                                             spec.memory.summary_budget)
+            folded = (new, planned[2][-1].id)
+        elif planned is not None:
+            job.append(planned)
         stage_before = eng["stage"]
         if stage_before not in funnel.stages and stage_before in spec.removed_stages:
             self._enter(eng, spec.removed_stages[stage_before], now)
@@ -313,9 +331,11 @@ class Engine:
                 break
             firings += fired
             moved = True
+            before = dict(state)
             self._on_enter(fired[-1], state, eng, scratch, now)
-            funnel.rules.recompute(state, self._cond_ctx(state, eng, accepted, scratch,
-                                                         returning), now.isoformat())
+            if state != before:  # entering the stage changed facts: derive again
+                funnel.rules.recompute(state, self._cond_ctx(state, eng, accepted, scratch,
+                                                             returning), now.isoformat())
             if eng["stage"] in visited:
                 break
             visited.add(eng["stage"])
@@ -365,6 +385,7 @@ class Engine:
                 "model": getattr(self.model, "name", None), "error": answer.error,
             },
             outbox=outbox, message_time=now,
+            summary=folded[0] if folded else None, summary_upto=folded[1] if folded else None,
         )
         await access.save(write)
         return TurnResult(
@@ -376,6 +397,23 @@ class Engine:
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, handoff=handoff,
             returning=returning, error=answer.error, backlog=backlog,
         )
+
+    def _plan_summary(self, state: Mapping[str, Any], row: Mapping[str, Any] | None,
+                      recent: list[Message], backlog: int) -> SummaryJob | None:
+        """Decide whether this turn folds old messages into the summary (after the reply).
+
+        The turn read up to three windows of messages; once a window's worth has left
+        the window unsummarized, the job gets them directly, with no extra query.
+        """
+        field = self.spec.memory.summary
+        if not field or row is None or backlog < max(2, self._window):
+            return None
+        upto = int(row.get("summary_upto") or 0)
+        complete = len(recent) < 3 * self._window or (recent and recent[0].id <= upto)
+        if not complete:
+            return (None, 0, None)  # too far behind (a summarizer was down): read the log
+        older = [m for m in recent[:-self._window] if m.id > upto] if self._window else []
+        return (str(state.get(field) or ""), upto, older) if older else None
 
     def _cond_ctx(self, state: Mapping[str, Any], eng: Mapping[str, Any], accepted: list[str],
                   scratch: TurnScratch, returning: bool) -> dict[str, Any]:

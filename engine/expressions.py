@@ -56,6 +56,18 @@ def compile_condition(source: str) -> Condition:
     return condition
 
 
+def compile_condition_list(sources: list[str]) -> Callable[[Mapping[str, Any]], list[bool]]:
+    """Compile several conditions into one expression that returns their truth values."""
+    expr = _ENV.compile_expression("[" + ", ".join(f"({s})" for s in sources) + "]",
+                                   undefined_to_none=False)
+
+    def conditions(context: Mapping[str, Any]) -> list[bool]:
+        values = expr(**context)
+        return [bool(v) for v in values or ()]
+
+    return conditions
+
+
 def parse_expression(source: str) -> nodes.Template:
     """Parse a condition as a template AST (for static checks of the names it uses)."""
     return _ENV.parse("{{ (" + source + ") }}")

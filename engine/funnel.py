@@ -42,6 +42,8 @@ class CompiledFunnel:
         self.name = spec.name
         self.catalog: Catalog | None = load_catalog(spec.catalog_path) if spec.catalog_path else None
         self.machine = StageMachine(spec)
+        # What templates see of the catalog, built once (the sandbox is immutable).
+        self.catalog_view = [p.as_prompt() for p in self.catalog.products] if self.catalog else []
         completeness = [
             (compile_condition(src), points, src) for src, points in spec.completeness_rules
         ]

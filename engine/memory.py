@@ -51,7 +51,11 @@ class ExtractiveSummarizer:
 
     Used with the scripted model and whenever no ``memory.summarizer_model``
     is set; it calls no model, so its cost is zero and its output predictable.
+    Being instant, it runs inside the turn (``inline``) and its result is saved
+    with the turn's own statement: no extra round trip, no extra lock.
     """
+
+    inline = True
 
     async def summarize(self, previous: str, messages: Sequence[Message], budget: int) -> str:
         lines = [previous] if previous else []

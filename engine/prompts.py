@@ -31,6 +31,7 @@ _HIDDEN = frozenset(
 class Message:
     role: str
     content: str
+    id: int = 0  # the message log's id, when it came from the log
 
 
 def _empty(value: Any) -> bool:
@@ -117,7 +118,7 @@ def build_context(
                               separators=(",", ":"), default=str),
         presented=presented,
         presented_skus=[p["sku"] for p in presented],
-        catalog=[p.as_prompt() for p in funnel.catalog.products] if funnel.catalog else [],
+        catalog=funnel.catalog_view,
         currency=funnel.catalog.currency if funnel.catalog else "",
         thresholds=funnel.rules.thresholds(state),
         messages=[{"role": m.role, "content": m.content} for m in messages],

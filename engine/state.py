@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema
 
 from .catalog import Catalog
+from .expressions import compile_condition_list
 from .spec import FunnelSpec
 
 _PHONE_CHARS = re.compile(r"[\s\-().]")
@@ -130,6 +131,9 @@ class StateRules:
         self.spec = spec
         self.catalog = catalog
         self.completeness = completeness
+        # All rules as one expression: one sandbox context per turn instead of one per rule.
+        self._all_rules = compile_condition_list([src for _, _, src in completeness]) \
+            if completeness else None
         self.validators = {
             name: jsonschema.Draft202012Validator(_nullable(f.schema, f.nullable))
             for name, f in spec.state.items()
@@ -170,12 +174,18 @@ class StateRules:
             self._recompute_cart(state, now)
         if spec.completeness_field:
             score = 0
-            for cond, points, _source in self.completeness:
-                try:
-                    if cond(ctx):
-                        score += points
-                except Exception:  # a rule that cannot be evaluated scores nothing
-                    continue
+            try:
+                hits = self._all_rules(ctx) if self._all_rules else []
+            except Exception:  # some rule fails here: evaluate them one by one
+                hits = []
+                for cond, _points, _source in self.completeness:
+                    try:
+                        hits.append(cond(ctx))
+                    except Exception:  # a rule that cannot be evaluated scores nothing
+                        hits.append(False)
+            for hit, (_cond, points, _source) in zip(hits, self.completeness, strict=True):
+                if hit:
+                    score += points
             state[spec.completeness_field] = score
 
     def _recompute_cart(self, state: dict[str, Any], now: str) -> None:

@@ -39,6 +39,9 @@ class TurnWrite:
     turn: dict[str, Any]
     outbox: list[OutboxItem] = field(default_factory=list)
     message_time: datetime | None = None
+    # A new rolling summary folded during the turn, and the last message id it covers.
+    summary: str | None = None
+    summary_upto: int | None = None
 
 
 class SessionAccess(Protocol):

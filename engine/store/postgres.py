@@ -101,6 +101,11 @@ class _Table:
         only_insert = {spec.memory.summary} if spec.memory.summary else set()
         for (n, _), value in zip(self.columns[1:], values[1:], strict=True):
             if n in only_insert:
+                # Written by a turn only when it folded a new summary (else kept).
+                keep = sql.SQL("{} = COALESCE(%(__summary)s::text, {}.{})").format(
+                    sql.Identifier(n), t, sql.Identifier(n))
+                sets.append(keep)
+                update_sets.append(keep)
                 continue
             col = sql.Identifier(n)
             if n in write_once:
@@ -109,23 +114,25 @@ class _Table:
             else:
                 sets.append(sql.SQL("{} = EXCLUDED.{}").format(col, col))
                 update_sets.append(sql.SQL("{} = {}").format(col, value))
+        upto = sql.SQL("summary_upto = COALESCE(%(__summary_upto)s::bigint, {}.summary_upto)"
+                       ).format(t)
         # A session the turn loaded is only ever updated: if it was deleted
         # meanwhile (purge), the save must not bring it back.
         update = sql.SQL(
-            "UPDATE {t} SET {sets}, row_version = {t}.row_version + 1, updated_at = %(__now)s, "
+            "UPDATE {t} SET {sets}, {upto}, row_version = {t}.row_version + 1, updated_at = %(__now)s, "
             "last_message_at = %(__now)s WHERE session_id = %(session_id)s "
             "AND row_version = %(__expected)s RETURNING row_version"
-        ).format(t=t, sets=sql.SQL(", ").join(update_sets))
+        ).format(t=t, sets=sql.SQL(", ").join(update_sets), upto=upto)
         upsert = sql.SQL(
             "INSERT INTO {t} ({names}, row_version, created_at, updated_at, last_message_at) "
             "VALUES ({values}, 1, %(__now)s, %(__now)s, %(__now)s) "
-            "ON CONFLICT (session_id) DO UPDATE SET {sets}, "
+            "ON CONFLICT (session_id) DO UPDATE SET {sets}, {upto}, "
             "row_version = {t}.row_version + 1, updated_at = %(__now)s, "
             "last_message_at = %(__now)s "
             "WHERE {t}.row_version = %(__expected)s "
             "RETURNING row_version"
         ).format(t=t, names=sql.SQL(", ").join(names), values=sql.SQL(", ").join(values),
-                 sets=sql.SQL(", ").join(sets))
+                 sets=sql.SQL(", ").join(sets), upto=upto)
         # One statement saves the whole turn: the state (if the version still
         # matches), the reply, the turn record and the outbox rows. Atomic, one
         # round trip, one commit; nothing but the state is written on a mismatch.
@@ -186,6 +193,9 @@ class _Table:
             out[name] = Jsonb(value, dumps=_dumps) if name in self.json_columns and \
                 value is not None else value
         t = write.turn
+        out["__summary_upto"] = write.summary_upto
+        if self.spec.memory.summary:
+            out["__summary"] = write.summary
         out.update({
             "__funnel": self.spec.name, "__reply": write.reply,
             "__stage_after": write.stage_after, "__t_stage_before": t["stage_before"],
@@ -324,7 +334,7 @@ class PostgresStore:
         async with self._conn() as conn:
             rows = await (await conn.execute(
                 _RECENT, (funnel.name, session_id, current_id, current_id, limit))).fetchall()
-        return [Message(r[0], r[1]) for r in rows]
+        return [Message(r[0], r[1], r[2]) for r in rows]
 
     async def save_turn(self, funnel: FunnelSpec, write: TurnWrite) -> int:
         table = self.table(funnel)
@@ -496,13 +506,20 @@ class PostgresStore:
         """Store a new summary under the session's lock, if no other job got there first."""
         field = funnel.memory.summary
         assert field is not None
+        update = sql.SQL(
+            "UPDATE {} SET {} = %s, summary_upto = %s, row_version = row_version + 1 "
+            "WHERE session_id = %s AND summary_upto = %s").format(
+                sql.Identifier(funnel.table), sql.Identifier(field))
         async with self.session(funnel, session_id) as handle:
-            await handle.lock()
-            cur = await handle.conn.execute(sql.SQL(
-                "UPDATE {} SET {} = %s, summary_upto = %s, row_version = row_version + 1 "
-                "WHERE session_id = %s AND summary_upto = %s").format(
-                    sql.Identifier(funnel.table), sql.Identifier(field)),
-                (summary, new_upto, session_id, old_upto))
+            conn = handle.conn
+            cur = conn.cursor()
+            async with conn.pipeline() as pipeline:  # lock, update, commit, unlock: one trip
+                await conn.execute(_LOCK, (handle.key,))
+                handle.locked = True
+                await cur.execute(update, (summary, new_upto, session_id, old_upto))
+                await _commit_point(pipeline)
+                await conn.execute(_UNLOCK, (handle.key,))
+            handle.locked = False
             return cur.rowcount == 1
 
     async def history(self, funnel: FunnelSpec, session_id: str, limit: int
@@ -611,7 +628,8 @@ class SessionHandle:
             assert logged is not None
             current_id = int(logged[0])
         row = await row_cur.fetchone()
-        messages = [Message(r[0], r[1]) for r in await msg_cur.fetchall()] if window > 0 else []
+        messages = [Message(r[0], r[1], r[2]) for r in await msg_cur.fetchall()] \
+            if window > 0 else []
         return current_id, row, messages
 
     async def save(self, write: TurnWrite) -> int:
@@ -642,14 +660,14 @@ class SessionHandle:
 # The window is applied in SQL. Replies logged after the current message (a
 # turn that finished while this message waited for the lock) still belong to it.
 _RECENT = (
-    f"SELECT role, content FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
+    f"SELECT role, content, id FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
     "WHERE funnel = %s AND session_id = %s AND id <> %s "
     "AND (id < %s OR role = 'assistant') ORDER BY id DESC LIMIT %s) w ORDER BY id"
 )
 
 # The same, for the message this connection has just logged (currval is per connection).
 _RECENT_CURRVAL = (
-    f"SELECT role, content FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
+    f"SELECT role, content, id FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
     "WHERE funnel = %s AND session_id = %s "
     f"AND id <> currval(pg_get_serial_sequence('{ddl.MESSAGES}', 'id')) "
     f"AND (id < currval(pg_get_serial_sequence('{ddl.MESSAGES}', 'id')) OR role = 'assistant') "
