@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+from _db import server_url, throwaway_schema  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 from psycopg_pool import AsyncConnectionPool  # noqa: E402
 
@@ -148,34 +148,26 @@ def main() -> None:
     if args.worker:
         run_worker(args)
         return
-    url = args.db
-    if url is None:
-        from engine.store.embedded import embedded_url
+    with throwaway_schema(server_url(args.db)) as url_s:
+        run_levels(args, url_s)
 
-        url = embedded_url()
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}".encode())
-        max_conn = conn.execute("SHOW max_connections").fetchone()[0]  # type: ignore[index]
-    url_s = psycopg.conninfo.make_conninfo(url, options=f"-csearch_path={schema}")
+
+def run_levels(args: argparse.Namespace, url_s: str) -> None:
     with psycopg.connect(url_s, autocommit=True) as conn:
         conn.execute(NAIVE_DDL.encode())
+        max_conn = conn.execute("SHOW max_connections").fetchone()[0]  # type: ignore[index]
     asyncio.run(_prepare(url_s))
     print(f"2 worker processes; model sleeps {args.sleep * 1000:.0f} ms per call; each worker "
           f"runs {args.turns} turns per session, so every session gets 2 concurrent streams; "
           f"turn connections per worker: {args.pool}; server max_connections={max_conn}")
     print(f"{'sessions':>8} | {'naive t/s':>9} {'p99 ms':>8} {'lost':>5} | "
           f"{'engine t/s':>10} {'p99 ms':>8} {'lost':>5}")
-    try:
-        for level in [int(x) for x in args.levels.split(",")]:
-            tag = f"c{level}"
-            n = measure("naive", url_s, level, args.turns, args.sleep, args.pool, tag)
-            e = measure("engine", url_s, level, args.turns, args.sleep, args.pool, tag)
-            print(f"{level:8d} | {n['tps']:9.1f} {n['p99']:8.0f} {n['lost']:5d} | "
-                  f"{e['tps']:10.1f} {e['p99']:8.0f} {e['lost']:5d}", flush=True)
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE".encode())
+    for level in [int(x) for x in args.levels.split(",")]:
+        tag = f"c{level}"
+        n = measure("naive", url_s, level, args.turns, args.sleep, args.pool, tag)
+        e = measure("engine", url_s, level, args.turns, args.sleep, args.pool, tag)
+        print(f"{level:8d} | {n['tps']:9.1f} {n['p99']:8.0f} {n['lost']:5d} | "
+              f"{e['tps']:10.1f} {e['p99']:8.0f} {e['lost']:5d}", flush=True)
 
 
 async def _prepare(url: str) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import psycopg  # noqa: E402
+from _db import server_url, throwaway_schema  # noqa: E402
 
 from engine import Engine, ModelRequest, ScriptedModel, load_funnel  # noqa: E402
 from engine.models import Completion  # noqa: E402
@@ -138,21 +138,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
     args = ap.parse_args()
-    url = args.db
-    if url is None:
-        from engine.store.embedded import embedded_url
-
-        url = embedded_url()
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}".encode())
-    url_s = psycopg.conninfo.make_conninfo(url, options=f"-csearch_path={schema}")
     system = baseline_system_prompt()
-    try:
-        results = {n: await run(url_s, n, system) for n in (5, 15, 30, 60)}
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE".encode())
+    with throwaway_schema(server_url(args.db)) as url:
+        results = {n: await run(url, n, system) for n in (5, 15, 30, 60)}
     engine60, base60 = results[60]
     print("Prompt tokens per turn, 60-turn conversation (engine | window-buffer baseline):")
     print(f"{'turn':>5} {'engine':>7} {'baseline':>9}")

@@ -20,7 +20,6 @@ import os
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+from _db import server_url, throwaway_schema  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 from psycopg_pool import AsyncConnectionPool  # noqa: E402
 
@@ -118,41 +118,34 @@ async def main() -> None:
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    url = args.db
-    if url is None:
-        from engine.store.embedded import embedded_url
+    url = server_url(args.db)
+    with throwaway_schema(url) as url_s:
+        await measure(args, url, url_s)
 
-        url = embedded_url()
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}".encode())
-    url_s = psycopg.conninfo.make_conninfo(url, options=f"-csearch_path={schema}")
+
+async def measure(args: argparse.Namespace, url: str, url_s: str) -> None:
     print(f"PostgreSQL: {psycopg.conninfo.conninfo_to_dict(url).get('host')}; "
           f"{args.sessions} sessions x {args.turns} turns = {args.sessions * args.turns} turns "
           f"per measurement; median of {args.rounds} rounds")
-    try:
-        for workers in (1, 8):
-            results: dict[str, list[tuple[float, float, float]]] = {"baseline": [], "engine": []}
-            for r in range(args.rounds):
-                tag = f"r{r}w{workers}"
-                sessions = [f"{tag}-{i}" for i in range(args.sessions)]
-                lat, tps = await run_baseline(url_s, sessions, args.turns, workers)
-                results["baseline"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
-                lat, tps = await run_engine(url_s, sessions, args.turns, workers)
-                results["engine"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
-            print(f"\n{workers} concurrent session(s):")
-            print(f"  {'':10} {'p50 ms':>8} {'p99 ms':>8} {'turns/s':>9}")
-            med = {}
-            for name, rows in results.items():
-                med[name] = tuple(statistics.median(x[i] for x in rows) for i in range(3))
-                p50, p99, tps = med[name]
-                print(f"  {name:10} {p50:8.2f} {p99:8.2f} {tps:9.0f}")
-            ratio_p50 = med["engine"][0] / med["baseline"][0]
-            ratio_tps = med["engine"][2] / med["baseline"][2]
-            print(f"  engine/baseline: p50 x{ratio_p50:.2f}, throughput x{ratio_tps:.2f}")
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE".encode())
+    for workers in (1, 8):
+        results: dict[str, list[tuple[float, float, float]]] = {"baseline": [], "engine": []}
+        for r in range(args.rounds):
+            tag = f"r{r}w{workers}"
+            sessions = [f"{tag}-{i}" for i in range(args.sessions)]
+            lat, tps = await run_baseline(url_s, sessions, args.turns, workers)
+            results["baseline"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
+            lat, tps = await run_engine(url_s, sessions, args.turns, workers)
+            results["engine"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
+        print(f"\n{workers} concurrent session(s):")
+        print(f"  {'':10} {'p50 ms':>8} {'p99 ms':>8} {'turns/s':>9}")
+        med = {}
+        for name, rows in results.items():
+            med[name] = tuple(statistics.median(x[i] for x in rows) for i in range(3))
+            p50, p99, tps = med[name]
+            print(f"  {name:10} {p50:8.2f} {p99:8.2f} {tps:9.0f}")
+        ratio_p50 = med["engine"][0] / med["baseline"][0]
+        ratio_tps = med["engine"][2] / med["baseline"][2]
+        print(f"  engine/baseline: p50 x{ratio_p50:.2f}, throughput x{ratio_tps:.2f}")
 
 
 if __name__ == "__main__":

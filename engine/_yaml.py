@@ -7,7 +7,9 @@ every value's position is kept so that diagnostics point at the right line.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -109,3 +111,28 @@ def _walk(loader: Any, node: yaml.Node, path: Path_, out: Located) -> Any:
     if isinstance(node, yaml.SequenceNode):
         return [_walk(loader, item, (*path, i), out) for i, item in enumerate(node.value)]
     return loader.construct_object(node, deep=True)
+
+
+def find_files(paths: Iterable[str | Path], accept: Callable[[str], bool]
+               ) -> tuple[list[Path], list[str]]:
+    """Expand files and folders into YAML files; return (files, paths that do not exist).
+
+    A named file is always taken; in a folder (recursively), the ``*.yaml`` and
+    ``*.yml`` files whose text ``accept`` takes.
+    """
+    found: list[Path] = []
+    missing: list[str] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for candidate in sorted([*path.rglob("*.yaml"), *path.rglob("*.yml")]):
+                try:
+                    if accept(candidate.read_text("utf-8")):
+                        found.append(candidate)
+                except (OSError, UnicodeDecodeError):
+                    continue
+        elif path.exists():
+            found.append(path)
+        else:
+            missing.append(str(raw))
+    return list(dict.fromkeys(found)), missing  # a file named twice is read once

@@ -252,15 +252,17 @@ def check_paths(
 
     ``paths``: ``attribute_paths(tree)`` when the caller has it already.
     """
+    def problem(lineno: int, msg: str) -> None:
+        if file is not None:
+            report.add(file, lineno + line_offset, 1, "error", code, msg)
+        else:
+            report.at(keys or (), "error", code, msg)
+
     for path, lineno in attribute_paths(tree) if paths is None else paths:
         head = path[0]
         if head not in known:
-            msg = (f"{what} uses '{head}', which is neither a state field nor a documented "
-                   f"name{did_you_mean(head, known)}")
-            if file is not None:
-                report.add(file, lineno + line_offset, 1, "error", code, msg)
-            else:
-                report.at(keys or (), "error", code, msg)
+            problem(lineno, f"{what} uses '{head}', which is neither a state field nor a "
+                    f"documented name{did_you_mean(head, known)}")
             continue
         schema = _dict(state.get(head))
         for depth, part in enumerate(path[1:], start=1):
@@ -269,12 +271,8 @@ def check_paths(
                 break
             if part not in props:
                 dotted = ".".join(path[: depth + 1])
-                msg = (f"{what} uses '{dotted}', but '{'.'.join(path[:depth])}' declares no "
-                       f"property '{part}'{did_you_mean(part, props)}")
-                if file is not None:
-                    report.add(file, lineno + line_offset, 1, "error", code, msg)
-                else:
-                    report.at(keys or (), "error", code, msg)
+                problem(lineno, f"{what} uses '{dotted}', but '{'.'.join(path[:depth])}' "
+                        f"declares no property '{part}'{did_you_mean(part, props)}")
                 break
             schema = _dict(props[part])
 

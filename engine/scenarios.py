@@ -11,13 +11,10 @@ The format is documented in docs/scenarios.md. Nothing here imports litellm.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ from . import _yaml
 from .errors import did_you_mean
 from .funnel import CompiledFunnel
 from .spec import ENGINE_COLUMNS, parse_duration
+from .validate import packaged_validator
 
 # The engine's time at a scenario's first turn unless it says `clock:` (a Monday morning).
 DEFAULT_CLOCK = datetime.fromisoformat("2025-06-02T09:00:00+00:00")
@@ -88,17 +86,13 @@ class Scenario:
         return Failure(self.file, line, self.name, None, message, "error")
 
 
-@lru_cache(maxsize=1)
 def format_schema() -> dict[str, Any]:
     """The scenario format's JSON Schema (2020-12), shipped inside the package."""
-    text = resources.files("engine").joinpath("data/scenario.schema.json").read_text("utf-8")
-    schema: dict[str, Any] = json.loads(text)
-    return schema
+    return dict(packaged_validator("scenario").schema)  # type: ignore[arg-type]
 
 
-@lru_cache(maxsize=1)
 def _validator() -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(format_schema())
+    return packaged_validator("scenario")
 
 
 def is_scenario(text: str) -> bool:
@@ -114,22 +108,7 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
     A named file is always taken; in a folder (recursively), ``*.yaml``/``*.yml``
     files that :func:`is_scenario` are.
     """
-    found: list[Path] = []
-    missing: list[str] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            for candidate in sorted([*path.rglob("*.yaml"), *path.rglob("*.yml")]):
-                try:
-                    if is_scenario(candidate.read_text("utf-8")):
-                        found.append(candidate)
-                except (OSError, UnicodeDecodeError):
-                    continue
-        elif path.exists():
-            found.append(path)
-        else:
-            missing.append(str(raw))
-    return list(dict.fromkeys(found)), missing
+    return _yaml.find_files(paths, is_scenario)
 
 
 def load_scenario(path: Path) -> tuple[Scenario | None, list[Failure]]:

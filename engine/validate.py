@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,17 +33,20 @@ _FUNNEL_KEY = re.compile(r"^funnel\s*:", re.MULTILINE)
 _SCENARIO_KEY = re.compile(r"^(scenario|turns)\s*:", re.MULTILINE)
 
 
-@lru_cache(maxsize=1)
+@cache
+def packaged_validator(name: str) -> jsonschema.Draft202012Validator:
+    """A validator for a JSON Schema shipped in ``engine/data`` (``funnel``, ``scenario``)."""
+    text = resources.files("engine").joinpath(f"data/{name}.schema.json").read_text("utf-8")
+    return jsonschema.Draft202012Validator(json.loads(text))
+
+
 def format_schema() -> dict[str, Any]:
     """The funnel format's JSON Schema (2020-12), shipped inside the package."""
-    text = resources.files("engine").joinpath("data/funnel.schema.json").read_text("utf-8")
-    schema: dict[str, Any] = json.loads(text)
-    return schema
+    return dict(packaged_validator("funnel").schema)  # type: ignore[arg-type]
 
 
-@lru_cache(maxsize=1)
 def _format_validator() -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(format_schema())
+    return packaged_validator("funnel")
 
 
 class Report:
@@ -83,25 +86,10 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[Diagnostic]]
     A named file is always checked; in a folder, ``*.yaml``/``*.yml`` files
     with a top-level ``funnel:`` key are (catalogs and scenarios are not).
     """
-    found: list[Path] = []
-    problems: list[Diagnostic] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            for candidate in sorted([*path.rglob("*.yaml"), *path.rglob("*.yml")]):
-                try:
-                    text = candidate.read_text("utf-8")
-                    if _FUNNEL_KEY.search(text) and not _SCENARIO_KEY.search(text):
-                        found.append(candidate)
-                except (OSError, UnicodeDecodeError):
-                    continue
-        elif path.exists():
-            found.append(path)
-        else:
-            problems.append(
-                Diagnostic(str(path), 0, 0, "error", "F000", "no such file or folder")
-            )
-    return found, problems
+    found, missing = _yaml.find_files(
+        paths, lambda text: bool(_FUNNEL_KEY.search(text) and not _SCENARIO_KEY.search(text)))
+    return found, [Diagnostic(p, 0, 0, "error", "F000", "no such file or folder")
+                   for p in missing]
 
 
 def validate_paths(paths: Iterable[str | Path]) -> list[Diagnostic]:
