@@ -9,8 +9,10 @@ database that cannot be reached fails the tests: it never skips them.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,30 +45,55 @@ def with_search_path(dsn: str, schema: str) -> str:
     return psycopg.conninfo.make_conninfo(dsn, options=f"-csearch_path={schema}")
 
 
-@pytest.fixture
-def db_url(server_dsn: str) -> Iterator[str]:
-    """A fresh, empty schema on the test server, as a connection URL."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
+@contextmanager
+def fresh_schema(dsn: str, prefix: str = "t") -> Iterator[str]:
+    """A new, empty schema on ``dsn`` for one test, dropped afterwards; yields its URL."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        yield with_search_path(server_dsn, schema)
+        yield with_search_path(dsn, schema)
     finally:
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-@pytest.fixture
-def sql(db_url: str) -> Iterator[Any]:
-    """Run SQL in the test's schema: ``sql("SELECT ...", params)`` -> list of tuples."""
-    conn = psycopg.connect(db_url, autocommit=True)
+@contextmanager
+def sql_runner(url: str) -> Iterator[Any]:
+    """``run("SELECT ...", params)`` -> list of tuples, on one autocommit connection."""
+    conn = psycopg.connect(url, autocommit=True)
 
     def run(query: str, params: Any = None) -> list[tuple[Any, ...]]:
         cur = conn.execute(query.encode() if params is None else query, params)
         return cur.fetchall() if cur.description else []
 
-    yield run
-    conn.close()
+    try:
+        yield run
+    finally:
+        conn.close()
+
+
+def seed_queries() -> dict[str, str]:
+    """The seed's five observability queries (section 08), verbatim, by name."""
+    text = (Path(__file__).with_name("seed_queries.sql")).read_text("utf-8")
+    parts = re.split(r"^-- query: (\w+)\n", text, flags=re.M)[1:]
+    queries = dict(zip(parts[::2], (p.strip() for p in parts[1::2]), strict=True))
+    assert len(queries) == 5
+    return queries
+
+
+@pytest.fixture
+def db_url(server_dsn: str) -> Iterator[str]:
+    """A fresh, empty schema on the test server, as a connection URL."""
+    with fresh_schema(server_dsn) as url:
+        yield url
+
+
+@pytest.fixture
+def sql(db_url: str) -> Iterator[Any]:
+    """Run SQL in the test's schema: ``sql("SELECT ...", params)`` -> list of tuples."""
+    with sql_runner(db_url) as run:
+        yield run
 
 
 @pytest.fixture(scope="session")

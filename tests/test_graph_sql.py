@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import seed_queries
 
 from engine.spec import ENGINE_COLUMNS
 
@@ -205,14 +206,6 @@ def _history(start: datetime, *stages: tuple[str, int | None]) -> str:
 def _presented(at: datetime, *skus: str) -> str:
     return json.dumps([{"sku": s, "presented_at": at.isoformat(), "stage_iteration": 1}
                        for s in skus])
-
-
-def seed_queries() -> dict[str, str]:
-    text = (HERE / "seed_queries.sql").read_text("utf-8")
-    parts = re.split(r"^-- query: (\w+)\n", text, flags=re.M)[1:]
-    queries = dict(zip(parts[::2], (p.strip() for p in parts[1::2]), strict=True))
-    assert len(queries) == 5
-    return queries
 
 
 @pytest.mark.postgres

@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
+from conftest import seed_queries
 
 from engine.analytics import SECTIONS, build_report, render_table
 from engine.engine import Engine
@@ -317,14 +318,6 @@ async def test_a_wider_window_takes_the_older_session_in(filled: Filled) -> None
 
 
 # -- the seed's five queries, verbatim, on the same rows --------------------------------
-def seed_queries() -> dict[str, str]:
-    text = (HERE / "seed_queries.sql").read_text("utf-8")
-    parts = re.split(r"^-- query: (\w+)\n", text, flags=re.M)[1:]
-    queries = dict(zip(parts[::2], (p.strip() for p in parts[1::2]), strict=True))
-    assert len(queries) == 5
-    return queries
-
-
 def test_the_seed_queries_agree(filled: Filled, report: dict[str, Any]) -> None:
     q, run = seed_queries(), filled.sql
     assert run(q["active_sessions_by_stage"]) == [("discovery", 2), ("objection_handling", 1)]

@@ -13,7 +13,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -23,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import fresh_schema, sql_runner
 
 from engine.errors import ConcurrentUpdate
 from engine.funnel import CompiledFunnel, load_funnel
@@ -60,27 +60,15 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture
 def url(backend: str) -> Iterator[str]:
     """A fresh, empty schema on the backend, as a connection string."""
-    schema = f"c_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(backend, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield psycopg.conninfo.make_conninfo(backend, options=f"-csearch_path={schema}")
-    finally:
-        with psycopg.connect(backend, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with fresh_schema(backend, "c") as schema_url:
+        yield schema_url
 
 
 @pytest.fixture
 def db(url: str) -> Iterator[SQL]:
     """Plain SQL in the case's schema: ``db("SELECT ...", params)`` -> list of tuples."""
-    conn = psycopg.connect(url, autocommit=True)
-
-    def run(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-        cur = conn.execute(query.encode() if params is None else query, params)
-        return cur.fetchall() if cur.description else []
-
-    yield run
-    conn.close()
+    with sql_runner(url) as run:
+        yield run
 
 
 @pytest.fixture
