@@ -13,7 +13,7 @@ message to :meth:`Engine.handle`::
 from .actions import ActionCall, ActionOutcome
 from .catalog import Catalog, Product, load_catalog
 from .diagnostics import Diagnostic
-from .engine import Engine, SyncEngine, TurnResult
+from .engine import Engine, TurnResult
 from .errors import (
     ActionRefused,
     ConcurrentUpdate,
@@ -32,6 +32,7 @@ from .funnel import CompiledFunnel, load_funnel
 from .models import Completion, Model, ModelRequest, ScriptedModel, make_model
 from .spec import FunnelSpec
 from .store import Store, open_store
+from .sync import SyncEngine
 from .validate import validate_paths
 
 __version__ = "0.1.0"

@@ -167,8 +167,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     import uuid
 
-    from .engine import SyncEngine
     from .funnel import load_funnel
+    from .sync import SyncEngine
 
     funnel = load_funnel(args.funnel)
     model = args.model or funnel.spec.model.name
@@ -241,7 +241,7 @@ def cmd_state(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     import uuid
 
-    from .engine import SyncEngine
+    from .sync import SyncEngine
 
     script = _demo_script()
     session = f"demo-{uuid.uuid4().hex[:8]}"

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -28,24 +26,22 @@ from pathlib import Path
 from typing import Any
 
 from .actions import ActionOutcome, TurnScratch
-from .errors import ConcurrentUpdate, FunnelError, ModelError, PromptTooLarge, StoreUnavailable
-from .funnel import CompiledFunnel, CompiledStage, load_funnel
+from .errors import ConcurrentUpdate, FunnelError, PromptTooLarge, StoreUnavailable
+from .funnel import CompiledFunnel, load_funnel
 from .machine import Firing
-from .memory import ExtractiveSummarizer, ModelSummarizer, Summarizer, fit_prompt
-from .models import Completion, Model, ModelRequest, make_model
+from .memory import RollingSummary, Summarizer, SummaryJob, fit_prompt
+from .models import Model, make_model
 from .notify import Notifier, dispatch, make_notifier
-from .prompts import Message, build_context, full_view, render
+from .output import Answer, ask
+from .prompts import build_context, full_view, render
 from .state import defaults, plain
 from .store import OutboxItem, SessionAccess, Store, TurnWrite, open_store
 
 log = logging.getLogger("funnel.engine")
 
-# (summary so far, summary_upto, messages to fold); (None, 0, None): read them from the log.
-SummaryJob = tuple[str | None, int, list[Message] | None]
 
 MAX_SESSION_ID = 200
 MAX_MESSAGE_CHARS = 8000
-_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
 
 @dataclass
@@ -72,15 +68,6 @@ class TurnResult:
     backlog: int = 0  # messages that left the window and wait for the summary
 
 
-@dataclass
-class _Answer:
-    envelope: dict[str, Any]
-    completions: list[Completion]
-    failures: int = 0
-    fallback: bool = False
-    error: str | None = None
-
-
 class Engine:
     """Runs conversations of one funnel. Build with :meth:`open`; share across sessions.
 
@@ -104,7 +91,7 @@ class Engine:
         # The window is read with the row, before the stage is known: read the widest.
         self._window = max(s.spec.memory.window for s in funnel.stages.values())
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._summary_impl: Summarizer | None = None
+        self.summary = RollingSummary(funnel.spec, store, self._window)
 
     @classmethod
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
@@ -138,7 +125,7 @@ class Engine:
             raise
         engine = cls(compiled, store, model, notifier=notifier, clock=clock)
         engine._owns_store = owns
-        engine._summary_impl = summarizer
+        engine.summary = RollingSummary(compiled.spec, store, engine._window, summarizer)
         return engine
 
     async def close(self) -> None:
@@ -192,7 +179,7 @@ class Engine:
         if result.handoff:
             await self.dispatch(session_id)
         if job:
-            self._background(self.summarize(session_id, *job[0]))
+            self._background(self.summary.run(session_id, job[0]))
         return result
 
     def _background(self, job: Coroutine[Any, Any, Any]) -> None:
@@ -205,37 +192,9 @@ class Engine:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def summarize(self, session_id: str, summary: str | None = None, upto: int = 0,
-                        backlog: list[Message] | None = None) -> bool:
-        """Fold messages that left the window into the session's summary.
-
-        Runs after the reply (in the background); never raises: a failure is
-        logged and the next turn's job starts again from ``summary_upto``.
-        Returns whether a new summary was stored.
-        """
-        memory = self.spec.memory
-        try:
-            if summary is None or not backlog:
-                # Catching up (the turn did not have every message at hand): read the log.
-                summary, upto, rows = await self.store.summary_backlog(
-                    self.spec, session_id, self._window)
-                backlog = [Message(m.role, m.content, i) for i, m in rows]
-            if not backlog:
-                return False
-            new = await self._summarizer().summarize(summary, backlog, memory.summary_budget)
-            return await self.store.save_summary(self.spec, session_id, new, upto,
-                                                 backlog[-1].id)
-        except Exception as exc:  # the customer's turn already succeeded
-            log.warning("summary of session %r failed (%s: %s); it will catch up on the "
-                        "next turn", session_id, type(exc).__name__, exc)
-            return False
-
-    def _summarizer(self) -> Summarizer:
-        if self._summary_impl is None:
-            name = self.spec.memory.summarizer_model
-            self._summary_impl = ModelSummarizer(make_model(name)) if name else \
-                ExtractiveSummarizer()
-        return self._summary_impl
+    async def summarize(self, session_id: str) -> bool:
+        """Fold the session's messages that left the window into its summary, now."""
+        return await self.summary.run(session_id)
 
     # -- the turn ----------------------------------------------------------------------
     async def _turn(self, access: SessionAccess, session_id: str, text: str, logged: list[int],
@@ -261,16 +220,10 @@ class Engine:
             expected, last_seen = int(row["row_version"]), row["last_message_at"]
         # Messages outside the window not yet in the summary, once the reply is logged.
         backlog = max(0, int((row or {}).get("message_backlog") or 1) + 1 - self._window)
-        planned = self._plan_summary(state, row, recent, backlog)
-        folded: tuple[str, int] | None = None
-        summarizer = self._summarizer() if planned is not None else None
-        if planned is not None and planned[2] and getattr(summarizer, "inline", False):
-            assert summarizer is not None and planned[0] is not None
-            new = await summarizer.summarize(planned[0], planned[2],
-                                             spec.memory.summary_budget)
-            folded = (new, planned[2][-1].id)
-        elif planned is not None:
-            job.append(planned)
+        planned = self.summary.plan(state, row, recent, backlog)
+        folded = await self.summary.fold_now(planned) if planned else None
+        if planned and folded is None:
+            job.append(planned)  # folded in the background, after the reply
         stage_before = eng["stage"]
         if stage_before not in funnel.stages and stage_before in spec.removed_stages:
             self._enter(eng, spec.removed_stages[stage_before], now)
@@ -294,9 +247,10 @@ class Engine:
                                 stage.spec.memory.prompt_budget)
         except PromptTooLarge as exc:
             # The customer still gets an answer; the turn record keeps the sizes.
-            answer = _Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
+            answer = Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
         else:
-            answer = await self._ask(stage, fitted.messages, session_id, eng["turns"] + 1, text)
+            answer = await ask(self.model, stage, fitted.messages, session_id,
+                               eng["turns"] + 1, text)
 
         scratch = TurnScratch(session_id, eng["stage"], eng["stage_iteration"], now)
         updated: list[str] = []
@@ -398,23 +352,6 @@ class Engine:
             returning=returning, error=answer.error, backlog=backlog,
         )
 
-    def _plan_summary(self, state: Mapping[str, Any], row: Mapping[str, Any] | None,
-                      recent: list[Message], backlog: int) -> SummaryJob | None:
-        """Decide whether this turn folds old messages into the summary (after the reply).
-
-        The turn read up to three windows of messages; once a window's worth has left
-        the window unsummarized, the job gets them directly, with no extra query.
-        """
-        field = self.spec.memory.summary
-        if not field or row is None or backlog < max(2, self._window):
-            return None
-        upto = int(row.get("summary_upto") or 0)
-        complete = len(recent) < 3 * self._window or (recent and recent[0].id <= upto)
-        if not complete:
-            return (None, 0, None)  # too far behind (a summarizer was down): read the log
-        older = [m for m in recent[:-self._window] if m.id > upto] if self._window else []
-        return (str(state.get(field) or ""), upto, older) if older else None
-
     def _cond_ctx(self, state: Mapping[str, Any], eng: Mapping[str, Any], accepted: list[str],
                   scratch: TurnScratch, returning: bool) -> dict[str, Any]:
         ctx = full_view(self.funnel, state)
@@ -471,69 +408,6 @@ class Engine:
         return {"event": "handoff", "funnel": self.spec.name, "session_id": session_id,
                 "channel": channel, "state": public}
 
-    async def _ask(self, stage: CompiledStage, messages: list[dict[str, str]], session_id: str,
-                   turn: int, text: str) -> _Answer:
-        request = ModelRequest(messages=messages, schema=stage.schema, stage=stage.spec.name,
-                               settings=stage.spec.model, session_id=session_id, turn=turn,
-                               user_text=text)
-        fallback = {"reply": stage.spec.fallback}
-        completions: list[Completion] = []
-        try:
-            first = await self.model.complete(request)
-        except ModelError as exc:
-            return _Answer(fallback, completions, fallback=True, error=str(exc))
-        completions.append(first)
-        envelope, problem = parse_output(stage, first.text)
-        if envelope is not None:
-            return _Answer(envelope, completions)
-        repair = ModelRequest(
-            messages=[*messages, {"role": "assistant", "content": first.text[:4000]},
-                      {"role": "user", "content": (
-                          f"Your last answer was rejected: {problem}. Answer again with one "
-                          "JSON object that satisfies the output schema; keep the same meaning.")}],
-            schema=stage.schema, stage=stage.spec.name, settings=stage.spec.model,
-            session_id=session_id, turn=turn, user_text=text, attempt=1)
-        try:
-            second = await self.model.complete(repair)
-        except ModelError as exc:
-            return _Answer(fallback, completions, failures=1, fallback=True,
-                           error=f"{problem}; repair call failed: {exc}")
-        completions.append(second)
-        envelope, problem2 = parse_output(stage, second.text)
-        if envelope is not None:
-            return _Answer(envelope, completions, failures=1)
-        return _Answer(fallback, completions, failures=2, fallback=True,
-                       error=f"{problem}; after repair: {problem2}")
-
-
-def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None, str]:
-    """Parse and validate a model output; return (envelope, "") or (None, the problem).
-
-    The problem names the JSON path and message of the most relevant
-    validation error (``jsonschema.exceptions.best_match``), for the repair call.
-    """
-    from jsonschema.exceptions import best_match
-
-    fenced = _FENCE.match(text)
-    raw = fenced.group(1) if fenced else text.strip()
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    if not isinstance(data, dict):
-        return None, "the output must be a JSON object with `reply`"
-    error = best_match(stage.validator.iter_errors(data))
-    if error is not None:
-        return None, f"at {error.json_path}: {error.message}"
-    # The envelope's shape is checked here too: a schema that passes `funnel validate`
-    # need not type `updates` or `actions` items, and the turn must not crash on them.
-    if not isinstance(data.get("updates") or {}, dict):
-        return None, "at $.updates: must be an object of state fields"
-    actions = data.get("actions") or []
-    if not isinstance(actions, list) or not all(isinstance(a, dict) for a in actions):
-        return None, "at $.actions: must be a list of objects, each with a `type`"
-    return data, ""
-
 
 def _check_input(session_id: str, text: str) -> None:
     if not isinstance(session_id, str) or not 1 <= len(session_id) <= MAX_SESSION_ID \
@@ -545,30 +419,3 @@ def _check_input(session_id: str, text: str) -> None:
     if len(text) > MAX_MESSAGE_CHARS:
         raise FunnelError(f"session {session_id!r}: the message has {len(text)} characters, "
                           f"over the limit of {MAX_MESSAGE_CHARS}; split it")
-
-
-class SyncEngine:
-    """A blocking wrapper for scripts and the CLI: one private event loop, same engine."""
-
-    def __init__(self, funnel: str | Path | CompiledFunnel, **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self.engine: Engine = self._loop.run_until_complete(Engine.open(funnel, **options))
-
-    def handle(self, session_id: str, text: str, *, channel: str = "api") -> TurnResult:
-        return self._loop.run_until_complete(self.engine.handle(session_id, text,
-                                                                channel=channel))
-
-    def state(self, session_id: str) -> dict[str, Any] | None:
-        return self._loop.run_until_complete(self.engine.state(session_id))
-
-    def close(self) -> None:
-        try:
-            self._loop.run_until_complete(self.engine.close())
-        finally:
-            self._loop.close()
-
-    def __enter__(self) -> SyncEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

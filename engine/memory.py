@@ -21,12 +21,17 @@ raises :class:`engine.errors.PromptTooLarge`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import PromptTooLarge
 from .prompts import Message, chat_messages, estimate_tokens
+from .spec import FunnelSpec
+from .store import Store
+
+# (summary so far, summary_upto, messages to fold); (None, 0, None): read them from the log.
+SummaryJob = tuple[str | None, int, list[Message] | None]
 
 log = logging.getLogger("funnel.memory")
 
@@ -144,3 +149,77 @@ def fit_prompt(
     if tokens > budget:
         raise PromptTooLarge(stage, tokens, budget)
     return FittedPrompt(messages, tokens, dropped, dropped_summary)
+
+
+class RollingSummary:
+    """Tier 3 for one funnel: decides when to fold, folds, and stores the summary."""
+
+    def __init__(self, spec: FunnelSpec, store: Store, window: int,
+                 summarizer: Summarizer | None = None) -> None:
+        self.spec = spec
+        self.store = store
+        self.window = window
+        self._summarizer = summarizer
+
+    @property
+    def summarizer(self) -> Summarizer:
+        if self._summarizer is None:
+            from .models import make_model
+
+            name = self.spec.memory.summarizer_model
+            self._summarizer = ModelSummarizer(make_model(name)) if name else \
+                ExtractiveSummarizer()
+        return self._summarizer
+
+    @summarizer.setter
+    def summarizer(self, value: Summarizer) -> None:
+        self._summarizer = value
+
+    def plan(self, state: Mapping[str, Any], row: Mapping[str, Any] | None,
+             recent: list[Message], backlog: int) -> SummaryJob | None:
+        """Whether this turn folds old messages into the summary, and which.
+
+        The turn read up to three windows of messages; once a window's worth has left
+        the window unsummarized, the job gets them directly, with no extra query.
+        """
+        field = self.spec.memory.summary
+        if not field or row is None or backlog < max(2, self.window):
+            return None
+        upto = int(row.get("summary_upto") or 0)
+        complete = len(recent) < 3 * self.window or (recent and recent[0].id <= upto)
+        if not complete:
+            return (None, 0, None)  # too far behind (a summarizer was down): read the log
+        older = [m for m in recent[:-self.window] if m.id > upto] if self.window else []
+        return (str(state.get(field) or ""), upto, older) if older else None
+
+    async def fold_now(self, job: SummaryJob) -> tuple[str, int] | None:
+        """Fold inside the turn when the summarizer is instant (``inline``): the result is
+        saved with the turn's own statement. Returns (summary, last id) or None."""
+        summary, _, messages = job
+        if summary is None or not messages or not getattr(self.summarizer, "inline", False):
+            return None
+        new = await self.summarizer.summarize(summary, messages,
+                                              self.spec.memory.summary_budget)
+        return new, messages[-1].id
+
+    async def run(self, session_id: str, job: SummaryJob = (None, 0, None)) -> bool:
+        """The background job: fold and store under the session's lock. Never raises: a
+        failure is logged and the next turn's job starts again from ``summary_upto``.
+        Returns whether a new summary was stored."""
+        summary, upto, messages = job
+        try:
+            if summary is None or not messages:
+                # Catching up (the turn did not have every message at hand): read the log.
+                summary, upto, rows = await self.store.summary_backlog(
+                    self.spec, session_id, self.window)
+                messages = [Message(m.role, m.content, i) for i, m in rows]
+            if not messages:
+                return False
+            new = await self.summarizer.summarize(summary, messages,
+                                                  self.spec.memory.summary_budget)
+            return await self.store.save_summary(self.spec, session_id, new, upto,
+                                                 messages[-1].id)
+        except Exception as exc:  # the customer's turn already succeeded
+            log.warning("summary of session %r failed (%s: %s); it will catch up on the "
+                        "next turn", session_id, type(exc).__name__, exc)
+            return False

@@ -22,11 +22,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.engine import Engine, SyncEngine, TurnResult
+from engine.engine import Engine, TurnResult
 from engine.errors import FunnelError
 from engine.funnel import CompiledFunnel, load_funnel
 from engine.models import Completion, ModelRequest, ScriptedModel
 from engine.prompts import estimate_tokens
+from engine.sync import SyncEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 PURAMUR = ROOT / "funnels" / "puramur.yaml"

@@ -105,7 +105,7 @@ async def test_failing_summarizer_does_not_fail_the_turn(puramur: Any, db_url: s
         assert sql("SELECT summary_upto FROM puramur_sessions_state "
                    "WHERE session_id = 'broken'") == [(0,)]
         # The summarizer comes back: the next job catches up on everything missed.
-        engine._summary_impl = ExtractiveSummarizer()
+        engine.summary.summarizer = ExtractiveSummarizer()
         await engine.handle("broken", "message 6")
         await engine.drain()
     finally:

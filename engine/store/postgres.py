@@ -9,36 +9,22 @@ docs/persistence.md).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ..errors import ConcurrentUpdate, SchemaOutdated, StoreUnavailable
+from ..errors import SchemaOutdated, StoreUnavailable
 from ..prompts import Message
 from ..spec import FunnelSpec
 from . import TurnWrite, ddl
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_default)
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+from .session import SessionHandle, commit_point, save_turn_on
+from .statements import LOCK, RECENT, UNLOCK, Statements, default_literal
 
 
 def _safe_url(url: str) -> str:
@@ -78,139 +64,6 @@ class _Health:
         self.last_used.clear()
 
 
-class _Table:
-    """Statements for one funnel's session table, built once."""
-
-    def __init__(self, spec: FunnelSpec) -> None:
-        self.spec = spec
-        t = sql.Identifier(spec.table)
-        engine_types = {n: ty for n, ty, _, _ in ddl.engine_columns(spec)}
-        self.columns: list[tuple[str, str]] = [("session_id", "text")]
-        self.columns += [(n, engine_types[n]) for n in ("stage", "stage_iteration",
-                                                         "stage_history")]
-        self.columns += [(f.name, f.column_type) for f in spec.state.values()]
-        self.columns += [(n, engine_types[n]) for n in ("turns", "funnel_version", "notices")]
-        self.json_columns = {n for n, ty in self.columns if ty == "jsonb"}
-        write_once = {f.name for f in spec.state.values() if f.write_once}
-        names = [sql.Identifier(n) for n, _ in self.columns]
-        values = [sql.SQL("{}::{}").format(sql.Placeholder(n), ddl.column_type(ty))
-                  for n, ty in self.columns]
-        sets = []
-        update_sets = []
-        # The rolling summary is written only by the summarizer (engine.memory).
-        only_insert = {spec.memory.summary} if spec.memory.summary else set()
-        for (n, _), value in zip(self.columns[1:], values[1:], strict=True):
-            if n in only_insert:
-                # Written by a turn only when it folded a new summary (else kept).
-                keep = sql.SQL("{} = COALESCE(%(__summary)s::text, {}.{})").format(
-                    sql.Identifier(n), t, sql.Identifier(n))
-                sets.append(keep)
-                update_sets.append(keep)
-                continue
-            col = sql.Identifier(n)
-            if n in write_once:
-                sets.append(sql.SQL("{} = COALESCE({}.{}, EXCLUDED.{})").format(col, t, col, col))
-                update_sets.append(sql.SQL("{} = COALESCE({}.{}, {})").format(col, t, col, value))
-            else:
-                sets.append(sql.SQL("{} = EXCLUDED.{}").format(col, col))
-                update_sets.append(sql.SQL("{} = {}").format(col, value))
-        upto = sql.SQL("summary_upto = COALESCE(%(__summary_upto)s::bigint, {}.summary_upto)"
-                       ).format(t)
-        # A session the turn loaded is only ever updated: if it was deleted
-        # meanwhile (purge), the save must not bring it back.
-        update = sql.SQL(
-            "UPDATE {t} SET {sets}, {upto}, row_version = {t}.row_version + 1, updated_at = %(__now)s, "
-            "last_message_at = %(__now)s WHERE session_id = %(session_id)s "
-            "AND row_version = %(__expected)s RETURNING row_version"
-        ).format(t=t, sets=sql.SQL(", ").join(update_sets), upto=upto)
-        upsert = sql.SQL(
-            "INSERT INTO {t} ({names}, row_version, created_at, updated_at, last_message_at) "
-            "VALUES ({values}, 1, %(__now)s, %(__now)s, %(__now)s) "
-            "ON CONFLICT (session_id) DO UPDATE SET {sets}, {upto}, "
-            "row_version = {t}.row_version + 1, updated_at = %(__now)s, "
-            "last_message_at = %(__now)s "
-            "WHERE {t}.row_version = %(__expected)s "
-            "RETURNING row_version"
-        ).format(t=t, names=sql.SQL(", ").join(names), values=sql.SQL(", ").join(values),
-                 sets=sql.SQL(", ").join(sets), upto=upto)
-        # One statement saves the whole turn: the state (if the version still
-        # matches), the reply, the turn record and the outbox rows. Atomic, one
-        # round trip, one commit; nothing but the state is written on a mismatch.
-        def whole_turn(write: sql.Composable) -> str:
-            return sql.SQL(
-                "WITH s AS ({write}), "
-                "m AS (INSERT INTO {messages} (funnel, session_id, role, content, stage) "
-                "SELECT %(__funnel)s, %(session_id)s, 'assistant', %(__reply)s::text, "
-                "%(__stage_after)s FROM s WHERE %(__reply)s::text IS NOT NULL), "
-                "tr AS (INSERT INTO {turns} (funnel, funnel_version, session_id, stage_before, "
-                "stage_after, transitions, actions, refused, validation_failures, repaired, fallback, "
-                "llm_ms, turn_ms, prompt_tokens, completion_tokens, cost, model, error) "
-                "SELECT %(__funnel)s, %(funnel_version)s, %(session_id)s, %(__t_stage_before)s, "
-                "%(__stage_after)s, %(__t_transitions)s, %(__t_actions)s, %(__t_refused)s, "
-                "%(__t_validation_failures)s, %(__t_repaired)s, %(__t_fallback)s, %(__t_llm_ms)s, "
-                "%(__t_turn_ms)s, %(__t_prompt_tokens)s, %(__t_completion_tokens)s, "
-                "%(__t_cost)s, %(__t_model)s, %(__t_error)s FROM s), "
-                "o AS (INSERT INTO {outbox} (idempotency_key, funnel, session_id, kind, payload) "
-                "SELECT x.key, %(__funnel)s, %(session_id)s, x.kind, x.payload FROM s, "
-                "jsonb_to_recordset(%(__outbox)s::jsonb) AS x(key text, kind text, payload jsonb) "
-                "ON CONFLICT (idempotency_key) DO NOTHING) "
-                "SELECT row_version FROM s"
-            ).format(write=write, messages=sql.Identifier(ddl.MESSAGES),
-                     turns=sql.Identifier(ddl.TURNS), outbox=sql.Identifier(ddl.OUTBOX)).as_string()
-
-        self.save = whole_turn(upsert)
-        self.save_existing = whole_turn(update)
-        if spec.memory.summary:
-            # With the row: how many messages are not folded into the summary yet.
-            self.select = sql.SQL(
-                "SELECT s.*, (SELECT COUNT(*) FROM {m} WHERE funnel = %s AND session_id = "
-                "s.session_id AND id > s.summary_upto) AS message_backlog FROM {t} s "
-                "WHERE s.session_id = %s").format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
-            self.select_args: tuple[str, ...] = (spec.name,)
-        else:
-            self.select = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(t).as_string()
-            self.select_args = ()
-        self.log = sql.SQL(
-            "INSERT INTO {m} (funnel, session_id, role, content, stage) VALUES "
-            "(%s, %s, %s, %s, COALESCE((SELECT stage FROM {t} WHERE session_id = %s), %s)) "
-            "RETURNING id"
-        ).format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
-        self.version_of = sql.SQL("SELECT row_version FROM {} WHERE session_id = %s").format(
-            t).as_string()
-
-    def statement(self, write: TurnWrite) -> str:
-        """INSERT-or-update for a new session, UPDATE for one the turn loaded."""
-        return self.save if write.expected_version == 0 else self.save_existing
-
-    def params(self, write: TurnWrite) -> dict[str, Any]:
-        # Timestamps come from the engine's clock (tests and scenarios move it);
-        # without one, the current time.
-        out: dict[str, Any] = {"__expected": write.expected_version,
-                               "session_id": write.session_id,
-                               "__now": write.message_time or datetime.now(UTC)}
-        for name, _ in self.columns[1:]:
-            value = write.values.get(name)
-            out[name] = Jsonb(value, dumps=_dumps) if name in self.json_columns and \
-                value is not None else value
-        t = write.turn
-        out["__summary_upto"] = write.summary_upto
-        if self.spec.memory.summary:
-            out["__summary"] = write.summary
-        out.update({
-            "__funnel": self.spec.name, "__reply": write.reply,
-            "__stage_after": write.stage_after, "__t_stage_before": t["stage_before"],
-            "__t_transitions": Jsonb(t["transitions"], dumps=_dumps),
-            "__t_actions": Jsonb(t["actions"], dumps=_dumps),
-            "__t_refused": Jsonb(t["refused"], dumps=_dumps),
-            "__outbox": Jsonb([{"key": o.key, "kind": o.kind, "payload": o.payload}
-                               for o in write.outbox], dumps=_dumps),
-        })
-        for key in ("validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
-                    "prompt_tokens", "completion_tokens", "cost", "model", "error"):
-            out[f"__t_{key}"] = t.get(key)
-        return out
-
-
 class PostgresStore:
     """A :class:`engine.store.Store` on PostgreSQL."""
 
@@ -221,7 +74,7 @@ class PostgresStore:
         self.lock_pool = lock_pool
         self.timeout = timeout
         self.health = health or _Health()
-        self._tables: dict[str, _Table] = {}
+        self._tables: dict[str, Statements] = {}
 
     @classmethod
     async def open(cls, url: str, *, max_connections: int = 10, max_turns: int = 50,
@@ -280,10 +133,10 @@ class PostgresStore:
                 "nothing was written"
             ) from None
 
-    def table(self, spec: FunnelSpec) -> _Table:
+    def table(self, spec: FunnelSpec) -> Statements:
         t = self._tables.get(spec.name)
         if t is None or t.spec is not spec:
-            t = self._tables[spec.name] = _Table(spec)
+            t = self._tables[spec.name] = Statements(spec)
         return t
 
     # -- schema ------------------------------------------------------------------------
@@ -333,13 +186,13 @@ class PostgresStore:
             return []
         async with self._conn() as conn:
             rows = await (await conn.execute(
-                _RECENT, (funnel.name, session_id, current_id, current_id, limit))).fetchall()
+                RECENT, (funnel.name, session_id, current_id, current_id, limit))).fetchall()
         return [Message(r[0], r[1], r[2]) for r in rows]
 
     async def save_turn(self, funnel: FunnelSpec, write: TurnWrite) -> int:
         table = self.table(funnel)
         async with self._conn() as conn:
-            return await _save(conn, table, write)
+            return await save_turn_on(conn, table, write)
 
     @asynccontextmanager
     async def session(self, funnel: FunnelSpec, session_id: str) -> AsyncIterator[SessionHandle]:
@@ -439,13 +292,13 @@ class PostgresStore:
                     if not ids:
                         return counts
                     sets: list[sql.Composable] = [sql.SQL("{} = {}").format(sql.Identifier(f.name),
-                                                       _default_literal(f))
+                                                       default_literal(f))
                             for f in personal]
                     # The rolling summary retells the messages whose text is cleared below.
                     summary = funnel.state.get(funnel.memory.summary or "")
                     if summary is not None and not summary.personal:
                         sets.append(sql.SQL("{} = {}").format(sql.Identifier(summary.name),
-                                                              _default_literal(summary)))
+                                                              default_literal(summary)))
                     sets.append(sql.SQL("notices = '[\"anonymized\"]'::jsonb"))
                     await conn.execute(sql.SQL("UPDATE {} SET {} WHERE session_id = ANY(%s)")
                                        .format(t, sql.SQL(", ").join(sets)), (ids,))
@@ -514,11 +367,11 @@ class PostgresStore:
             conn = handle.conn
             cur = conn.cursor()
             async with conn.pipeline() as pipeline:  # lock, update, commit, unlock: one trip
-                await conn.execute(_LOCK, (handle.key,))
+                await conn.execute(LOCK, (handle.key,))
                 handle.locked = True
                 await cur.execute(update, (summary, new_upto, session_id, old_upto))
-                await _commit_point(pipeline)
-                await conn.execute(_UNLOCK, (handle.key,))
+                await commit_point(pipeline)
+                await conn.execute(UNLOCK, (handle.key,))
             handle.locked = False
             return cur.rowcount == 1
 
@@ -534,144 +387,9 @@ class PostgresStore:
             return await cur.fetchall()
 
 
-def _default_literal(field: Any) -> sql.Composable:
-    if field.default is None:
-        return sql.SQL("NULL")
-    if field.is_json:
-        return sql.SQL("{}::jsonb").format(sql.Literal(_dumps(field.default)))
-    return sql.Literal(field.default)
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
-
-_LOCK = "SELECT pg_advisory_lock(hashtextextended(%s, 0))"
-_UNLOCK = "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
-
-
-async def _save(conn: psycopg.AsyncConnection[Any], table: _Table, write: TurnWrite) -> int:
-    row = await (await conn.execute(table.statement(write), table.params(write))).fetchone()
-    if row is None:
-        found = await (await conn.execute(table.version_of, (write.session_id,))).fetchone()
-        raise ConcurrentUpdate(write.session_id, write.expected_version,
-                               found[0] if found else None)
-    return int(row[0])
-
-
-async def _commit_point(pipeline: psycopg.AsyncPipeline) -> None:
-    """End the pipeline's implicit transaction here, without waiting for the results.
-
-    In pipeline mode every statement up to a Sync message runs in one implicit
-    transaction, even in autocommit: without a Sync, the user's message would
-    commit only after the lock is granted, and the unlock would let the next
-    turn in before the save commits. libpq's PQpipelineSync does not wait;
-    psycopg exposes it only privately, so fall back to the waiting ``sync()``.
-    """
-    enqueue = getattr(pipeline, "_enqueue_sync", None)
-    if callable(enqueue):
-        enqueue()
-    else:  # pragma: no cover - a psycopg without the private hook
-        await pipeline.sync()
-
-
-class SessionHandle:
-    """One turn's view of a session, on the connection that holds its advisory lock.
-
-    ``load`` sends lock + row + message window in one round trip (pipeline);
-    ``save`` sends the turn's single statement and the unlock in another.
-    """
-
-    def __init__(self, table: _Table, conn: psycopg.AsyncConnection[Any], session_id: str
-                 ) -> None:
-        self.table = table
-        self.conn = conn
-        self.session_id = session_id
-        self.key = f"{table.spec.name}/{session_id}"
-        self.locked = False
-
-    async def lock(self) -> None:
-        await self.conn.execute(_LOCK, (self.key,))
-        self.locked = True
-
-    async def load(self, window: int, *, text: str | None = None, current_id: int = 0
-                   ) -> tuple[int, dict[str, Any] | None, list[Message]]:
-        """Log the user's message (when ``text`` is given), lock the session, and read its
-        row and last ``window`` messages: one round trip.
-
-        The message's INSERT commits on its own before the lock is even asked
-        for, so it is durable whatever happens to the turn. Returns
-        (message id, row or None, messages oldest first).
-        """
-        conn = self.conn
-        spec = self.table.spec
-        log_cur = conn.cursor()
-        row_cur = conn.cursor(row_factory=dict_row)
-        msg_cur = conn.cursor()
-        async with conn.pipeline() as pipeline:
-            if text is not None:
-                await log_cur.execute(self.table.log, (spec.name, self.session_id, "user", text,
-                                                       self.session_id, spec.initial))
-                await _commit_point(pipeline)
-            await conn.execute(_LOCK, (self.key,))
-            self.locked = True
-            await row_cur.execute(self.table.select, (*self.table.select_args, self.session_id))
-            if window > 0:
-                if text is not None:
-                    await msg_cur.execute(_RECENT_CURRVAL, (spec.name, self.session_id, window))
-                else:
-                    await msg_cur.execute(_RECENT, (spec.name, self.session_id, current_id,
-                                                    current_id, window))
-        if text is not None:
-            logged = await log_cur.fetchone()
-            assert logged is not None
-            current_id = int(logged[0])
-        row = await row_cur.fetchone()
-        messages = [Message(r[0], r[1], r[2]) for r in await msg_cur.fetchall()] \
-            if window > 0 else []
-        return current_id, row, messages
-
-    async def save(self, write: TurnWrite) -> int:
-        """Save the turn and release the lock in one round trip."""
-        conn = self.conn
-        cur = conn.cursor()
-        async with conn.pipeline() as pipeline:
-            await cur.execute(self.table.statement(write), self.table.params(write))
-            await _commit_point(pipeline)  # the save commits before the lock is released
-            await conn.execute(_UNLOCK, (self.key,))
-        self.locked = False
-        row = await cur.fetchone()
-        if row is None:
-            found = await (await conn.execute(self.table.version_of,
-                                              (write.session_id,))).fetchone()
-            raise ConcurrentUpdate(write.session_id, write.expected_version,
-                                   found[0] if found else None)
-        return int(row[0])
-
-    async def release(self) -> None:
-        try:
-            await self.conn.execute(_UNLOCK, (self.key,))
-        except psycopg.Error:
-            await self.conn.close()  # a closed connection releases its locks
-        self.locked = False
-
-
-# The window is applied in SQL. Replies logged after the current message (a
-# turn that finished while this message waited for the lock) still belong to it.
-_RECENT = (
-    f"SELECT role, content, id FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
-    "WHERE funnel = %s AND session_id = %s AND id <> %s "
-    "AND (id < %s OR role = 'assistant') ORDER BY id DESC LIMIT %s) w ORDER BY id"
-)
-
-# The same, for the message this connection has just logged (currval is per connection).
-_RECENT_CURRVAL = (
-    f"SELECT role, content, id FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
-    "WHERE funnel = %s AND session_id = %s "
-    f"AND id <> currval(pg_get_serial_sequence('{ddl.MESSAGES}', 'id')) "
-    f"AND (id < currval(pg_get_serial_sequence('{ddl.MESSAGES}', 'id')) OR role = 'assistant') "
-    "ORDER BY id DESC LIMIT %s) w ORDER BY id"
-)
 
 __all__ = ["PostgresStore", "SessionHandle"]
