@@ -31,38 +31,9 @@ ENGINE_COLUMNS: tuple[str, ...] = (
     "last_message_at",
 )
 
-# Names a condition may use besides the state fields (see docs/funnel-format.md).
-CONDITION_NAMES: frozenset[str] = frozenset(
-    {"stage", "stage_iteration", "actions", "handoff_requested", "returning", "turns"}
-)
-
-# Names a prompt template may use besides the state fields.
-PROMPT_NAMES: frozenset[str] = frozenset(
-    {
-        "funnel",
-        "stage",
-        "stage_description",
-        "stage_iteration",
-        "iteration_limit_reached",
-        "offer",
-        "state",
-        "state_json",
-        "presented",
-        "presented_skus",
-        "catalog",
-        "currency",
-        "thresholds",
-        "messages",
-        "summary",
-        "returning",
-        "idle_for",
-        "notices",
-        "customer_message",
-        "now",
-        "handoff",
-        "turns",
-    }
-)
+# The names conditions and templates may use (besides the state fields).
+from .names import CONDITION_NAMES as CONDITION_NAMES  # noqa: E402
+from .names import PROMPT_NAMES as PROMPT_NAMES  # noqa: E402
 
 SQL_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 COLUMN_TYPE = re.compile(

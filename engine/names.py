@@ -1,0 +1,40 @@
+"""The names funnel authors may use in conditions and templates, besides state fields.
+
+Documented for authors in docs/funnel-format.md; the validator checks every
+name a condition or template reads against these (F402, F203).
+"""
+
+from __future__ import annotations
+
+# Names a condition may use besides the state fields (see docs/funnel-format.md).
+CONDITION_NAMES: frozenset[str] = frozenset(
+    {"stage", "stage_iteration", "actions", "handoff_requested", "returning", "turns"}
+)
+
+# Names a prompt template may use besides the state fields.
+PROMPT_NAMES: frozenset[str] = frozenset(
+    {
+        "funnel",
+        "stage",
+        "stage_description",
+        "stage_iteration",
+        "iteration_limit_reached",
+        "offer",
+        "state",
+        "state_json",
+        "presented",
+        "presented_skus",
+        "catalog",
+        "currency",
+        "thresholds",
+        "messages",
+        "summary",
+        "returning",
+        "idle_for",
+        "notices",
+        "customer_message",
+        "now",
+        "handoff",
+        "turns",
+    }
+)
