@@ -214,9 +214,11 @@ class Engine:
                                    "notices": []}
             expected, last_seen = 0, None
         else:
-            state = {name: plain(row.get(name)) for name in spec.state}
-            eng = {k: plain(row[k]) for k in ("stage", "stage_iteration", "turns",
-                                              "stage_history", "notices")}
+            # JSONB arrives as plain JSON already; only numeric and timestamp columns need it.
+            state = {name: row.get(name) if f.is_json else plain(row.get(name))
+                     for name, f in spec.state.items()}
+            eng = {k: row[k] for k in ("stage", "stage_iteration", "turns", "stage_history",
+                                       "notices")}
             expected, last_seen = int(row["row_version"]), row["last_message_at"]
         # Messages outside the window not yet in the summary, once the reply is logged.
         backlog = max(0, int((row or {}).get("message_backlog") or 1) + 1 - self._window)
