@@ -201,8 +201,9 @@ def _describe(result: Any) -> None:
         print(f"  [stage] {result.stage_after}")
     for o in result.actions:
         print(f"  [action] {o.type} " + ("ok" if o.accepted else f"REFUSED: {o.reason}"))
-    if result.updated:
-        print(f"  [state] updated {', '.join(result.updated)}")
+    for name in result.updated:
+        value = json.dumps(result.state.get(name), ensure_ascii=False, default=str)
+        print(f"  [state] {name} = {value if len(value) <= 120 else value[:117] + '...'}")
     if result.fallback:
         print(f"  [model] fallback reply ({result.error})")
     if result.handoff:
