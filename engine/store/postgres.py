@@ -177,7 +177,7 @@ class PostgresStore:
     async def load(self, funnel: FunnelSpec, session_id: str) -> dict[str, Any] | None:
         async with self._conn() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(self.table(funnel).select, (*self.table(funnel).select_args, session_id))
+            await cur.execute(self.table(funnel).select_row, (session_id,))
             return await cur.fetchone()
 
     async def recent_messages(self, funnel: FunnelSpec, session_id: str, limit: int,

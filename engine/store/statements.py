@@ -122,6 +122,9 @@ class Statements:
         else:
             self.select = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(t).as_string()
             self.select_args = ()
+        # The row alone, as `funnel state` and Engine.state show it.
+        self.select_row = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(
+            t).as_string()
         self.log = sql.SQL(
             "INSERT INTO {m} (funnel, session_id, role, content, stage) VALUES "
             "(%s, %s, %s, %s, COALESCE((SELECT stage FROM {t} WHERE session_id = %s), %s)) "
