@@ -246,6 +246,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     script = _demo_script()
     session = f"demo-{uuid.uuid4().hex[:8]}"
+    _migrate_quietly(DEMO_FUNNEL, args.db)  # the demo's table follows the shipped funnel
     print(f"Puramur demo: session {session}, scripted model (no API key needed)\n")
     with SyncEngine(DEMO_FUNNEL, db=args.db, model=f"scripted:{DEMO_SCRIPT}") as engine:
         for text in script:
@@ -258,6 +259,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"final stage: {state.get('stage')}, cart total {state.get('cart_total')} UAH, "
           f"gift: {state.get('cart_gift_eligible')}, handoff: {state.get('handoff_reason')}")
     return 0
+
+
+def _migrate_quietly(path: Path, db: str | None) -> None:
+    from .funnel import load_funnel
+    from .store import open_store
+
+    spec = load_funnel(path).spec
+
+    async def run() -> None:
+        store = await open_store(db)
+        try:
+            await store.migrate(spec)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
 
 
 def _demo_script() -> list[str]:
