@@ -236,6 +236,10 @@ class Engine:
         if returning and spec.memory.idle_return_stage:
             firings += self._fire(eng, "idle_return", {}, now)
 
+        scratch = TurnScratch(session_id, eng["stage"], eng["stage_iteration"], now)
+        if row is None:  # a new session enters its initial stage: run that stage's on_enter
+            for call in funnel.stage(eng["stage"]).spec.on_enter:
+                funnel.actions.run(call, state, scratch)
         stage = funnel.stage(eng["stage"])
         window = stage.spec.memory.window
         history = recent[-window:] if window else []
@@ -254,7 +258,6 @@ class Engine:
             answer = await ask(self.model, stage, fitted.messages, session_id,
                                eng["turns"] + 1, text)
 
-        scratch = TurnScratch(session_id, eng["stage"], eng["stage_iteration"], now)
         updated: list[str] = []
         outcomes: list[ActionOutcome] = []
         if not answer.fallback:
@@ -405,10 +408,20 @@ class Engine:
 
     def _handoff_payload(self, session_id: str, state: Mapping[str, Any], channel: str
                          ) -> dict[str, Any]:
+        spec = self.spec
         public = {k: v for k, v in state.items()
                   if k not in ("conversation_summary",)}
-        return {"event": "handoff", "funnel": self.spec.name, "session_id": session_id,
-                "channel": channel, "state": public}
+        # The customer: the fields kept as personal data (Puramur's `customer`), the
+        # value itself when there is one such field.
+        personal = {k: state.get(k) for k, f in spec.state.items() if f.personal}
+        customer = next(iter(personal.values())) if len(personal) == 1 else personal or None
+        cart = {"lines": state.get(spec.cart.field) or [],
+                "total": state.get(spec.cart.total) if spec.cart.total else None
+                } if spec.cart else None
+        reason = state.get(spec.handoff.reason) if spec.handoff and spec.handoff.reason else None
+        return {"event": "handoff", "funnel": spec.name, "session_id": session_id,
+                "channel": channel, "reason": reason, "customer": customer, "cart": cart,
+                "state": public}
 
 
 def _check_input(session_id: str, text: str) -> None:

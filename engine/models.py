@@ -7,6 +7,7 @@ model never import it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -74,13 +75,15 @@ class ScriptedModel:
     envelope (``{reply, updates, actions}``), a raw string (to test bad
     output), ``{output: X, repair: Y}`` (Y answers the repair call), or
     ``{error: message}`` (the call fails). Token counts are estimated with
-    :func:`engine.prompts.estimate_tokens`.
+    :func:`engine.prompts.estimate_tokens`. ``delay: SECONDS`` makes every call
+    take that long, like a remote model (for load tests; none by default).
     """
 
     turns: list[ScriptEntry] = field(default_factory=list)
     match: list[tuple[re.Pattern[str], ScriptEntry]] = field(default_factory=list)
     default: ScriptEntry | None = None
     name: str = "scripted"
+    delay: float = 0.0
 
     @classmethod
     def from_file(cls, path: str | Path) -> ScriptedModel:
@@ -110,10 +113,18 @@ class ScriptedModel:
             except (KeyError, TypeError, re.error) as exc:
                 raise ConfigError(f"bad `match` entry {item!r}: {exc}") from None
         default = data.get("default")
+        try:
+            delay = float(data.get("delay") or 0)
+        except (TypeError, ValueError):
+            raise ConfigError(f"`delay` must be a number of seconds; got {data.get('delay')!r}"
+                              ) from None
+        if delay < 0:
+            raise ConfigError(f"`delay` must not be negative; got {delay:g}")
         return cls(
             turns=[_entry(x) for x in data.get("turns") or []],
             match=match,
             default=_entry(default) if default is not None else None,
+            delay=delay,
         )
 
     def pick(self, request: ModelRequest) -> ScriptEntry:
@@ -130,6 +141,8 @@ class ScriptedModel:
     async def complete(self, request: ModelRequest) -> Completion:
         started = time.perf_counter()
         entry = self.pick(request)
+        if self.delay:
+            await asyncio.sleep(self.delay)
         if entry.error:
             raise ModelError(entry.error)
         output = entry.repair if request.attempt and entry.repair is not None else entry.output

@@ -26,12 +26,19 @@ log = logging.getLogger("funnel.handoff")
 Notifier = Callable[[Mapping[str, Any]], Awaitable[None] | None]
 
 
-def make_notifier(spec: FunnelSpec) -> Notifier:
-    """The notifier the funnel's ``handoff.notify`` declares (``log`` by default)."""
+def make_notifier(spec: FunnelSpec, *, webhook: str | None = None,
+                  link: Callable[[Mapping[str, Any]], str | None] | None = None) -> Notifier:
+    """The notifier the funnel's ``handoff.notify`` declares (``log`` by default).
+
+    ``webhook`` replaces the funnel's ``handoff.notify.webhook`` (the service's
+    ``FUNNEL_HANDOFF_WEBHOOK``); ``link(payload)``, when given, adds a ``link`` to
+    the conversation to the webhook's body.
+    """
     notify = spec.handoff.notify if spec.handoff else {"log": True}
     targets: list[Notifier] = []
-    if notify.get("webhook"):
-        targets.append(_webhook(str(notify["webhook"])))
+    url = webhook or notify.get("webhook")
+    if url:
+        targets.append(_webhook(str(url), link))
     if notify.get("hook"):
         targets.append(load_hook(str(notify["hook"]), spec.path.parent))  # type: ignore[arg-type]
     if notify.get("log", not targets):
@@ -53,9 +60,12 @@ def _log(payload: Mapping[str, Any]) -> None:
     log.debug("handoff payload: %s", json.dumps(state, ensure_ascii=False, default=str))
 
 
-def _webhook(url: str) -> Notifier:
+def _webhook(url: str, link: Callable[[Mapping[str, Any]], str | None] | None = None
+             ) -> Notifier:
     async def post(payload: Mapping[str, Any]) -> None:
-        body = json.dumps(payload, ensure_ascii=False, default=str).encode()
+        address = link(payload) if link else None
+        data = {**payload, "link": address} if address else payload
+        body = json.dumps(data, ensure_ascii=False, default=str).encode()
         request = urllib.request.Request(url, data=body, method="POST", headers={
             "Content-Type": "application/json",
             "Idempotency-Key": str(payload.get("idempotency_key", "")),

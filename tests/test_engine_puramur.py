@@ -1009,3 +1009,24 @@ def test_cli_chat_then_state(db_url: str) -> None:
     missing = run_cli("state", "funnels/puramur.yaml", "nobody", "--db", db_url, db_url=db_url)
     assert missing.returncode == 1 and missing.stdout == ""
     assert "no session 'nobody'" in missing.stderr and "Traceback" not in missing.stderr
+
+
+# -- on_enter ----------------------------------------------------------------------------
+async def test_on_enter_actions_run_for_the_initial_stage_and_on_transitions(
+        make: Factory, sql: Any) -> None:
+    # Puramur declares no on_enter; give greeting and discovery one each.
+    funnel = load_funnel(PURAMUR)
+    for name in ("greeting", "discovery"):
+        stage = funnel.stages[name]
+        spec = dataclasses.replace(stage.spec, on_enter=(
+            {"type": "record_objection", "objection": f"entered {name}"},))
+        funnel.stages[name] = dataclasses.replace(stage, spec=spec)
+    h = await make({"default": OK}, funnel=funnel)
+    [first] = await h.say("s1", "Hi")
+    assert first.stage_after == "discovery"
+    state = await h.state("s1")
+    entered = [o["objection"] for o in state["objections_raised"]]
+    assert entered == ["entered greeting", "entered discovery"]
+    assert [o["stage"] for o in state["objections_raised"]] == ["greeting", "discovery"]
+    await h.say("s1", "More")  # staying in discovery runs nothing again
+    assert len((await h.state("s1"))["objections_raised"]) == 2

@@ -21,6 +21,10 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_RETRY_AFTER`` | Retry-After of a 503 while the database is down | 5 |
 | ``FUNNEL_METRICS_PUBLIC`` | ``1``: ``/metrics`` needs no key | 0 |
 | ``FUNNEL_METRICS_DIR`` | folder where workers share their counters | none |
+| ``FUNNEL_HANDOFF_WEBHOOK`` | manager URL of handoff alerts (over the funnel's) | the funnel's |
+| ``FUNNEL_HANDOFF_WEBHOOK_<NAME>`` | the same for funnel NAME only | ``FUNNEL_HANDOFF_WEBHOOK`` |
+| ``FUNNEL_PUBLIC_URL`` | the service's public base URL, for the alert's ``link`` | none (no link) |
+| ``FUNNEL_DISPATCH_INTERVAL`` | seconds between background outbox dispatches | 5 |
 | ``FUNNEL_TELEGRAM_API`` | Bot API base URL | ``https://api.telegram.org`` |
 | ``FUNNEL_TELEGRAM_TOKEN_<NAME>`` | bot token of funnel NAME (upper case) | none |
 | ``FUNNEL_TELEGRAM_SECRET_<NAME>`` | its webhook secret token | none |
@@ -72,6 +76,10 @@ class ServiceConfig:
     telegram_api: str = DEFAULT_TELEGRAM_API
     telegram: dict[str, TelegramBot] = field(default_factory=dict)  # funnel name -> bot
     secret_generated: bool = False
+    handoff_webhook: str | None = None  # every funnel's manager URL (over the funnel's own)
+    handoff_webhooks: dict[str, str] = field(default_factory=dict)  # NAME suffix -> URL
+    public_url: str | None = None  # base of the conversation link in handoff alerts
+    dispatch_interval: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -110,6 +118,9 @@ class ServiceConfig:
                                       "the webhook needs a secret token")
                 telegram[suffix] = TelegramBot(token, secret)
         secret = env.get("FUNNEL_SECRET", "")
+        hooks_prefix = "FUNNEL_HANDOFF_WEBHOOK_"
+        hooks = {name.removeprefix(hooks_prefix): url for name, url in env.items()
+                 if name.startswith(hooks_prefix) and url}
         return cls(
             funnels=funnels,
             db=env.get("FUNNEL_DB") or None,
@@ -130,10 +141,18 @@ class ServiceConfig:
             metrics_dir=env.get("FUNNEL_METRICS_DIR") or None,
             telegram_api=env.get("FUNNEL_TELEGRAM_API") or DEFAULT_TELEGRAM_API,
             telegram=telegram,
+            handoff_webhook=env.get("FUNNEL_HANDOFF_WEBHOOK") or None,
+            handoff_webhooks=hooks,
+            public_url=(env.get("FUNNEL_PUBLIC_URL") or "").rstrip("/") or None,
+            dispatch_interval=_number(env, "FUNNEL_DISPATCH_INTERVAL", 5),
         )
 
     def telegram_bot(self, funnel: str) -> TelegramBot | None:
         return self.telegram.get(env_suffix(funnel))
+
+    def webhook(self, funnel: str) -> str | None:
+        """The manager URL of ``funnel``'s handoff alerts, when configured here."""
+        return self.handoff_webhooks.get(env_suffix(funnel)) or self.handoff_webhook
 
 
 def env_suffix(funnel: str) -> str:

@@ -9,9 +9,13 @@ for ``FUNNEL_RETRY_AFTER`` seconds instead of each waiting for the database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
 
 from starlette.requests import Request
 
@@ -19,6 +23,7 @@ from ..engine import Engine, TurnResult
 from ..errors import ConcurrentUpdate, FunnelError, SchemaOutdated, StoreUnavailable
 from ..funnel import CompiledFunnel, load_funnel
 from ..models import Model, make_model
+from ..notify import Notifier, make_notifier
 from ..store import Store, open_store
 from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
 from .config import ServiceConfig
@@ -54,8 +59,13 @@ class Service:
         self.store: Store | None = None
         self.engines: dict[str, Engine] = {}
         self.problems: dict[str, str] = {}  # funnel -> why it has no engine (schema outdated)
+        self.notifiers: dict[str, Notifier] = {
+            name: make_notifier(compiled.spec, webhook=config.webhook(name),
+                                link=self._link if config.public_url else None)
+            for name, compiled in self.funnels.items()}
         self._open_lock = asyncio.Lock()
         self._down_until = 0.0
+        self._dispatcher: asyncio.Task[None] | None = None
 
     # -- life cycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -64,13 +74,37 @@ class Service:
             await self.open_engines()
         except StoreUnavailable as exc:
             log.warning("starting without the database (will retry): %s", exc)
+        self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch_loop())
 
     async def close(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher
         await self.telegram.close()
         for engine in self.engines.values():
             await engine.close()  # waits for background work; the store is ours to close
         if self.store is not None:
             await self.store.close()
+
+    async def _dispatch_loop(self) -> None:
+        """Every ``dispatch_interval`` seconds, deliver the outbox rows that are due: alerts
+        whose delivery failed (after their backoff) or that a crashed process left.
+        Every worker runs one; a claimed row is invisible to the others."""
+        while True:
+            await asyncio.sleep(self.config.dispatch_interval)
+            for name, engine in list(self.engines.items()):
+                try:
+                    await engine.dispatch()
+                except StoreUnavailable as exc:
+                    log.warning("outbox of %s: %s", name, exc)
+                except Exception:
+                    log.exception("outbox of %s: the dispatch failed", name)
+
+    def _link(self, payload: Mapping[str, Any]) -> str:
+        session = urllib.parse.quote(str(payload.get("session_id", "")), safe="@:")
+        base = (self.config.public_url or "").rstrip("/")
+        return f"{base}/v1/funnels/{payload.get('funnel')}/sessions/{session}"
 
     def trip(self) -> RequestRefused:
         """Note that the database is down; the refusal to answer with meanwhile."""
@@ -101,7 +135,8 @@ class Service:
                     if name not in self.engines:
                         try:
                             self.engines[name] = await Engine.open(
-                                compiled, store=self.store, model=self.models[name])
+                                compiled, store=self.store, model=self.models[name],
+                                notifier=self.notifiers[name])
                             self.problems.pop(name, None)
                         except SchemaOutdated as exc:
                             self.problems[name] = str(exc)

@@ -1,0 +1,277 @@
+"""Load on `funnel serve`: N concurrent conversations against a model that takes D seconds.
+
+    python3 bench/serve_load.py --db postgresql://postgres@127.0.0.1:5432/test
+
+starts `funnel serve funnels/puramur.yaml --workers 2` on 127.0.0.1 (in a
+throwaway schema) with the scripted model slowed to ``--delay`` seconds a call
+(the script's ``delay:`` key), then, in one run:
+
+(a) the two workers' capacity on a no-op endpoint (``GET /healthz``) at the
+    same client concurrency: the most requests a second that HTTP alone allows;
+(b) the engine's throughput over ``--duration`` seconds: each of
+    ``--conversations`` clients sends its next message when the previous reply
+    arrives (a new session every ``--session-turns`` messages), against the
+    ideal conversations / delay, which can be no higher than (a) nor than
+    (turns in flight) / delay, the connection budget: each in-flight turn holds
+    one PostgreSQL connection;
+(c) p50 / p99 latency as the client sees it and the p99 added over the model's
+    delay, and from ``funnel_turns`` the engine's own ``turn_ms`` / ``llm_ms``;
+(d) errors (any answer but 200, or a broken connection).
+
+The client is a small keep-alive HTTP/1.1 client on asyncio (one connection per
+conversation), chosen to cost the server's cores as little as possible: it
+runs on the same machine as the service and PostgreSQL and shares its cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._db import server_url, throwaway_schema  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FUNNEL = ROOT / "funnels" / "puramur.yaml"
+KEY = "bench-converse-key-0123456789"
+MESSAGES = ["Hi!", "I have a cat", "her skin is dry", "what would you recommend?",
+            "is it expensive?", "ok", "thanks"]
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection (answers must carry Content-Length)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: bytes | None = None
+                      ) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nX-API-Key: {KEY}\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self.writer.write(head.encode() + b"\r\n" + (body or b""))
+        status_line = await self.reader.readuntil(b"\r\n")
+        length = 0
+        while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        data = await self.reader.readexactly(length)
+        return int(status_line.split()[1]), data
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def healthz(port: int, clients: int, seconds: float) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors = 0
+    stop = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal errors
+        conn = Connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                try:
+                    status, _ = await conn.request("GET", "/healthz")
+                except (OSError, asyncio.IncompleteReadError):
+                    errors += 1
+                    conn.close()
+                    continue
+                latencies.append(time.perf_counter() - t)
+                if status != 200:
+                    errors += 1
+        finally:
+            conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    elapsed = time.perf_counter() - started
+    return {"rps": len(latencies) / elapsed, "p50": pct(latencies, .5),
+            "p99": pct(latencies, .99), "errors": errors, "requests": len(latencies)}
+
+
+async def conversations(port: int, clients: int, seconds: float, session_turns: int,
+                        run: str) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    stop = time.perf_counter() + seconds
+
+    async def client(n: int) -> None:
+        conn = Connection("127.0.0.1", port)
+        turn = 0
+        try:
+            while time.perf_counter() < stop:
+                session = f"{run}-{n}-{turn // session_turns}"
+                text = MESSAGES[turn % session_turns % len(MESSAGES)]
+                body = json.dumps({"text": text}).encode()
+                t = time.perf_counter()
+                try:
+                    status, data = await conn.request(
+                        "POST", f"/v1/funnels/puramur/sessions/{session}/messages", body)
+                except (OSError, asyncio.IncompleteReadError) as exc:
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    conn.close()
+                    await asyncio.sleep(0.1)
+                    continue
+                if status == 200:
+                    latencies.append(time.perf_counter() - t)
+                else:
+                    key = f"HTTP {status} {json.loads(data or b'{}').get('error', '')}".strip()
+                    errors[key] = errors.get(key, 0) + 1
+                turn += 1
+        finally:
+            conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(n) for n in range(clients)))
+    elapsed = time.perf_counter() - started
+    return {"tps": len(latencies) / elapsed, "turns": len(latencies), "elapsed": elapsed,
+            "p50": pct(latencies, .5), "p99": pct(latencies, .99),
+            "mean": statistics.fmean(latencies) if latencies else float("nan"),
+            "errors": errors}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"funnel serve exited:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"funnel serve was not ready in 90 s:\n{log.read_text()[-3000:]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
+    ap.add_argument("--conversations", type=int, default=200)
+    ap.add_argument("--delay", type=float, default=0.3, help="seconds per model call")
+    ap.add_argument("--duration", type=float, default=60)
+    ap.add_argument("--healthz-seconds", type=float, default=10)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--session-turns", type=int, default=7,
+                    help="messages per session before a conversation starts a new one")
+    ap.add_argument("--turn-pool", type=int, default=None,
+                    help="FUNNEL_TURN_POOL per worker (default: what max_connections allows)")
+    ap.add_argument("--db-pool", type=int, default=3)
+    args = ap.parse_args()
+
+    url = server_url(args.db)
+    with psycopg.connect(url) as conn:
+        max_conn = int(conn.execute("SHOW max_connections").fetchone()[0])  # type: ignore[index]
+        reserved = int(conn.execute("SHOW superuser_reserved_connections").fetchone()[0])  # type: ignore[index]
+        used = int(conn.execute("SELECT COUNT(*) FROM pg_stat_activity").fetchone()[0])  # type: ignore[index]
+    # Every in-flight turn holds a connection: leave room for the rest and this script.
+    budget = max_conn - reserved - used - 4
+    turn_pool = args.turn_pool or min(args.conversations,
+                                      budget // args.workers - args.db_pool)
+    in_flight = min(args.conversations, turn_pool * args.workers)
+    print(f"machine: {os.cpu_count()} cores, shared by the load client, {args.workers} "
+          f"workers and PostgreSQL")
+    print(f"PostgreSQL: max_connections={max_conn} (reserved {reserved}, {used} in use) -> "
+          f"FUNNEL_TURN_POOL={turn_pool}, FUNNEL_DB_POOL={args.db_pool} per worker: "
+          f"at most {in_flight} turns in flight")
+
+    with throwaway_schema(url) as db, tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "script.json"
+        script.write_text(json.dumps({"delay": args.delay, "default": {
+            "reply": "Thank you! Tell me more about your pet."}}))
+        port = free_port()
+        log = Path(tmp) / "serve.log"
+        env = {**os.environ, "FUNNEL_API_KEYS": f"{KEY}:converse",
+               "FUNNEL_SECRET": "bench-secret-0123456789abcdef", "FUNNEL_LOG_LEVEL": "warning",
+               "FUNNEL_RATE_LIMIT": "100000000/60", "FUNNEL_TURN_POOL": str(turn_pool),
+               "FUNNEL_DB_POOL": str(args.db_pool)}
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.cli", "serve", str(FUNNEL), "--db", db,
+                 "--port", str(port), "--workers", str(args.workers),
+                 "--model", f"scripted:{script}"],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_ready(port, proc, log)
+            h = asyncio.run(healthz(port, args.conversations, args.healthz_seconds))
+            c = asyncio.run(conversations(port, args.conversations, args.duration,
+                                          args.session_turns, f"r{int(time.time())}"))
+        finally:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        with psycopg.connect(db) as conn:
+            turn_ms, llm_ms = zip(*conn.execute(
+                "SELECT turn_ms, llm_ms FROM funnel_turns").fetchall(), strict=True)
+        if "Traceback" in log.read_text():
+            print(f"service log:\n{log.read_text()[-3000:]}")
+
+    ideal = args.conversations / args.delay
+    bound = min(ideal, h["rps"], in_flight / args.delay)
+    delay_ms = args.delay * 1000
+    print(f"\n(a) no-op capacity, GET /healthz, {args.conversations} clients, "
+          f"{args.healthz_seconds:g} s: {h['rps']:.0f} req/s (p50 {h['p50'] * 1000:.1f} ms, "
+          f"p99 {h['p99'] * 1000:.1f} ms, errors {h['errors']})")
+    print(f"(b) throughput, {args.conversations} conversations, {c['elapsed']:.0f} s: "
+          f"{c['tps']:.0f} turns/s ({c['turns']} turns)")
+    print(f"    ideal {args.conversations}/{args.delay:g} s = {ideal:.0f} turns/s; "
+          f"bounded by (a) {h['rps']:.0f} and by the connection budget "
+          f"{in_flight}/{args.delay:g} s = {in_flight / args.delay:.0f}: {bound:.0f} turns/s")
+    print(f"    = {c['tps'] / ideal:.2f} x the ideal, {c['tps'] / bound:.2f} x the bound "
+          f"(target >= 0.70)")
+    print(f"(c) client latency p50 {c['p50'] * 1000:.0f} ms, p99 {c['p99'] * 1000:.0f} ms "
+          f"(mean {c['mean'] * 1000:.0f} ms); added p99 over the model's {delay_ms:.0f} ms: "
+          f"{c['p99'] * 1000 - delay_ms:.0f} ms (target < 100 ms)")
+    print(f"    engine turn_ms p50 {pct(list(turn_ms), .5):.0f} / p99 {pct(list(turn_ms), .99):.0f}"
+          f" ms, llm_ms p50 {pct(list(llm_ms), .5):.0f} / p99 {pct(list(llm_ms), .99):.0f} ms "
+          f"(turn_ms: from Engine.handle's start, the wait for a turn connection and the lock "
+          f"included, to just before the save)")
+    print(f"(d) errors: {sum(c['errors'].values())} {c['errors'] or ''}".rstrip())
+    print("the load client ran on the same machine, on the same cores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
