@@ -63,7 +63,8 @@ class StageMachine:
 
     def __init__(self, spec: FunnelSpec) -> None:
         self.spec = spec
-        self.labels: list[tuple[str, str, str]] = []  # (source, dest, label), for diagrams
+        # (sources, dest, label) of every declared edge, for diagrams
+        self.labels: list[tuple[tuple[str, ...], str, str]] = []
         config: list[dict[str, Any]] = []
         open_stages = [s.name for s in spec.stages.values() if not s.final]
         for t in spec.global_transitions:
@@ -98,8 +99,7 @@ class StageMachine:
         self, trigger: str, sources: list[str], t: TransitionSpec, *, label: str | None = None
     ) -> dict[str, Any]:
         text = label if label is not None else (t.when or "")
-        for source in sources:
-            self.labels.append((source, t.to, text))
+        self.labels.append((tuple(sources), t.to, text))
         entry: dict[str, Any] = {
             "trigger": trigger,
             "source": sources,
@@ -143,11 +143,21 @@ def _recorder(t: TransitionSpec, trigger: str) -> Any:
     return record
 
 
+ANY = "any_open_stage"  # the diagrams' node for "from every stage that is not final"
+
+
 def mermaid(machine: StageMachine) -> str:
-    """The stage diagram as a Mermaid ``stateDiagram-v2``."""
+    """The stage diagram as a Mermaid ``stateDiagram-v2``.
+
+    A transition that applies from every open stage (a global one, the idle
+    return) is drawn once, from an "any open stage" node.
+    """
     spec = machine.spec
     lines = ["stateDiagram-v2", f"    [*] --> {spec.initial}"]
-    for source, dest, label in _edges(machine):
+    edges = _edges(machine)
+    if any(source == ANY for source, _, _ in edges):
+        lines.append(f'    state "any open stage" as {ANY}')
+    for source, dest, label in edges:
         text = f": {_mermaid_label(label)}" if label else ""
         lines.append(f"    {source} --> {dest}{text}")
     for name in spec.final_stages():
@@ -156,13 +166,16 @@ def mermaid(machine: StageMachine) -> str:
 
 
 def dot(machine: StageMachine) -> str:
-    """The stage diagram in Graphviz DOT."""
+    """The stage diagram in Graphviz DOT (the same edges as :func:`mermaid`)."""
     spec = machine.spec
     out = [f'digraph "{spec.name}" {{', "    rankdir=LR;", '    node [shape=box, style=rounded];']
     for name in spec.final_stages():
         out.append(f'    "{name}" [peripheries=2];')
     out.append(f'    "__start" [shape=point]; "__start" -> "{spec.initial}";')
-    for source, dest, label in _edges(machine):
+    edges = _edges(machine)
+    if any(source == ANY for source, _, _ in edges):
+        out.append(f'    "{ANY}" [label="any open stage", style=dashed];')
+    for source, dest, label in edges:
         esc = label.replace("\\", "\\\\").replace('"', '\\"')
         out.append(f'    "{source}" -> "{dest}" [label="{esc}"];')
     out.append("}")
@@ -177,12 +190,18 @@ def _edges(machine: StageMachine) -> list[tuple[str, str, str]]:
         for source, ts in event.transitions.items()
         for t in ts
     }
+    open_stages = {s.name for s in machine.spec.stages.values() if not s.final}
     seen: set[tuple[str, str, str]] = set()
     edges = []
-    for edge in machine.labels:
-        if (edge[0], edge[1]) in built and edge not in seen:
-            seen.add(edge)
-            edges.append(edge)
+    for sources, dest, label in machine.labels:
+        if not all((source, dest) in built for source in sources):
+            continue
+        # An edge from every open stage but its target reads as "from any open stage".
+        from_any = len(sources) > 1 and set(sources) == open_stages - {dest}
+        for source in [ANY] if from_any else sources:
+            if (source, dest, label) not in seen:
+                seen.add((source, dest, label))
+                edges.append((source, dest, label))
     return edges
 
 

@@ -59,6 +59,8 @@ def mermaid_edges(text: str) -> list[tuple[str, str, str | None]]:
     assert lines[0] == "stateDiagram-v2"
     edges = []
     for line in lines[1:]:
+        if line.startswith("    state "):  # a declared node (the "any open stage" one)
+            continue
         m = EDGE.match(line)
         assert m, f"not a mermaid edge: {line!r}"
         edges.append((m[1], m[2], m[3]))
@@ -73,15 +75,18 @@ def test_graph_mermaid() -> None:
     out = cli("graph", str(PURAMUR))
     edges = mermaid_edges(out)
     nodes = {n for s, d, _ in edges for n in (s, d)} - {"[*]"}
-    assert nodes == set(STAGES)
+    assert nodes == set(STAGES) | {"any_open_stage"}
+    assert '    state "any open stage" as any_open_stage' in out.splitlines()
     assert ("[*]", "greeting", None) in edges
     assert ("handoff", "[*]", None) in edges
     assert "    discovery --> presentation: discovery_completeness >= 60" in out.splitlines()
     assert ("greeting", "discovery", None) in edges  # unconditional: no label
     assert ("contact_collection", "handoff", "customer.name and customer.phone") in edges
-    # The global transitions are interrupts from every open stage; none leaves the final one.
-    for stage in STAGES[:-1]:
-        assert (stage, "handoff", "handoff_requested == 'complaint'") in edges
+    # The global transitions are interrupts from every open stage, drawn once from the
+    # "any open stage" node; none leaves the final one.
+    assert ("any_open_stage", "handoff", "handoff_requested == 'complaint'") in edges
+    assert ("any_open_stage", "handoff", "handoff_requested == 'explicit_request'") in edges
+    assert not [e for e in edges if e[0] in STAGES and e[2] and "handoff_requested" in e[2]]
     assert not [e for e in edges if e[0] == "handoff" and e[1] != "[*]"]
     # Edge labels never carry a raw ':' (it would end the label in Mermaid).
     assert all(":" not in (label or "") for _, _, label in edges)
@@ -96,6 +101,7 @@ def test_graph_dot_matches_mermaid() -> None:
     assert ("discovery", "presentation", "discovery_completeness >= 60") in edges
     for stage in STAGES:
         assert f'"{stage}"' in out
+    assert '"any_open_stage" [label="any open stage", style=dashed];' in out
     body = [x for x in out.splitlines()[1:-1] if "->" in x and "__start" not in x]
     assert len(body) == len(edges)  # every edge line parsed
     mermaid = {(s, d, label or "") for s, d, label in mermaid_edges(cli("graph", str(PURAMUR)))
