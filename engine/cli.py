@@ -191,6 +191,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 _describe(result)
             else:
                 print(result.reply.replace("\n", " "), flush=True)
+                if result.fallback:  # stdout stays one reply per line; say why on stderr
+                    print(f"funnel: warning: fallback reply ({result.error})", file=sys.stderr)
     return 0
 
 
