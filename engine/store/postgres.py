@@ -10,6 +10,7 @@ docs/persistence.md).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -48,14 +49,16 @@ class _Health:
 
     def __init__(self, trust_seconds: float = 2.0) -> None:
         self.trust = trust_seconds
-        self.last_used: dict[int, float] = {}
+        # Weak keys: a connection the pool discards leaves no entry behind.
+        self.last_used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
+            weakref.WeakKeyDictionary())
 
     async def check(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        if time.monotonic() - self.last_used.get(id(conn), 0.0) > self.trust:
+        if time.monotonic() - self.last_used.get(conn, 0.0) > self.trust:
             await conn.execute("")
 
     async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self.last_used[id(conn)] = time.monotonic()
+        self.last_used[conn] = time.monotonic()
 
     def distrust(self) -> None:
         """A connection was lost, so the server may have restarted: every pooled
