@@ -177,10 +177,18 @@ class Engine:
                         await self.store.log_message(self.spec, session_id, "user", text)
                 raise
         if result.handoff:
-            await self.dispatch(session_id)
+            # Deliver after the reply, never before it: a slow manager webhook must not
+            # delay the customer. A delivery that fails is retried by the next dispatch.
+            self._background(self._dispatch_quietly(session_id))
         if job:
             self._background(self.summary.run(session_id, job[0]))
         return result
+
+    async def _dispatch_quietly(self, session_id: str) -> None:
+        try:
+            await self.dispatch(session_id)
+        except FunnelError as exc:  # the row stays due; the next dispatch delivers it
+            log.warning("handoff alert of session %r not delivered yet: %s", session_id, exc)
 
     def _background(self, job: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(job)

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -136,6 +137,7 @@ class Harness:
         for text in texts:
             self.clock.offset += step if step is not None else timedelta(minutes=1)
             out.append(await self.engine.handle(session_id, text))
+            await self.engine.drain()  # the handoff alert goes out after the reply
         return out
 
     async def state(self, session_id: str) -> dict[str, Any]:
@@ -645,6 +647,7 @@ async def test_a_request_for_a_manager_hands_off_from_discovery(make: Factory, s
     h = await make([GREET, ask])
     await h.say("s1", "Hi")
     result = await h.engine.handle("s1", "I want a person", channel="telegram")
+    await h.engine.drain()  # the alert goes out after the reply
     assert (result.stage_before, result.stage_after) == ("discovery", "handoff")
     assert result.handoff and result.transitions[0]["to"] == "handoff"
     assert result.transitions[0]["when"] == f"handoff_requested == '{reason}'"
@@ -1030,3 +1033,26 @@ async def test_on_enter_actions_run_for_the_initial_stage_and_on_transitions(
     assert [o["stage"] for o in state["objections_raised"]] == ["greeting", "discovery"]
     await h.say("s1", "More")  # staying in discovery runs nothing again
     assert len((await h.state("s1"))["objections_raised"]) == 2
+
+
+class SlowNotifier(Notifier):
+    """A manager webhook that takes its time."""
+
+    async def __call__(self, payload: Mapping[str, Any]) -> None:
+        await asyncio.sleep(1.5)
+        await super().__call__(payload)
+
+
+async def test_a_slow_manager_alert_never_delays_the_reply(make: Factory, sql: Any) -> None:
+    ask = {"reply": "Connecting you with a manager.",
+           "actions": [{"type": "request_handoff", "reason": "explicit_request"}]}
+    notifier = SlowNotifier()
+    h = await make([GREET, ask], notifier=notifier)
+    await h.say("s1", "Hi")
+    started = time.perf_counter()
+    result = await h.engine.handle("s1", "I want a person")
+    assert result.handoff and time.perf_counter() - started < 1.0
+    assert notifier.calls == []  # still on its way
+    await h.engine.drain()
+    assert len(notifier.calls) == 1
+    assert sql("SELECT count(*) FROM funnel_outbox WHERE delivered_at IS NOT NULL") == [(1,)]
