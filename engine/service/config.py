@@ -15,7 +15,7 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_CORS_ORIGINS`` | allowed browser origins, comma-separated | none |
 | ``FUNNEL_RATE_LIMIT`` | ``COUNT/SECONDS`` per client | ``60/60`` |
 | ``FUNNEL_SESSION_QUEUE`` | turns of one session running or waiting, per process | 4 |
-| ``FUNNEL_TURN_POOL`` | turns at once per process (= DB connections held) | 20 |
+| ``FUNNEL_TURN_POOL`` | turns in flight per process (none holds a connection) | 500 |
 | ``FUNNEL_DB_POOL`` | short-statement connections per process | 5 |
 | ``FUNNEL_DB_TIMEOUT`` | seconds to wait for a database connection | 5 |
 | ``FUNNEL_RETRY_AFTER`` | Retry-After of a 503 while the database is down | 5 |
@@ -67,7 +67,7 @@ class ServiceConfig:
     cors_origins: list[str] = field(default_factory=list)
     rate_limit: tuple[int, float] = (60, 60.0)
     session_queue: int = 4
-    turn_pool: int = 20
+    turn_pool: int = 500
     db_pool: int = 5
     db_timeout: float = 5.0
     retry_after: int = 5
@@ -133,7 +133,7 @@ class ServiceConfig:
                           .split(",") if o.strip()],
             rate_limit=parse_rate(env.get("FUNNEL_RATE_LIMIT", "60/60")),
             session_queue=int(_number(env, "FUNNEL_SESSION_QUEUE", 4)),
-            turn_pool=int(_number(env, "FUNNEL_TURN_POOL", 20)),
+            turn_pool=int(_number(env, "FUNNEL_TURN_POOL", 500)),
             db_pool=int(_number(env, "FUNNEL_DB_POOL", 5)),
             db_timeout=_number(env, "FUNNEL_DB_TIMEOUT", 5),
             retry_after=int(_number(env, "FUNNEL_RETRY_AFTER", 5)),

@@ -42,6 +42,7 @@ class TurnWrite:
     # A new rolling summary folded during the turn, and the last message id it covers.
     summary: str | None = None
     summary_upto: int | None = None
+    holder: str | None = None  # the turn's lease on the session, released by the save
 
 
 class SessionAccess(Protocol):
@@ -82,14 +83,11 @@ class Store(Protocol):
             ConcurrentUpdate: the row changed since it was loaded; nothing was written.
         """
 
-    def session_lock(self, funnel: FunnelSpec, session_id: str
-                     ) -> AbstractAsyncContextManager[None]:
-        """Serialize turns of one session across processes."""
-
     def session(self, funnel: FunnelSpec, session_id: str
                 ) -> AbstractAsyncContextManager[SessionAccess]:
-        """One turn's locked access to a session: ``load`` locks and reads, ``save`` writes
-        and unlocks. Turns of one session are serialized across processes."""
+        """One turn's access to a session: ``load`` takes its lease and reads, ``save``
+        writes and gives the lease back. Turns of one session are serialized across
+        processes and machines."""
 
     async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
                            limit: int = 50) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ MESSAGES = "funnel_messages"
 TURNS = "funnel_turns"
 OUTBOX = "funnel_outbox"
 MIGRATIONS = "funnel_migrations"
+LEASES = "funnel_leases"
 
 
 def column_type(name: str) -> sql.SQL:
@@ -151,4 +152,10 @@ SHARED_MIGRATIONS: list[str] = [
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{OUTBOX}_due ON {OUTBOX} (next_attempt_at) "
     "WHERE delivered_at IS NULL",
+    # One row per session with a turn in progress: who holds it, and until when.
+    f"""CREATE TABLE IF NOT EXISTS {LEASES} (
+        lock_key TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    )""",
 ]

@@ -1,14 +1,13 @@
 """The PostgreSQL store (psycopg 3, async pools). The only module that runs SQL.
 
-Two pools: ``pool`` for short statements, ``lock_pool`` for the per-session
-advisory locks that a turn holds while the model thinks (seconds). Keeping
-them apart means slow model calls can never starve the short statements;
-``lock_pool``'s size bounds how many turns one process runs at once (see
-docs/persistence.md).
+One pool of connections, each used only for the length of a statement or a
+pipeline: a turn holds a lease on its session (``engine.store.session``),
+not a connection, while the model thinks. See docs/persistence.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -24,8 +23,8 @@ from ..errors import SchemaOutdated, StoreUnavailable
 from ..prompts import Message
 from ..spec import FunnelSpec
 from . import TurnWrite, ddl
-from .session import SessionHandle, commit_point, save_turn_on
-from .statements import LOCK, RECENT, UNLOCK, Statements, default_literal
+from .session import SessionHandle, save_turn_on
+from .statements import RECENT, Statements, default_literal
 
 
 def _safe_url(url: str) -> str:
@@ -49,13 +48,22 @@ class _Health:
 
     def __init__(self, trust_seconds: float = 2.0) -> None:
         self.trust = trust_seconds
+        self.broken_at = float("-inf")
         # Weak keys: a connection the pool discards leaves no entry behind.
         self.last_used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
             weakref.WeakKeyDictionary())
 
     async def check(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if time.monotonic() - self.last_used.get(conn, 0.0) > self.trust:
-            await conn.execute("")
+            try:
+                await conn.execute("")
+            except psycopg.Error:
+                self.broken_at = time.monotonic()
+                raise
+
+    def recently_broken(self) -> bool:
+        """A pooled connection was found broken in the last few seconds (a restart)."""
+        return time.monotonic() - self.broken_at < 10
 
     async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.last_used[conn] = time.monotonic()
@@ -70,17 +78,21 @@ class _Health:
 class PostgresStore:
     """A :class:`engine.store.Store` on PostgreSQL."""
 
-    def __init__(self, url: str, pool: AsyncConnectionPool, lock_pool: AsyncConnectionPool,
-                 timeout: float, health: _Health | None = None) -> None:
+    def __init__(self, url: str, pool: AsyncConnectionPool, timeout: float,
+                 health: _Health | None = None, max_turns: int = 500) -> None:
         self.url = url
         self.pool = pool
-        self.lock_pool = lock_pool
         self.timeout = timeout
+        self.max_turns = max_turns
+        self._turns = asyncio.Semaphore(max_turns)
+        self._orphans: dict[str, str] = {}  # leases not given back: session key -> holder
+        # A turn may wait this long for its session (another turn's model call) or a slot.
+        self.turn_wait = timeout * 24
         self.health = health or _Health()
         self._tables: dict[str, Statements] = {}
 
     @classmethod
-    async def open(cls, url: str, *, max_connections: int = 10, max_turns: int = 50,
+    async def open(cls, url: str, *, max_connections: int = 10, max_turns: int = 500,
                    timeout: float = 5.0) -> PostgresStore:
         """Open both pools and check the database answers.
 
@@ -98,14 +110,9 @@ class PostgresStore:
                                    kwargs=kwargs, timeout=timeout, check=health.check,
                                    reset=health.reset, name="funnel",
                                    reconnect_timeout=timeout)
-        lock_pool = AsyncConnectionPool(url, min_size=0, max_size=max_turns, open=False,
-                                        kwargs=kwargs, timeout=timeout * 12, check=health.check,
-                                        reset=health.reset, name="funnel-locks",
-                                        reconnect_timeout=timeout)
-        store = cls(url, pool, lock_pool, timeout, health)
+        store = cls(url, pool, timeout, health, max_turns)
         try:
             await pool.open(wait=True, timeout=timeout)
-            await lock_pool.open()
         except PoolTimeout:
             await store.close()
             raise StoreUnavailable(
@@ -116,13 +123,24 @@ class PostgresStore:
 
     async def close(self) -> None:
         await self.pool.close()
-        await self.lock_pool.close()
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        yielded = False
         try:
-            async with self.pool.connection(timeout=self.timeout) as conn:
-                yield conn
+            try:
+                async with self.pool.connection(timeout=self.timeout) as conn:
+                    yielded = True
+                    yield conn
+            except PoolTimeout:
+                # After a restart the pool discards a broken connection and backs off
+                # about a second before trying the next one, which outlasts `timeout`.
+                # Checking every idle connection at once leaves only good ones.
+                if yielded or not self.health.recently_broken():
+                    raise
+                await self.pool.check()  # sort every idle connection out at once
+                async with self.pool.connection(timeout=self.timeout) as conn:
+                    yield conn
         except PoolTimeout:
             raise StoreUnavailable(
                 f"PostgreSQL at {_safe_url(self.url)} did not answer within {self.timeout:g} s; "
@@ -199,51 +217,26 @@ class PostgresStore:
 
     @asynccontextmanager
     async def session(self, funnel: FunnelSpec, session_id: str) -> AsyncIterator[SessionHandle]:
-        """Hold the session's lock for one turn; load and save through the handle."""
-        conn = await self._lock_connection(session_id)
-        try:
-            handle = SessionHandle(self.table(funnel), conn, session_id)
-            try:
-                yield handle
-            finally:
-                if handle.locked:
-                    await handle.release()
-        except psycopg.OperationalError as exc:
-            self.health.distrust()
-            raise StoreUnavailable(f"lost the connection to PostgreSQL at "
-                                   f"{_safe_url(self.url)}: {_first_line(exc)}; the turn was "
-                                   "not saved") from None
-        finally:
-            await self.lock_pool.putconn(conn)
+        """One turn's access to a session: ``load`` takes its lease, ``save`` gives it back.
 
-    async def _lock_connection(self, session_id: str) -> psycopg.AsyncConnection[Any]:
-        """A connection for one turn, from ``lock_pool``.
-
-        Waiting for a free one is normal while many turns run (up to the lock
-        pool's timeout), but a database that is down must fail fast, not after
-        that long wait: when no connection comes within ``timeout``, one empty
-        statement on the short pool tells a busy pool from an unreachable server.
+        No connection is held in between. At most ``max_turns`` turns of this
+        process are in flight at once; a turn past that waits for a slot.
         """
-        deadline = time.monotonic() + self.lock_pool.timeout
-        while True:
-            try:
-                return await self.lock_pool.getconn(
-                    timeout=max(0.01, min(self.timeout, deadline - time.monotonic())))
-            except PoolTimeout:
-                pass
-            async with self._conn() as probe:  # StoreUnavailable (naming the server) if down
-                await probe.execute("")
-            if time.monotonic() >= deadline:
-                raise StoreUnavailable(
-                    f"no database connection for session {session_id!r}: too many turns are "
-                    "running at once; try again"
-                )
-
-    @asynccontextmanager
-    async def session_lock(self, funnel: FunnelSpec, session_id: str) -> AsyncIterator[None]:
-        async with self.session(funnel, session_id) as handle:
-            await handle.lock()
-            yield
+        try:
+            await asyncio.wait_for(self._turns.acquire(), timeout=self.turn_wait)
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"no room for session {session_id!r}: {self.max_turns} turns are running in "
+                "this process; try again") from None
+        key = f"{funnel.name}/{session_id}"
+        handle = SessionHandle(self.table(funnel), self._conn, session_id,
+                               wait=self.turn_wait, holder=self._orphans.pop(key, None))
+        try:
+            yield handle
+        finally:
+            if handle.locked and not await handle.release():
+                self._orphans[key] = handle.holder
+            self._turns.release()
 
     # -- outbox ------------------------------------------------------------------------
     async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
@@ -359,23 +352,17 @@ class PostgresStore:
 
     async def save_summary(self, funnel: FunnelSpec, session_id: str, summary: str,
                            old_upto: int, new_upto: int) -> bool:
-        """Store a new summary under the session's lock, if no other job got there first."""
+        """Store a new summary if no other job got there first (compare-and-set on
+        ``summary_upto``). No lease is needed: a turn's save keeps the summary columns
+        unless it folded a summary itself, and this leaves ``row_version`` alone, so a
+        turn in flight is never made to retry."""
         field = funnel.memory.summary
         assert field is not None
         update = sql.SQL(
-            "UPDATE {} SET {} = %s, summary_upto = %s, row_version = row_version + 1 "
-            "WHERE session_id = %s AND summary_upto = %s").format(
-                sql.Identifier(funnel.table), sql.Identifier(field))
-        async with self.session(funnel, session_id) as handle:
-            conn = handle.conn
-            cur = conn.cursor()
-            async with conn.pipeline() as pipeline:  # lock, update, commit, unlock: one trip
-                await conn.execute(LOCK, (handle.key,))
-                handle.locked = True
-                await cur.execute(update, (summary, new_upto, session_id, old_upto))
-                await commit_point(pipeline)
-                await conn.execute(UNLOCK, (handle.key,))
-            handle.locked = False
+            "UPDATE {} SET {} = %s, summary_upto = %s WHERE session_id = %s "
+            "AND summary_upto = %s").format(sql.Identifier(funnel.table), sql.Identifier(field))
+        async with self._conn() as conn:
+            cur = await conn.execute(update, (summary, new_upto, session_id, old_upto))
             return cur.rowcount == 1
 
     async def history(self, funnel: FunnelSpec, session_id: str, limit: int

@@ -1,22 +1,37 @@
-"""One turn's locked access to a session: two round trips, two commits.
+"""One turn's access to a session: a lease instead of a held connection.
 
-See docs/persistence.md for why the Sync points sit where they do.
+A turn takes a lease on its session (a row in ``funnel_leases``) in the same
+pipeline that logs the message and reads the row and the window, and gives
+it back in the statement that saves the turn. No connection is held while the
+model thinks, so the number of turns in flight is not bounded by PostgreSQL's
+connections. A turn that finds the session leased waits (polling with
+backoff) and then reads the state the other turn saved. A lease outlives a
+crashed process by at most its length; a turn that outlives its lease cannot
+overwrite newer state (the row-version check). See docs/persistence.md.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from ..errors import ConcurrentUpdate
+from ..errors import ConcurrentUpdate, StoreUnavailable
 from ..prompts import Message
 from . import TurnWrite
-from .statements import LOCK, RECENT, RECENT_AFTER_LOG, UNLOCK, Statements
+from .statements import ACQUIRE, RECENT, RECENT_AFTER_LOG, RELEASE, Statements
+
+Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
 
 
-async def save_turn_on(conn: psycopg.AsyncConnection[Any], table: Statements, write: TurnWrite) -> int:
+async def save_turn_on(conn: psycopg.AsyncConnection[Any], table: Statements, write: TurnWrite
+                       ) -> int:
     row = await (await conn.execute(table.statement(write), table.params(write))).fetchone()
     if row is None:
         found = await (await conn.execute(table.version_of, (write.session_id,))).fetchone()
@@ -30,8 +45,7 @@ async def commit_point(pipeline: psycopg.AsyncPipeline) -> None:
 
     In pipeline mode every statement up to a Sync message runs in one implicit
     transaction, even in autocommit: without a Sync, the user's message would
-    commit only after the lock is granted, and the unlock would let the next
-    turn in before the save commits. libpq's PQpipelineSync does not wait;
+    commit only together with the lease. libpq's PQpipelineSync does not wait;
     psycopg exposes it only privately, so fall back to the waiting ``sync()``.
     """
     enqueue = getattr(pipeline, "_enqueue_sync", None)
@@ -42,81 +56,102 @@ async def commit_point(pipeline: psycopg.AsyncPipeline) -> None:
 
 
 class SessionHandle:
-    """One turn's view of a session, on the connection that holds its advisory lock.
+    """One turn's view of a session: ``load`` takes the lease, ``save`` gives it back."""
 
-    ``load`` sends lock + row + message window in one round trip (pipeline);
-    ``save`` sends the turn's single statement and the unlock in another.
-    """
-
-    def __init__(self, table: Statements, conn: psycopg.AsyncConnection[Any], session_id: str
-                 ) -> None:
+    def __init__(self, table: Statements, connect: Connect, session_id: str,
+                 wait: float, holder: str | None = None) -> None:
         self.table = table
-        self.conn = conn
+        self.connect = connect
         self.session_id = session_id
         self.key = f"{table.spec.name}/{session_id}"
+        # A lease this process could not give back (the database went away) is taken
+        # up again by its next turn of the session, instead of waiting for it to expire.
+        self.holder = holder or uuid.uuid4().hex
         self.locked = False
-
-    async def lock(self) -> None:
-        await self.conn.execute(LOCK, (self.key,))
-        self.locked = True
+        self.wait = wait
 
     async def load(self, window: int, *, text: str | None = None, current_id: int = 0
                    ) -> tuple[int, dict[str, Any] | None, list[Message]]:
-        """Log the user's message (when ``text`` is given), lock the session, and read its
-        row and last ``window`` messages: one round trip.
+        """Log the user's message (when ``text`` is given), take the session's lease, and
+        read its row and last ``window`` messages: one round trip when the session is free.
 
-        The message's INSERT commits on its own before the lock is even asked
-        for, so it is durable whatever happens to the turn. Returns
-        (message id, row or None, messages oldest first).
+        The message commits on its own, before the lease is asked for, so it is
+        durable whatever happens to the turn. Returns (message id, row or None,
+        messages oldest first).
+
+        Raises:
+            StoreUnavailable: the session stayed leased by another turn for ``wait`` s.
         """
-        conn = self.conn
+        deadline = time.monotonic() + self.wait
+        delay = 0.005
+        while True:
+            logged, row, messages = await self._try(window, text, current_id)
+            if logged is not None:
+                current_id, text = logged, None  # logged once, whatever happens next
+            if self.locked:
+                return current_id, row, messages
+            if time.monotonic() >= deadline:
+                raise StoreUnavailable(
+                    f"session {self.session_id!r} is busy: another turn has held it for "
+                    f"{self.wait:g} s; the message is logged, try again")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    async def _try(self, window: int, text: str | None, current_id: int
+                   ) -> tuple[int | None, dict[str, Any] | None, list[Message]]:
         spec = self.table.spec
-        log_cur = conn.cursor()
-        row_cur = conn.cursor(row_factory=dict_row)
-        msg_cur = conn.cursor()
-        async with conn.pipeline() as pipeline:
-            if text is not None:
-                await log_cur.execute(self.table.log, (spec.name, self.session_id, "user", text,
-                                                       self.session_id, spec.initial))
-                await commit_point(pipeline)
-            await conn.execute(LOCK, (self.key,))
-            self.locked = True
-            await row_cur.execute(self.table.select, (*self.table.select_args, self.session_id))
-            if window > 0:
+        async with self.connect() as conn:
+            log_cur = conn.cursor()
+            lease_cur = conn.cursor()
+            row_cur = conn.cursor(row_factory=dict_row)
+            msg_cur = conn.cursor()
+            async with conn.pipeline() as pipeline:
                 if text is not None:
-                    await msg_cur.execute(RECENT_AFTER_LOG, (spec.name, self.session_id, window))
-                else:
-                    await msg_cur.execute(RECENT, (spec.name, self.session_id, current_id,
-                                                    current_id, window))
-        if text is not None:
-            logged = await log_cur.fetchone()
-            assert logged is not None
-            current_id = int(logged[0])
-        row = await row_cur.fetchone()
-        messages = [Message(r[0], r[1], r[2]) for r in await msg_cur.fetchall()] \
-            if window > 0 else []
-        return current_id, row, messages
+                    await log_cur.execute(self.table.log, (spec.name, self.session_id, "user",
+                                                           text, self.session_id, spec.initial))
+                    await commit_point(pipeline)
+                await lease_cur.execute(ACQUIRE, (self.key, self.holder,
+                                                  self.table.lease_seconds))
+                await row_cur.execute(self.table.select,
+                                      (*self.table.select_args, self.session_id))
+                if window > 0:
+                    if text is not None:
+                        await msg_cur.execute(RECENT_AFTER_LOG,
+                                              (spec.name, self.session_id, window))
+                    else:
+                        await msg_cur.execute(RECENT, (spec.name, self.session_id, current_id,
+                                                       current_id, window))
+            logged = None
+            if text is not None:
+                first = await log_cur.fetchone()
+                assert first is not None
+                logged = int(first[0])
+            self.locked = await lease_cur.fetchone() is not None
+            if not self.locked:
+                return logged, None, []
+            row = await row_cur.fetchone()
+            messages = [Message(r[0], r[1], r[2]) for r in await msg_cur.fetchall()] \
+                if window > 0 else []
+            return logged, row, messages
 
     async def save(self, write: TurnWrite) -> int:
-        """Save the turn and release the lock in one round trip."""
-        conn = self.conn
-        cur = conn.cursor()
-        async with conn.pipeline() as pipeline:
-            await cur.execute(self.table.statement(write), self.table.params(write))
-            await commit_point(pipeline)  # the save commits before the lock is released
-            await conn.execute(UNLOCK, (self.key,))
-        self.locked = False
-        row = await cur.fetchone()
-        if row is None:
-            found = await (await conn.execute(self.table.version_of,
-                                              (write.session_id,))).fetchone()
-            raise ConcurrentUpdate(write.session_id, write.expected_version,
-                                   found[0] if found else None)
-        return int(row[0])
+        """Save the turn and give the lease back, in one statement and one commit."""
+        write.holder = self.holder
+        async with self.connect() as conn:
+            try:
+                version = await save_turn_on(conn, self.table, write)
+            except ConcurrentUpdate:
+                self.locked = False  # the statement ran, and released the lease
+                raise
+            self.locked = False
+            return version
 
-    async def release(self) -> None:
+    async def release(self) -> bool:
+        """Give the lease back without saving (the turn failed); False if that failed too."""
         try:
-            await self.conn.execute(UNLOCK, (self.key,))
-        except psycopg.Error:
-            await self.conn.close()  # a closed connection releases its locks
+            async with self.connect() as conn:
+                await conn.execute(RELEASE, (self.key, self.holder))
+        except (psycopg.Error, StoreUnavailable):
+            return False  # it expires by itself, or this process's next turn takes it up
         self.locked = False
+        return True

@@ -102,14 +102,22 @@ class Statements:
                 "%(__t_validation_failures)s, %(__t_repaired)s, %(__t_fallback)s, %(__t_llm_ms)s, "
                 "%(__t_turn_ms)s, %(__t_prompt_tokens)s, %(__t_completion_tokens)s, "
                 "%(__t_cost)s, %(__t_model)s, %(__t_error)s FROM s), "
+                "lease AS (DELETE FROM {leases} WHERE lock_key = %(__lock_key)s "
+                "AND holder = %(__holder)s), "
                 "o AS (INSERT INTO {outbox} (idempotency_key, funnel, session_id, kind, payload) "
                 "SELECT x.key, %(__funnel)s, %(session_id)s, x.kind, x.payload FROM s, "
                 "jsonb_to_recordset(%(__outbox)s::jsonb) AS x(key text, kind text, payload jsonb) "
                 "ON CONFLICT (idempotency_key) DO NOTHING) "
                 "SELECT row_version FROM s"
             ).format(write=write, messages=sql.Identifier(ddl.MESSAGES),
+                     leases=sql.Identifier(ddl.LEASES),
                      turns=sql.Identifier(ddl.TURNS), outbox=sql.Identifier(ddl.OUTBOX)).as_string()
 
+        # How long a turn may hold its session before another may take it over: the
+        # slowest model call the funnel allows (first call and repair, with retries).
+        self.lease_seconds = 30 + max(
+            (2 * st.model.timeout * (st.model.retries + 1) for st in spec.stages.values()),
+            default=60)
         self.save = whole_turn(upsert)
         self.save_existing = whole_turn(update)
         if spec.memory.summary:
@@ -148,6 +156,8 @@ class Statements:
             out[name] = Jsonb(value, dumps=dumps) if name in self.json_columns and \
                 value is not None else value
         t = write.turn
+        out["__lock_key"] = f"{self.spec.name}/{write.session_id}"
+        out["__holder"] = write.holder
         out["__summary_upto"] = write.summary_upto
         if self.spec.memory.summary:
             out["__summary"] = write.summary
@@ -174,8 +184,15 @@ def default_literal(field: Any) -> sql.Composable:
     return sql.Literal(field.default)
 
 
-LOCK = "SELECT pg_advisory_lock(hashtextextended(%s, 0))"
-UNLOCK = "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
+# A turn's lease on its session: taken if free, expired, or already ours.
+ACQUIRE = (
+    f"INSERT INTO {ddl.LEASES} (lock_key, holder, expires_at) "
+    "VALUES (%s, %s, NOW() + %s * INTERVAL '1 second') "
+    f"ON CONFLICT (lock_key) DO UPDATE SET holder = EXCLUDED.holder, "
+    f"expires_at = EXCLUDED.expires_at WHERE {ddl.LEASES}.expires_at < NOW() "
+    f"OR {ddl.LEASES}.holder = EXCLUDED.holder RETURNING holder"
+)
+RELEASE = f"DELETE FROM {ddl.LEASES} WHERE lock_key = %s AND holder = %s"
 
 # The window is applied in SQL. Replies logged after the current message (a
 # turn that finished while this message waited for the lock) still belong to it.
