@@ -152,10 +152,13 @@ SHARED_MIGRATIONS: list[str] = [
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{OUTBOX}_due ON {OUTBOX} (next_attempt_at) "
     "WHERE delivered_at IS NULL",
-    # One row per session with a turn in progress: who holds it, and until when.
+    # A session with a turn in progress or waiting: who holds it ('' when free),
+    # until when, and which waiting turn goes next (so a busy session is fair).
     f"""CREATE TABLE IF NOT EXISTS {LEASES} (
         lock_key TEXT PRIMARY KEY,
         holder TEXT NOT NULL,
-        expires_at TIMESTAMPTZ NOT NULL
+        expires_at TIMESTAMPTZ NOT NULL,
+        next_holder TEXT,
+        next_at TIMESTAMPTZ
     )""",
 ]

@@ -327,6 +327,10 @@ class PostgresStore:
                             counts[key] += cur.rowcount
                     await conn.execute(sql.SQL("DELETE FROM {} WHERE session_id = ANY(%s)")
                                        .format(t), (ids,))
+                    await conn.execute(  # free leases: only the session's key is left
+                        sql.SQL("DELETE FROM {} WHERE lock_key = ANY(%s) AND holder = ''")
+                        .format(sql.Identifier(ddl.LEASES)),
+                        ([f"{funnel.name}/{i}" for i in ids],))
                 counts["sessions"] += len(ids)
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,

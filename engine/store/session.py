@@ -5,7 +5,7 @@ pipeline that logs the message and reads the row and the window, and gives
 it back in the statement that saves the turn. No connection is held while the
 model thinks, so the number of turns in flight is not bounded by PostgreSQL's
 connections. A turn that finds the session leased waits (polling with
-backoff) and then reads the state the other turn saved. A lease outlives a
+backoff, queued next in line) and then reads the state the other turn saved. A lease outlives a
 crashed process by at most its length; a turn that outlives its lease cannot
 overwrite newer state (the row-version check). See docs/persistence.md.
 """
@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from ..errors import ConcurrentUpdate, StoreUnavailable
 from ..prompts import Message
 from . import TurnWrite
-from .statements import ACQUIRE, RECENT, RECENT_AFTER_LOG, RELEASE, Statements
+from .statements import ACQUIRE, QUEUE, RECENT, RECENT_AFTER_LOG, RELEASE, Statements
 
 Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
 
@@ -95,7 +95,7 @@ class SessionHandle:
                     f"session {self.session_id!r} is busy: another turn has held it for "
                     f"{self.wait:g} s; the message is logged, try again")
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            delay = min(delay * 2, 0.05)
 
     async def _try(self, window: int, text: str | None, current_id: int
                    ) -> tuple[int | None, dict[str, Any] | None, list[Message]]:
@@ -110,8 +110,10 @@ class SessionHandle:
                     await log_cur.execute(self.table.log, (spec.name, self.session_id, "user",
                                                            text, self.session_id, spec.initial))
                     await commit_point(pipeline)
-                await lease_cur.execute(ACQUIRE, (self.key, self.holder,
-                                                  self.table.lease_seconds))
+                lease = {"key": self.key, "holder": self.holder,
+                         "seconds": self.table.lease_seconds}
+                await lease_cur.execute(ACQUIRE, lease)
+                await conn.execute(QUEUE, lease)
                 await row_cur.execute(self.table.select,
                                       (*self.table.select_args, self.session_id))
                 if window > 0:
@@ -150,7 +152,7 @@ class SessionHandle:
         """Give the lease back without saving (the turn failed); False if that failed too."""
         try:
             async with self.connect() as conn:
-                await conn.execute(RELEASE, (self.key, self.holder))
+                await conn.execute(RELEASE, {"key": self.key, "holder": self.holder})
         except (psycopg.Error, StoreUnavailable):
             return False  # it expires by itself, or this process's next turn takes it up
         self.locked = False

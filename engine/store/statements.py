@@ -102,8 +102,8 @@ class Statements:
                 "%(__t_validation_failures)s, %(__t_repaired)s, %(__t_fallback)s, %(__t_llm_ms)s, "
                 "%(__t_turn_ms)s, %(__t_prompt_tokens)s, %(__t_completion_tokens)s, "
                 "%(__t_cost)s, %(__t_model)s, %(__t_error)s FROM s), "
-                "lease AS (DELETE FROM {leases} WHERE lock_key = %(__lock_key)s "
-                "AND holder = %(__holder)s), "
+                "lease AS (UPDATE {leases} SET holder = '', expires_at = '-infinity' "
+                "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s), "
                 "o AS (INSERT INTO {outbox} (idempotency_key, funnel, session_id, kind, payload) "
                 "SELECT x.key, %(__funnel)s, %(session_id)s, x.kind, x.payload FROM s, "
                 "jsonb_to_recordset(%(__outbox)s::jsonb) AS x(key text, kind text, payload jsonb) "
@@ -184,15 +184,31 @@ def default_literal(field: Any) -> sql.Composable:
     return sql.Literal(field.default)
 
 
-# A turn's lease on its session: taken if free, expired, or already ours.
+# A turn's lease on its session: taken if it is ours already, or if it is free (or
+# expired) and no other waiting turn is next in line (a waiter that stopped asking
+# for a second loses its place).
 ACQUIRE = (
     f"INSERT INTO {ddl.LEASES} (lock_key, holder, expires_at) "
-    "VALUES (%s, %s, NOW() + %s * INTERVAL '1 second') "
+    "VALUES (%(key)s, %(holder)s, NOW() + %(seconds)s * INTERVAL '1 second') "
     f"ON CONFLICT (lock_key) DO UPDATE SET holder = EXCLUDED.holder, "
-    f"expires_at = EXCLUDED.expires_at WHERE {ddl.LEASES}.expires_at < NOW() "
-    f"OR {ddl.LEASES}.holder = EXCLUDED.holder RETURNING holder"
+    "expires_at = EXCLUDED.expires_at, next_holder = NULL, next_at = NULL "
+    f"WHERE {ddl.LEASES}.holder = EXCLUDED.holder OR ({ddl.LEASES}.expires_at < NOW() "
+    f"AND ({ddl.LEASES}.next_holder IS NULL OR {ddl.LEASES}.next_holder = EXCLUDED.holder "
+    f"OR {ddl.LEASES}.next_at < NOW() - INTERVAL '1 second')) RETURNING holder"
 )
-RELEASE = f"DELETE FROM {ddl.LEASES} WHERE lock_key = %s AND holder = %s"
+# Sent right after ACQUIRE: a turn that did not get the lease queues as next in line.
+QUEUE = (
+    f"UPDATE {ddl.LEASES} SET next_holder = %(holder)s, next_at = NOW() "
+    "WHERE lock_key = %(key)s AND holder <> %(holder)s AND (next_holder IS NULL "
+    "OR next_holder = %(holder)s OR next_at < NOW() - INTERVAL '1 second')"
+)
+# Giving a lease back leaves the row, free, for the session's next turn. (Deleting
+# it instead would race with a waiter queueing on it at that moment: the delete
+# would skip the row, and the lease would stay taken until it expired.)
+RELEASE = (
+    f"UPDATE {ddl.LEASES} SET holder = '', expires_at = '-infinity' "
+    "WHERE lock_key = %(key)s AND holder = %(holder)s"
+)
 
 # The window is applied in SQL. Replies logged after the current message (a
 # turn that finished while this message waited for the lock) still belong to it.
