@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--levels", default="1,8,32,128")
     ap.add_argument("--sleep", type=float, default=0.2)
-    ap.add_argument("--pool", type=int, default=40, help="turn connections per worker")
+    ap.add_argument("--pool", type=int, default=40, help="turns in flight per worker (max_turns)")
     ap.add_argument("--worker", choices=["engine", "naive"])
     ap.add_argument("--sessions", type=int, default=1)
     ap.add_argument("--tag", default="x")
@@ -159,7 +159,7 @@ def run_levels(args: argparse.Namespace, url_s: str) -> None:
     asyncio.run(_prepare(url_s))
     print(f"2 worker processes; model sleeps {args.sleep * 1000:.0f} ms per call; each worker "
           f"runs {args.turns} turns per session, so every session gets 2 concurrent streams; "
-          f"turn connections per worker: {args.pool}; server max_connections={max_conn}")
+          f"turns in flight per worker at most {args.pool}; server max_connections={max_conn}")
     print(f"{'sessions':>8} | {'naive t/s':>9} {'p99 ms':>8} {'lost':>5} | "
           f"{'engine t/s':>10} {'p99 ms':>8} {'lost':>5}")
     for level in [int(x) for x in args.levels.split(",")]:
