@@ -260,7 +260,7 @@ def main() -> int:
           f"{c['p99'] * 1000 - delay_ms:.0f} ms (target < 100 ms)")
     print(f"    engine turn_ms p50 {pct(list(turn_ms), .5):.0f} / p99 {pct(list(turn_ms), .99):.0f}"
           f" ms, llm_ms p50 {pct(list(llm_ms), .5):.0f} / p99 {pct(list(llm_ms), .99):.0f} ms "
-          f"(turn_ms: from Engine.handle's start, the wait for a turn connection and the lock "
+          f"(turn_ms: from Engine.handle's start, the wait for a slot and the session's lease "
           f"included, to just before the save)")
     print(f"(d) errors: {sum(c['errors'].values())} {c['errors'] or ''}".rstrip())
     print("the load client ran on the same machine, on the same cores")

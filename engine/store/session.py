@@ -84,8 +84,9 @@ class SessionHandle:
         """
         deadline = time.monotonic() + self.wait
         delay = 0.005
+        waiting = False  # after the first try, a waiting turn holds its place in line
         while True:
-            logged, row, messages = await self._try(window, text, current_id)
+            logged, row, messages = await self._try(window, text, current_id, queue=waiting)
             if logged is not None:
                 current_id, text = logged, None  # logged once, whatever happens next
             if self.locked:
@@ -96,8 +97,9 @@ class SessionHandle:
                     f"{self.wait:g} s; the message is logged, try again")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
+            waiting = True
 
-    async def _try(self, window: int, text: str | None, current_id: int
+    async def _try(self, window: int, text: str | None, current_id: int, queue: bool
                    ) -> tuple[int | None, dict[str, Any] | None, list[Message]]:
         spec = self.table.spec
         async with self.connect() as conn:
@@ -113,7 +115,8 @@ class SessionHandle:
                 lease = {"key": self.key, "holder": self.holder,
                          "seconds": self.table.lease_seconds}
                 await lease_cur.execute(ACQUIRE, lease)
-                await conn.execute(QUEUE, lease)
+                if queue:  # waiting already: hold our place in line
+                    await conn.execute(QUEUE, lease)
                 await row_cur.execute(self.table.select,
                                       (*self.table.select_args, self.session_id))
                 if window > 0:
