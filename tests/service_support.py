@@ -4,7 +4,10 @@ TCP proxy in front of PostgreSQL that a test can cut (all on 127.0.0.1, stdlib o
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -164,3 +167,13 @@ class TcpProxy:
         self._closed = True
         self.cut()
         self._listener.close()
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """Stop a `funnel serve` started in its own process group: SIGINT, then SIGKILL."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)

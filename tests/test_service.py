@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from service_support import FakeTelegram, TcpProxy, running
+from service_support import FakeTelegram, TcpProxy, running, stop
 from starlette.testclient import TestClient
 
 from engine.engine import MAX_MESSAGE_CHARS
@@ -490,12 +489,7 @@ def test_funnel_serve_with_two_workers(db_url: str, tmp_path: Path) -> None:
                 metrics = http.get("/metrics", headers=bearer(ADMIN)).text
                 assert 'funnel_turns_total{funnel="puramur",stage="greeting"} 6' in metrics
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop(proc)
 
 
 # -- schemathesis against /openapi.json -----------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from service_support import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 PURAMUR = ROOT / "funnels" / "puramur.yaml"
@@ -76,13 +76,7 @@ def two_services(db_url: str, tmp_path: Path) -> Iterator[list[str]]:
         yield urls
     finally:
         for proc in procs:
-            os.killpg(proc.pid, signal.SIGINT)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            stop(proc)
 
 
 @pytest.mark.slow
