@@ -177,3 +177,18 @@ def stop(proc: subprocess.Popen[Any]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+def wait_ready(url: str, proc: subprocess.Popen[Any], log: Any, seconds: float = 60) -> None:
+    """Wait until a `funnel serve` answers /readyz with 200; fail with its log if it dies."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from service_support import FakeTelegram, TcpProxy, running, stop
+from service_support import FakeTelegram, TcpProxy, running, stop, wait_ready
 from starlette.testclient import TestClient
 
 from engine.engine import MAX_MESSAGE_CHARS
@@ -468,15 +468,7 @@ def test_funnel_serve_with_two_workers(db_url: str, tmp_path: Path) -> None:
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.3)
+        wait_ready(url, proc, log)
         with httpx.Client(base_url=url, timeout=30) as http:
             replies = [http.post(f"{BASE}/sessions/cli-{i}/messages", json={"text": "Hi!"},
                                  headers=bearer(ADMIN)).json()["reply"] for i in range(6)]

@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from service_support import stop
+from service_support import stop, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 PURAMUR = ROOT / "funnels" / "puramur.yaml"
@@ -63,16 +62,8 @@ def two_services(db_url: str, tmp_path: Path) -> Iterator[list[str]]:
         urls.append(f"http://127.0.0.1:{port}")
         logs.append(log)
     try:
-        deadline = time.monotonic() + 60
         for proc, url, log in zip(procs, urls, logs, strict=True):
-            while True:
-                try:
-                    if httpx.get(f"{url}/readyz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
+            wait_ready(url, proc, log)
         yield urls
     finally:
         for proc in procs:
