@@ -143,22 +143,27 @@ def render_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
 
 
-def _fmt(value: Any, kind: str = "") -> str:
+def format_value(value: Any, kind: str = "", *, missing: str = "-", cents: bool = True) -> str:
+    """One report value as text: ``kind`` is ``dur``, ``pct``, ``money``, ``cost`` or ``""``."""
     if value is None:
-        return "-"
+        return missing
     if kind == "dur":
         return format_duration(value)
     if kind == "pct":
         return f"{value:.1f}%"
     if kind == "money":
-        return f"{value:,.2f}"
+        return f"{value:,.2f}" if cents else f"{value:,.0f}"
     if kind == "cost":
-        return f"${value:.4f}"
+        return f"${value:,.4f}"
     if isinstance(value, float):
         return f"{value:,.1f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
+
+
+def _fmt(value: Any, kind: str = "") -> str:
+    return format_value(value, kind)
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

@@ -288,7 +288,6 @@ class Engine:
         # Transitions: evaluated after the updates, chained while they fire
         # (each stage at most once per turn), on the state as it now is.
         visited = {eng["stage"]}
-        moved = False
         for _ in range(len(spec.stages)):
             if funnel.stage(eng["stage"]).spec.final:
                 break
@@ -297,7 +296,6 @@ class Engine:
             if not fired:
                 break
             firings += fired
-            moved = True
             before = dict(state)
             self._on_enter(fired[-1], state, eng, scratch, now)
             if state != before:  # entering the stage changed facts: derive again
@@ -306,7 +304,7 @@ class Engine:
             if eng["stage"] in visited:
                 break
             visited.add(eng["stage"])
-        if not moved and not firings:
+        if not firings:  # the session stayed where it was: one more turn in the stage
             eng["stage_iteration"] += 1
             mi = funnel.stage(eng["stage"]).spec.max_iterations
             if mi and mi.to and eng["stage_iteration"] >= mi.limit:

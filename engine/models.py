@@ -12,7 +12,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -247,7 +247,3 @@ def make_model(name: str, *, api_base: str | None = None) -> Model:
     if name == "scripted":
         raise ConfigError("the scripted model needs a file: `scripted:PATH`")
     return LiteLLMModel(name, api_base=api_base)
-
-
-def messages_text(messages: Sequence[Mapping[str, str]]) -> str:
-    return "\n".join(m["content"] for m in messages)

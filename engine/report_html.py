@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from .analytics import TITLES, format_duration
+from .analytics import TITLES, format_duration, format_value
 
 ACCENT = "#4f46e5"
 PALETTE = ["#4f46e5", "#5b54e8", "#6d63ec", "#7f74ef", "#9185f2", "#a397f5", "#b4a9f7",
@@ -60,17 +60,8 @@ def _e(value: Any) -> str:
 
 
 def _n(value: Any, kind: str = "") -> str:
-    if value is None:
-        return "–"
-    if kind == "pct":
-        return f"{value:.1f}%"
-    if kind == "dur":
-        return format_duration(value)
-    if kind == "cost":
-        return f"${value:,.4f}"
-    if kind == "money":
-        return f"{value:,.0f}"
-    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+    # The page rounds money to whole units and marks a missing value with an en dash.
+    return format_value(value, kind, missing="–", cents=False)
 
 
 def _section(key: str, sub: str, body: str) -> str:

@@ -120,19 +120,18 @@ class Statements:
             default=60)
         self.save = whole_turn(upsert)
         self.save_existing = whole_turn(update)
+        # The row alone, as `funnel state` and Engine.state show it.
+        self.select_row = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(
+            t).as_string()
+        self.select = self.select_row
+        self.select_args: tuple[str, ...] = ()
         if spec.memory.summary:
-            # With the row: how many messages are not folded into the summary yet.
+            # A turn reads, with the row, how many messages are not in the summary yet.
             self.select = sql.SQL(
                 "SELECT s.*, (SELECT COUNT(*) FROM {m} WHERE funnel = %s AND session_id = "
                 "s.session_id AND id > s.summary_upto) AS message_backlog FROM {t} s "
                 "WHERE s.session_id = %s").format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
-            self.select_args: tuple[str, ...] = (spec.name,)
-        else:
-            self.select = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(t).as_string()
-            self.select_args = ()
-        # The row alone, as `funnel state` and Engine.state show it.
-        self.select_row = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(
-            t).as_string()
+            self.select_args = (spec.name,)
         self.log = sql.SQL(
             "INSERT INTO {m} (funnel, session_id, role, content, stage) VALUES "
             "(%s, %s, %s, %s, COALESCE((SELECT stage FROM {t} WHERE session_id = %s), %s)) "
