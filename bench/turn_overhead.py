@@ -1,11 +1,18 @@
-"""Per-turn engine overhead on PostgreSQL, next to a raw psycopg baseline measured in the same run.
+"""Per-turn engine overhead on PostgreSQL, next to raw psycopg baselines measured in the same run.
 
 The engine runs the Puramur funnel's full turn with a zero-latency scripted
-model: the user's message committed first, then the state UPSERT, the
-assistant message and the turn record in a second commit (plus the
-per-session lock, the window query, prompt rendering, schema validation and
-the stage machine). The baseline does only one SELECT and one UPSERT of a
-comparable JSONB row per turn.
+model: the user's message committed first (with the session's lease), then the
+state UPSERT, the assistant message and the turn record in a second commit
+(plus the window query, prompt rendering, schema validation and the stage
+machine). Two baselines do one SELECT and one UPSERT of a comparable JSONB row
+per turn:
+
+* ``raw autocommit``: the SELECT and the UPSERT as two autocommit statements
+  (two round trips, one commit; the read and the write are not atomic, so two
+  concurrent turns of one session can lose an update);
+* ``raw transaction``: the same read-modify-write done safely, ``SELECT ... FOR
+  UPDATE`` and the UPSERT in one transaction (BEGIN, SELECT, UPSERT, COMMIT:
+  four round trips, one commit), which is what a hand-written turn needs.
 
     python bench/turn_overhead.py [--db URL] [--sessions 200] [--turns 10] [--rounds 3]
 
@@ -66,14 +73,24 @@ async def baseline_turn(pool: AsyncConnectionPool, sid: str) -> None:
                                     Jsonb({"name": "Anna"}), Jsonb({"type": "cat"}), Jsonb([]), 0))
 
 
-async def run_baseline(url: str, sessions: list[str], turns: int, workers: int
-                       ) -> tuple[list[float], float]:
+async def baseline_tx_turn(pool: AsyncConnectionPool, sid: str) -> None:
+    async with pool.connection() as conn, conn.transaction():
+        row = await (await conn.execute(
+            "SELECT * FROM bench_raw_state WHERE session_id = %s FOR UPDATE", (sid,))).fetchone()
+        it = (row[2] + 1) if row else 0
+        await conn.execute(UPSERT, (sid, "discovery", it, Jsonb([{"stage": "greeting"}]),
+                                    Jsonb({"name": "Anna"}), Jsonb({"type": "cat"}), Jsonb([]), 0))
+
+
+async def run_baseline(url: str, sessions: list[str], turns: int, workers: int,
+                       transaction: bool = False) -> tuple[list[float], float]:
     async with AsyncConnectionPool(url, min_size=workers, max_size=workers,
                                    kwargs={"autocommit": True}) as pool:
         async with pool.connection() as conn:
             await conn.execute(BASELINE_DDL)
             await conn.execute("TRUNCATE bench_raw_state")
-        return await drive(lambda sid: baseline_turn(pool, sid), sessions, turns, workers)
+        turn = baseline_tx_turn if transaction else baseline_turn
+        return await drive(lambda sid: turn(pool, sid), sessions, turns, workers)
 
 
 async def drive(turn: Any, sessions: list[str], turns: int, workers: int
@@ -127,25 +144,32 @@ async def measure(args: argparse.Namespace, url: str, url_s: str) -> None:
     print(f"PostgreSQL: {psycopg.conninfo.conninfo_to_dict(url).get('host')}; "
           f"{args.sessions} sessions x {args.turns} turns = {args.sessions * args.turns} turns "
           f"per measurement; median of {args.rounds} rounds")
+    names = {"autocommit": "raw autocommit", "transaction": "raw transaction",
+             "engine": "engine"}
     for workers in (1, 8):
-        results: dict[str, list[tuple[float, float, float]]] = {"baseline": [], "engine": []}
+        results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in names}
         for r in range(args.rounds):
             tag = f"r{r}w{workers}"
             sessions = [f"{tag}-{i}" for i in range(args.sessions)]
             lat, tps = await run_baseline(url_s, sessions, args.turns, workers)
-            results["baseline"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
+            results["autocommit"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
+            lat, tps = await run_baseline(url_s, sessions, args.turns, workers, transaction=True)
+            results["transaction"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
             lat, tps = await run_engine(url_s, sessions, args.turns, workers)
             results["engine"].append((pct(lat, 0.5), pct(lat, 0.99), tps))
         print(f"\n{workers} concurrent session(s):")
-        print(f"  {'':10} {'p50 ms':>8} {'p99 ms':>8} {'turns/s':>9}")
+        print(f"  {'':16} {'p50 ms':>8} {'p99 ms':>8} {'turns/s':>9}")
         med = {}
-        for name, rows in results.items():
-            med[name] = tuple(statistics.median(x[i] for x in rows) for i in range(3))
-            p50, p99, tps = med[name]
-            print(f"  {name:10} {p50:8.2f} {p99:8.2f} {tps:9.0f}")
-        ratio_p50 = med["engine"][0] / med["baseline"][0]
-        ratio_tps = med["engine"][2] / med["baseline"][2]
-        print(f"  engine/baseline: p50 x{ratio_p50:.2f}, throughput x{ratio_tps:.2f}")
+        for key, rows in results.items():
+            med[key] = tuple(statistics.median(x[i] for x in rows) for i in range(3))
+            p50, p99, tps = med[key]
+            print(f"  {names[key]:16} {p50:8.2f} {p99:8.2f} {tps:9.0f}")
+        for key in ("autocommit", "transaction"):
+            ratio_p50 = med["engine"][0] / med[key][0]
+            ratio_tps = med["engine"][2] / med[key][2]
+            print(f"  engine / {names[key]}: p50 x{ratio_p50:.2f}, throughput x{ratio_tps:.2f}")
+    print("\ntargets: p50 at most x2.00 with one session; throughput at least x0.50 "
+          "with 8 concurrent sessions")
 
 
 if __name__ == "__main__":

@@ -222,12 +222,12 @@ class Engine:
                                    "notices": []}
             expected, last_seen = 0, None
         else:
-            # JSONB arrives as plain JSON already; only numeric and timestamp columns need it.
-            state = {name: row.get(name) if f.is_json else plain(row.get(name))
-                     for name, f in spec.state.items()}
+            # The row arrives as JSON-friendly values (engine.state.plain).
+            state = {name: row.get(name) for name in spec.state}
             eng = {k: row[k] for k in ("stage", "stage_iteration", "turns", "stage_history",
                                        "notices")}
-            expected, last_seen = int(row["row_version"]), row["last_message_at"]
+            expected = int(row["row_version"])
+            last_seen = datetime.fromisoformat(row["last_message_at"])
         # Messages outside the window not yet in the summary, once the reply is logged.
         backlog = max(0, int((row or {}).get("message_backlog") or 1) + 1 - self._window)
         planned = self.summary.plan(state, row, recent, backlog)

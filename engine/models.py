@@ -63,6 +63,19 @@ class ScriptEntry:
     output: Any
     repair: Any = None
     error: str | None = None
+    # The outputs as the model would send them, serialized once.
+    _texts: tuple[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        first = _as_text(self.output)
+        self._texts = (first, _as_text(self.repair) if self.repair is not None else first)
+
+    def text(self, repair: bool) -> str:
+        return self._texts[1 if repair else 0]
+
+
+def _as_text(output: Any) -> str:
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
 
 
 @dataclass
@@ -145,8 +158,7 @@ class ScriptedModel:
             await asyncio.sleep(self.delay)
         if entry.error:
             raise ModelError(entry.error)
-        output = entry.repair if request.attempt and entry.repair is not None else entry.output
-        text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+        text = entry.text(bool(request.attempt))
         return Completion(
             text=text,
             prompt_tokens=estimate_tokens(request.messages),

@@ -14,6 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+from jsonschema.exceptions import best_match
+
 from .errors import ModelError
 from .funnel import CompiledStage
 from .models import Completion, Model, ModelRequest
@@ -77,14 +80,15 @@ def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None
     The problem names the JSON path and message of the most relevant
     validation error (``jsonschema.exceptions.best_match``), for the repair call.
     """
-    from jsonschema.exceptions import best_match
-
     fenced = _FENCE.match(text)
     raw = fenced.group(1) if fenced else text.strip()
     try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:  # the standard library accepts a little more, and words its errors better
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            return None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
     if not isinstance(data, dict):
         return None, "the output must be a JSON object with `reply`"
     error = best_match(stage.validator.iter_errors(data))

@@ -8,7 +8,6 @@ booleans, what the engine refused last turn, and the last few messages.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 from jinja2 import TemplateError, UndefinedError
 
 from .errors import ConfigError
-from .expressions import declared_view
+from .expressions import compact_json, declared_view
 from .funnel import CompiledFunnel, CompiledStage
 
 # Bookkeeping, not facts about the customer (the summary has its own `summary` slot).
@@ -114,8 +113,7 @@ def build_context(
         iteration_limit_reached=bool(mi and iteration >= mi.limit),
         offer=mi.offer if mi and iteration >= mi.limit else None,
         state=view,
-        state_json=json.dumps(compact_state(funnel, state, stage), ensure_ascii=False,
-                              separators=(",", ":"), default=str),
+        state_json=compact_json(compact_state(funnel, state, stage)),
         presented=presented,
         presented_skus=[p["sku"] for p in presented],
         catalog=funnel.catalog_view,

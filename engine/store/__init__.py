@@ -49,7 +49,9 @@ class SessionAccess(Protocol):
     """What :meth:`Store.session` yields."""
 
     async def load(self, window: int, *, text: str | None = None, current_id: int = 0
-                   ) -> tuple[int, dict[str, Any] | None, list[Message]]: ...
+                   ) -> tuple[int, dict[str, Any] | None, list[Message]]:
+        """Log ``text`` (if given), take the lease, read the row and the last ``window``
+        messages: (message id, the row as JSON-friendly values or None, messages)."""
 
     async def save(self, write: TurnWrite) -> int: ...
 

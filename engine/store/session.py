@@ -13,6 +13,8 @@ overwrite newer state (the row-version check). See docs/persistence.md.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -20,12 +22,11 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from ..errors import ConcurrentUpdate, StoreUnavailable
 from ..prompts import Message
 from . import TurnWrite
-from .statements import ACQUIRE, QUEUE, RECENT, RECENT_AFTER_LOG, RELEASE, Statements
+from .statements import RELEASE, Statements
 
 Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
 
@@ -40,19 +41,18 @@ async def save_turn_on(conn: psycopg.AsyncConnection[Any], table: Statements, wr
     return int(row[0])
 
 
-async def commit_point(pipeline: psycopg.AsyncPipeline) -> None:
-    """End the pipeline's implicit transaction here, without waiting for the results.
+# A lease holder is unique per turn: this process's random id and a counter (a new
+# id in a forked child, which would otherwise count from the same point).
+_PROCESS = uuid.uuid4().hex[:16]
+_TURNS = itertools.count(1)
 
-    In pipeline mode every statement up to a Sync message runs in one implicit
-    transaction, even in autocommit: without a Sync, the user's message would
-    commit only together with the lease. libpq's PQpipelineSync does not wait;
-    psycopg exposes it only privately, so fall back to the waiting ``sync()``.
-    """
-    enqueue = getattr(pipeline, "_enqueue_sync", None)
-    if callable(enqueue):
-        enqueue()
-    else:  # pragma: no cover - a psycopg without the private hook
-        await pipeline.sync()
+
+def _new_process_id() -> None:
+    global _PROCESS
+    _PROCESS = uuid.uuid4().hex[:16]
+
+
+os.register_at_fork(after_in_child=_new_process_id)
 
 
 class SessionHandle:
@@ -66,7 +66,7 @@ class SessionHandle:
         self.key = f"{table.spec.name}/{session_id}"
         # A lease this process could not give back (the database went away) is taken
         # up again by its next turn of the session, instead of waiting for it to expire.
-        self.holder = holder or uuid.uuid4().hex
+        self.holder = holder or f"{_PROCESS}-{next(_TURNS)}"
         self.locked = False
         self.wait = wait
 
@@ -75,8 +75,8 @@ class SessionHandle:
         """Log the user's message (when ``text`` is given), take the session's lease, and
         read its row and last ``window`` messages: one round trip when the session is free.
 
-        The message commits on its own, before the lease is asked for, so it is
-        durable whatever happens to the turn. Returns (message id, row or None,
+        The message commits in the statement that asks for the lease, whether the
+        lease is free or not, so it is durable whatever happens to the turn. Returns (message id, row or None,
         messages oldest first).
 
         Raises:
@@ -101,43 +101,24 @@ class SessionHandle:
 
     async def _try(self, window: int, text: str | None, current_id: int, queue: bool
                    ) -> tuple[int | None, dict[str, Any] | None, list[Message]]:
-        spec = self.table.spec
+        table = self.table
+        spec = table.spec
         async with self.connect() as conn:
-            log_cur = conn.cursor()
-            lease_cur = conn.cursor()
-            row_cur = conn.cursor(row_factory=dict_row)
-            msg_cur = conn.cursor()
-            async with conn.pipeline() as pipeline:
-                if text is not None:
-                    await log_cur.execute(self.table.log, (spec.name, self.session_id, "user",
-                                                           text, self.session_id, spec.initial))
-                    await commit_point(pipeline)
-                lease = {"key": self.key, "holder": self.holder,
-                         "seconds": self.table.lease_seconds}
-                await lease_cur.execute(ACQUIRE, lease)
-                if queue:  # waiting already: hold our place in line
-                    await conn.execute(QUEUE, lease)
-                await row_cur.execute(self.table.select,
-                                      (*self.table.select_args, self.session_id))
-                if window > 0:
-                    if text is not None:
-                        await msg_cur.execute(RECENT_AFTER_LOG,
-                                              (spec.name, self.session_id, window))
-                    else:
-                        await msg_cur.execute(RECENT, (spec.name, self.session_id, current_id,
-                                                       current_id, window))
-            logged = None
-            if text is not None:
-                first = await log_cur.fetchone()
-                assert first is not None
-                logged = int(first[0])
-            self.locked = await lease_cur.fetchone() is not None
-            if not self.locked:
-                return logged, None, []
-            row = await row_cur.fetchone()
-            messages = [Message(r[0], r[1], r[2]) for r in await msg_cur.fetchall()] \
-                if window > 0 else []
-            return logged, row, messages
+            cur = await conn.execute(table.begin, (
+                table.table_ref, spec.name, self.session_id, text, spec.initial, self.key,
+                self.holder, table.lease_seconds, window, current_id, queue,
+                bool(spec.memory.summary)))
+            found = await cur.fetchone()
+        assert found is not None
+        message_id, self.locked, state, backlog, recent = found
+        logged = int(message_id) if text is not None else None
+        if not self.locked:
+            return logged, None, []
+        messages = [Message(r[0], r[1], r[2]) for r in recent]
+        if state is None:
+            return logged, None, messages
+        state["message_backlog"] = backlog
+        return logged, table.plain_row(state), messages
 
     async def save(self, write: TurnWrite) -> int:
         """Save the turn and give the lease back, in one statement and one commit."""

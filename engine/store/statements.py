@@ -6,11 +6,11 @@ The statements are rendered to text once, so a turn pays no composition cost.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import orjson
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -18,8 +18,9 @@ from ..spec import FunnelSpec
 from . import TurnWrite, ddl
 
 
-def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_default)
+def dumps(value: Any) -> bytes:
+    """JSON for a JSONB parameter (orjson: a turn writes a few kilobytes of it)."""
+    return orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS)
 
 
 def _default(value: Any) -> Any:
@@ -28,6 +29,12 @@ def _default(value: Any) -> Any:
     if hasattr(value, "isoformat"):
         return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# The turn record's columns, filled from one JSON parameter.
+_TURN_COLUMNS = ("funnel_version", "stage_before", "transitions", "actions", "refused",
+                 "validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
+                 "prompt_tokens", "completion_tokens", "cost", "model", "error")
 
 
 class Statements:
@@ -42,49 +49,53 @@ class Statements:
                                                          "stage_history")]
         self.columns += [(f.name, f.column_type) for f in spec.state.values()]
         self.columns += [(n, engine_types[n]) for n in ("turns", "funnel_version", "notices")]
-        self.json_columns = {n for n, ty in self.columns if ty == "jsonb"}
         write_once = {f.name for f in spec.state.values() if f.write_once}
+        # The state travels as one JSON object, typed by the table's own row type
+        # (jsonb_populate_record): two parameters instead of one per column.
         names = [sql.Identifier(n) for n, _ in self.columns]
-        values = [sql.SQL("{}::{}").format(sql.Placeholder(n), ddl.column_type(ty))
-                  for n, ty in self.columns]
         sets = []
         update_sets = []
         # The rolling summary is written only by the summarizer (engine.memory).
         only_insert = {spec.memory.summary} if spec.memory.summary else set()
-        for (n, _), value in zip(self.columns[1:], values[1:], strict=True):
+        for n, _ in self.columns[1:]:
+            col = sql.Identifier(n)
             if n in only_insert:
                 # Written by a turn only when it folded a new summary (else kept).
-                keep = sql.SQL("{} = COALESCE(%(__summary)s::text, {}.{})").format(
-                    sql.Identifier(n), t, sql.Identifier(n))
+                keep = sql.SQL("{} = COALESCE(%(__summary)s::text, {}.{})").format(col, t, col)
                 sets.append(keep)
                 update_sets.append(keep)
-                continue
-            col = sql.Identifier(n)
-            if n in write_once:
+            elif n in write_once:
                 sets.append(sql.SQL("{} = COALESCE({}.{}, EXCLUDED.{})").format(col, t, col, col))
-                update_sets.append(sql.SQL("{} = COALESCE({}.{}, {})").format(col, t, col, value))
+                update_sets.append(sql.SQL("{} = COALESCE({}.{}, r.{})").format(col, t, col, col))
             else:
                 sets.append(sql.SQL("{} = EXCLUDED.{}").format(col, col))
-                update_sets.append(sql.SQL("{} = {}").format(col, value))
+                update_sets.append(sql.SQL("{} = r.{}").format(col, col))
         upto = sql.SQL("summary_upto = COALESCE(%(__summary_upto)s::bigint, {}.summary_upto)"
                        ).format(t)
+        record = sql.SQL("jsonb_populate_record(NULL::{}, %(__state)s) r").format(t)
         # A session the turn loaded is only ever updated: if it was deleted
         # meanwhile (purge), the save must not bring it back.
         update = sql.SQL(
-            "UPDATE {t} SET {sets}, {upto}, row_version = {t}.row_version + 1, updated_at = %(__now)s, "
-            "last_message_at = %(__now)s WHERE session_id = %(session_id)s "
-            "AND row_version = %(__expected)s RETURNING row_version"
-        ).format(t=t, sets=sql.SQL(", ").join(update_sets), upto=upto)
+            "UPDATE {t} SET {sets}, {upto}, row_version = {t}.row_version + 1, "
+            "updated_at = %(__now)s, last_message_at = %(__now)s FROM {record} "
+            "WHERE {t}.session_id = %(session_id)s AND {t}.row_version = %(__expected)s "
+            "RETURNING {t}.row_version"
+        ).format(t=t, sets=sql.SQL(", ").join(update_sets), upto=upto, record=record)
         upsert = sql.SQL(
             "INSERT INTO {t} ({names}, row_version, created_at, updated_at, last_message_at) "
-            "VALUES ({values}, 1, %(__now)s, %(__now)s, %(__now)s) "
+            "SELECT %(session_id)s, {values}, 1, %(__now)s, %(__now)s, %(__now)s FROM {record} "
             "ON CONFLICT (session_id) DO UPDATE SET {sets}, {upto}, "
             "row_version = {t}.row_version + 1, updated_at = %(__now)s, "
             "last_message_at = %(__now)s "
             "WHERE {t}.row_version = %(__expected)s "
             "RETURNING row_version"
-        ).format(t=t, names=sql.SQL(", ").join(names), values=sql.SQL(", ").join(values),
+        ).format(t=t, names=sql.SQL(", ").join(names), record=record,
+                 values=sql.SQL(", ").join(sql.SQL("r.{}").format(n) for n in names[1:]),
                  sets=sql.SQL(", ").join(sets), upto=upto)
+        turn_columns = sql.SQL(", ").join(map(sql.Identifier, _TURN_COLUMNS))
+        turn_values = sql.SQL(", ").join(sql.SQL("x.{}").format(sql.Identifier(c))
+                                         for c in _TURN_COLUMNS)
+
         # One statement saves the whole turn: the state (if the version still
         # matches), the reply, the turn record and the outbox rows. Atomic, one
         # round trip, one commit; nothing but the state is written on a mismatch.
@@ -94,14 +105,9 @@ class Statements:
                 "m AS (INSERT INTO {messages} (funnel, session_id, role, content, stage) "
                 "SELECT %(__funnel)s, %(session_id)s, 'assistant', %(__reply)s::text, "
                 "%(__stage_after)s FROM s WHERE %(__reply)s::text IS NOT NULL), "
-                "tr AS (INSERT INTO {turns} (funnel, funnel_version, session_id, stage_before, "
-                "stage_after, transitions, actions, refused, validation_failures, repaired, fallback, "
-                "llm_ms, turn_ms, prompt_tokens, completion_tokens, cost, model, error) "
-                "SELECT %(__funnel)s, %(funnel_version)s, %(session_id)s, %(__t_stage_before)s, "
-                "%(__stage_after)s, %(__t_transitions)s, %(__t_actions)s, %(__t_refused)s, "
-                "%(__t_validation_failures)s, %(__t_repaired)s, %(__t_fallback)s, %(__t_llm_ms)s, "
-                "%(__t_turn_ms)s, %(__t_prompt_tokens)s, %(__t_completion_tokens)s, "
-                "%(__t_cost)s, %(__t_model)s, %(__t_error)s FROM s), "
+                "tr AS (INSERT INTO {turns} (funnel, session_id, stage_after, {turn_columns}) "
+                "SELECT %(__funnel)s, %(session_id)s, %(__stage_after)s, {turn_values} "
+                "FROM s, jsonb_populate_record(NULL::{turns}, %(__turn)s) x), "
                 "lease AS (UPDATE {leases} SET holder = '', expires_at = '-infinity' "
                 "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s), "
                 "o AS (INSERT INTO {outbox} (idempotency_key, funnel, session_id, kind, payload) "
@@ -110,7 +116,8 @@ class Statements:
                 "ON CONFLICT (idempotency_key) DO NOTHING) "
                 "SELECT row_version FROM s"
             ).format(write=write, messages=sql.Identifier(ddl.MESSAGES),
-                     leases=sql.Identifier(ddl.LEASES),
+                     leases=sql.Identifier(ddl.LEASES), turn_columns=turn_columns,
+                     turn_values=turn_values,
                      turns=sql.Identifier(ddl.TURNS), outbox=sql.Identifier(ddl.OUTBOX)).as_string()
 
         # How long a turn may hold its session before another may take it over: the
@@ -123,15 +130,16 @@ class Statements:
         # The row alone, as `funnel state` and Engine.state show it.
         self.select_row = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(
             t).as_string()
-        self.select = self.select_row
-        self.select_args: tuple[str, ...] = ()
-        if spec.memory.summary:
-            # A turn reads, with the row, how many messages are not in the summary yet.
-            self.select = sql.SQL(
-                "SELECT s.*, (SELECT COUNT(*) FROM {m} WHERE funnel = %s AND session_id = "
-                "s.session_id AND id > s.summary_upto) AS message_backlog FROM {t} s "
-                "WHERE s.session_id = %s").format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
-            self.select_args = (spec.name,)
+        # A turn's first round trip (see ddl.BEGIN_TURN): positional parameters in the
+        # order of SessionHandle._try.
+        self.begin = (f"SELECT message_id, leased, state, backlog, recent FROM {ddl.BEGIN_TURN}"
+                      "(%s::regclass, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+        self.table_ref = t.as_string()
+        # The row arrives as JSON: numeric values as numbers, timestamps as text.
+        self.numeric_columns = [n for n, ty in self.columns
+                                if ty.startswith(("numeric", "decimal"))]
+        self.timestamp_columns = [n for n, ty in self.columns if ty.startswith("timestamp")]
+        self.timestamp_columns += list(ddl.TIMESTAMPS)
         self.log = sql.SQL(
             "INSERT INTO {m} (funnel, session_id, role, content, stage) VALUES "
             "(%s, %s, %s, %s, COALESCE((SELECT stage FROM {t} WHERE session_id = %s), %s)) "
@@ -140,6 +148,19 @@ class Statements:
         self.version_of = sql.SQL("SELECT row_version FROM {} WHERE session_id = %s").format(
             t).as_string()
 
+    def plain_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The row read as JSON, with the values :func:`engine.state.plain` gives a row
+        read column by column: integral numerics as ints, timestamps in Python's ISO form."""
+        for name in self.numeric_columns:
+            value = row.get(name)
+            if isinstance(value, float) and value.is_integer():
+                row[name] = int(value)
+        for name in self.timestamp_columns:
+            value = row.get(name)
+            if isinstance(value, str):
+                row[name] = datetime.fromisoformat(value).isoformat()
+        return row
+
     def statement(self, write: TurnWrite) -> str:
         """INSERT-or-update for a new session, UPDATE for one the turn loaded."""
         return self.save if write.expected_version == 0 else self.save_existing
@@ -147,31 +168,20 @@ class Statements:
     def params(self, write: TurnWrite) -> dict[str, Any]:
         # Timestamps come from the engine's clock (tests and scenarios move it);
         # without one, the current time.
-        out: dict[str, Any] = {"__expected": write.expected_version,
-                               "session_id": write.session_id,
-                               "__now": write.message_time or datetime.now(UTC)}
-        for name, _ in self.columns[1:]:
-            value = write.values.get(name)
-            out[name] = Jsonb(value, dumps=dumps) if name in self.json_columns and \
-                value is not None else value
-        t = write.turn
-        out["__lock_key"] = f"{self.spec.name}/{write.session_id}"
-        out["__holder"] = write.holder
-        out["__summary_upto"] = write.summary_upto
-        if self.spec.memory.summary:
-            out["__summary"] = write.summary
-        out.update({
+        out: dict[str, Any] = {
+            "__expected": write.expected_version, "session_id": write.session_id,
+            "__now": write.message_time or datetime.now(UTC),
+            "__state": Jsonb(write.values, dumps=dumps),
+            "__turn": Jsonb({**write.turn, "funnel_version": self.spec.version}, dumps=dumps),
+            "__lock_key": f"{self.spec.name}/{write.session_id}", "__holder": write.holder,
+            "__summary_upto": write.summary_upto,
             "__funnel": self.spec.name, "__reply": write.reply,
-            "__stage_after": write.stage_after, "__t_stage_before": t["stage_before"],
-            "__t_transitions": Jsonb(t["transitions"], dumps=dumps),
-            "__t_actions": Jsonb(t["actions"], dumps=dumps),
-            "__t_refused": Jsonb(t["refused"], dumps=dumps),
+            "__stage_after": write.stage_after,
             "__outbox": Jsonb([{"key": o.key, "kind": o.kind, "payload": o.payload}
                                for o in write.outbox], dumps=dumps),
-        })
-        for key in ("validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
-                    "prompt_tokens", "completion_tokens", "cost", "model", "error"):
-            out[f"__t_{key}"] = t.get(key)
+        }
+        if self.spec.memory.summary:
+            out["__summary"] = write.summary
         return out
 
 
@@ -179,28 +189,10 @@ def default_literal(field: Any) -> sql.Composable:
     if field.default is None:
         return sql.SQL("NULL")
     if field.is_json:
-        return sql.SQL("{}::jsonb").format(sql.Literal(dumps(field.default)))
+        return sql.SQL("{}::jsonb").format(sql.Literal(dumps(field.default).decode()))
     return sql.Literal(field.default)
 
 
-# A turn's lease on its session: taken if it is ours already, or if it is free (or
-# expired) and no other waiting turn is next in line (a waiter that stopped asking
-# for a second loses its place).
-ACQUIRE = (
-    f"INSERT INTO {ddl.LEASES} (lock_key, holder, expires_at) "
-    "VALUES (%(key)s, %(holder)s, NOW() + %(seconds)s * INTERVAL '1 second') "
-    f"ON CONFLICT (lock_key) DO UPDATE SET holder = EXCLUDED.holder, "
-    "expires_at = EXCLUDED.expires_at, next_holder = NULL, next_at = NULL "
-    f"WHERE {ddl.LEASES}.holder = EXCLUDED.holder OR ({ddl.LEASES}.expires_at < NOW() "
-    f"AND ({ddl.LEASES}.next_holder IS NULL OR {ddl.LEASES}.next_holder = EXCLUDED.holder "
-    f"OR {ddl.LEASES}.next_at < NOW() - INTERVAL '1 second')) RETURNING holder"
-)
-# Sent right after ACQUIRE: a turn that did not get the lease queues as next in line.
-QUEUE = (
-    f"UPDATE {ddl.LEASES} SET next_holder = %(holder)s, next_at = NOW() "
-    "WHERE lock_key = %(key)s AND holder <> %(holder)s AND (next_holder IS NULL "
-    "OR next_holder = %(holder)s OR next_at < NOW() - INTERVAL '1 second')"
-)
 # Giving a lease back leaves the row, free, for the session's next turn. (Deleting
 # it instead would race with a waiter queueing on it at that moment: the delete
 # would skip the row, and the lease would stay taken until it expired.)
@@ -217,11 +209,3 @@ RECENT = (
     "AND (id < %s OR role = 'assistant') ORDER BY id DESC LIMIT %s) w ORDER BY id"
 )
 
-# The same, for the message this connection has just logged (currval is per connection).
-RECENT_AFTER_LOG = (
-    f"SELECT role, content, id FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
-    "WHERE funnel = %s AND session_id = %s "
-    f"AND id <> currval(pg_get_serial_sequence('{ddl.MESSAGES}', 'id')) "
-    f"AND (id < currval(pg_get_serial_sequence('{ddl.MESSAGES}', 'id')) OR role = 'assistant') "
-    "ORDER BY id DESC LIMIT %s) w ORDER BY id"
-)
