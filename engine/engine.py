@@ -65,7 +65,7 @@ class TurnResult:
     handoff: bool = False
     returning: bool = False
     error: str | None = None
-    backlog: int = 0  # messages that left the window and wait for the summary
+    backlog: int = 0  # messages that left the window and wait for the summary (at least)
 
 
 class Engine:
@@ -228,8 +228,12 @@ class Engine:
                                        "notices")}
             expected = int(row["row_version"])
             last_seen = datetime.fromisoformat(row["last_message_at"])
-        # Messages outside the window not yet in the summary, once the reply is logged.
-        backlog = max(0, int((row or {}).get("message_backlog") or 1) + 1 - self._window)
+        # Messages outside the window not yet in the summary, once the reply is logged,
+        # counted in what the turn read (three windows): when all of those are
+        # unsummarized, there are at least that many, and the summary catches up.
+        upto = int(row.get("summary_upto") or 0) if row else 0
+        unsummarized = sum(1 for m in recent if m.id > upto) + 1  # and the current one
+        backlog = max(0, unsummarized + 1 - self._window)
         planned = self.summary.plan(state, row, recent, backlog)
         folded = await self.summary.fold_now(planned) if planned else None
         if planned and folded is None:

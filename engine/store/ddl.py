@@ -168,16 +168,15 @@ SHARED_MIGRATIONS: list[str] = [
     f"ALTER TABLE {LEASES} SET UNLOGGED",
     # A turn's first round trip, in one statement and one commit: take the session's
     # lease (or queue for it), log the user's message with the stage it arrived in,
-    # and, when the lease is ours, read the row, the summary backlog and the window.
+    # and, when the lease is ours, read the row and the window.
     # Each statement here sees what committed before it ran, so the row and the
     # window include the previous turn's save even if it committed while this one
     # waited on the lease. The row comes as one JSON object (decoded once).
     f"""CREATE OR REPLACE FUNCTION {BEGIN_TURN}(
         p_table regclass, p_funnel text, p_session text, p_text text, p_initial text,
         p_key text, p_holder text, p_seconds float8, p_window int, p_current bigint,
-        p_queue boolean, p_backlog boolean)
-    RETURNS TABLE (message_id bigint, leased boolean, state jsonb, backlog bigint,
-                   recent jsonb)
+        p_queue boolean)
+    RETURNS TABLE (message_id bigint, leased boolean, state jsonb, recent jsonb)
     LANGUAGE plpgsql AS $$
     BEGIN
         INSERT INTO {LEASES} AS l (lock_key, holder, expires_at)
@@ -204,11 +203,6 @@ SHARED_MIGRATIONS: list[str] = [
             state := NULL;
             RETURN NEXT;
             RETURN;
-        END IF;
-        backlog := 0;
-        IF p_backlog AND state IS NOT NULL THEN
-            SELECT COUNT(*) INTO backlog FROM {MESSAGES} m WHERE m.funnel = p_funnel
-                AND m.session_id = p_session AND m.id > (state->>'summary_upto')::bigint;
         END IF;
         -- Replies logged after the current message (a turn that finished while this
         -- message waited for the lease) still belong to its window.

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -120,6 +118,41 @@ class _Checkout:
             raise self.store._timed_out() from None
         if isinstance(exc, psycopg.OperationalError):
             raise self.store._lost(exc) from None
+
+
+class _Turn:
+    """``async with store.session(...)``: a slot among the process's turns in flight and
+    a :class:`SessionHandle`; a lease the turn still holds is given back on the way out."""
+
+    __slots__ = ("store", "funnel", "session_id", "handle")
+
+    def __init__(self, store: PostgresStore, funnel: FunnelSpec, session_id: str) -> None:
+        self.store, self.funnel, self.session_id = store, funnel, session_id
+        self.handle: SessionHandle | None = None
+
+    async def __aenter__(self) -> SessionHandle:
+        store = self.store
+        try:
+            if store._turns.locked():  # wait_for costs a task: only when there is a wait
+                await asyncio.wait_for(store._turns.acquire(), timeout=store.turn_wait)
+            else:
+                await store._turns.acquire()
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"no room for session {self.session_id!r}: {store.max_turns} turns are "
+                "running in this process; try again") from None
+        key = f"{self.funnel.name}/{self.session_id}"
+        self.handle = SessionHandle(store.table(self.funnel), store._conn, self.session_id,
+                                    wait=store.turn_wait, holder=store._orphans.pop(key, None))
+        return self.handle
+
+    async def __aexit__(self, *exc: object) -> None:
+        handle, store = self.handle, self.store
+        try:
+            if handle is not None and handle.locked and not await handle.release():
+                store._orphans[handle.key] = handle.holder
+        finally:
+            store._turns.release()
 
 
 class PostgresStore:
@@ -249,31 +282,13 @@ class PostgresStore:
         async with self._conn() as conn:
             return await save_turn_on(conn, table, write)
 
-    @asynccontextmanager
-    async def session(self, funnel: FunnelSpec, session_id: str) -> AsyncIterator[SessionHandle]:
+    def session(self, funnel: FunnelSpec, session_id: str) -> _Turn:
         """One turn's access to a session: ``load`` takes its lease, ``save`` gives it back.
 
         No connection is held in between. At most ``max_turns`` turns of this
         process are in flight at once; a turn past that waits for a slot.
         """
-        try:
-            if self._turns.locked():  # wait_for costs a task: only when there is a wait
-                await asyncio.wait_for(self._turns.acquire(), timeout=self.turn_wait)
-            else:
-                await self._turns.acquire()
-        except TimeoutError:
-            raise StoreUnavailable(
-                f"no room for session {session_id!r}: {self.max_turns} turns are running in "
-                "this process; try again") from None
-        key = f"{funnel.name}/{session_id}"
-        handle = SessionHandle(self.table(funnel), self._conn, session_id,
-                               wait=self.turn_wait, holder=self._orphans.pop(key, None))
-        try:
-            yield handle
-        finally:
-            if handle.locked and not await handle.release():
-                self._orphans[key] = handle.holder
-            self._turns.release()
+        return _Turn(self, funnel, session_id)
 
     # -- outbox ------------------------------------------------------------------------
     async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,

@@ -106,19 +106,15 @@ class SessionHandle:
         async with self.connect() as conn:
             cur = await conn.execute(table.begin, (
                 table.table_ref, spec.name, self.session_id, text, spec.initial, self.key,
-                self.holder, table.lease_seconds, window, current_id, queue,
-                bool(spec.memory.summary)))
+                self.holder, table.lease_seconds, window, current_id, queue))
             found = await cur.fetchone()
         assert found is not None
-        message_id, self.locked, state, backlog, recent = found
+        message_id, self.locked, state, recent = found
         logged = int(message_id) if text is not None else None
         if not self.locked:
             return logged, None, []
         messages = [Message(r[0], r[1], r[2]) for r in recent]
-        if state is None:
-            return logged, None, messages
-        state["message_backlog"] = backlog
-        return logged, table.plain_row(state), messages
+        return logged, (table.plain_row(state) if state is not None else None), messages
 
     async def save(self, write: TurnWrite) -> int:
         """Save the turn and give the lease back, in one statement and one commit."""

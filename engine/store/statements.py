@@ -99,7 +99,8 @@ class Statements:
         # One statement saves the whole turn: the state (if the version still
         # matches), the reply, the turn record and the outbox rows. Atomic, one
         # round trip, one commit; nothing but the state is written on a mismatch.
-        def whole_turn(write: sql.Composable) -> str:
+        def whole_turn(write: sql.Composable, outbox: bool) -> str:
+            # Most turns notify no one: they skip the outbox's part of the plan.
             return sql.SQL(
                 "WITH s AS ({write}), "
                 "m AS (INSERT INTO {messages} (funnel, session_id, role, content, stage) "
@@ -109,31 +110,34 @@ class Statements:
                 "SELECT %(__funnel)s, %(session_id)s, %(__stage_after)s, {turn_values} "
                 "FROM s, jsonb_populate_record(NULL::{turns}, %(__turn)s) x), "
                 "lease AS (UPDATE {leases} SET holder = '', expires_at = '-infinity' "
-                "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s), "
-                "o AS (INSERT INTO {outbox} (idempotency_key, funnel, session_id, kind, payload) "
-                "SELECT x.key, %(__funnel)s, %(session_id)s, x.kind, x.payload FROM s, "
-                "jsonb_to_recordset(%(__outbox)s::jsonb) AS x(key text, kind text, payload jsonb) "
-                "ON CONFLICT (idempotency_key) DO NOTHING) "
+                "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s){outbox_part} "
                 "SELECT row_version FROM s"
             ).format(write=write, messages=sql.Identifier(ddl.MESSAGES),
+                     outbox_part=sql.SQL(
+                         ", o AS (INSERT INTO {} (idempotency_key, funnel, session_id, kind, "
+                         "payload) SELECT x.key, %(__funnel)s, %(session_id)s, x.kind, x.payload "
+                         "FROM s, jsonb_to_recordset(%(__outbox)s::jsonb) AS x(key text, "
+                         "kind text, payload jsonb) ON CONFLICT (idempotency_key) DO NOTHING)"
+                     ).format(sql.Identifier(ddl.OUTBOX)) if outbox else sql.SQL(""),
                      leases=sql.Identifier(ddl.LEASES), turn_columns=turn_columns,
                      turn_values=turn_values,
-                     turns=sql.Identifier(ddl.TURNS), outbox=sql.Identifier(ddl.OUTBOX)).as_string()
+                     turns=sql.Identifier(ddl.TURNS)).as_string()
 
         # How long a turn may hold its session before another may take it over: the
         # slowest model call the funnel allows (first call and repair, with retries).
         self.lease_seconds = 30 + max(
             (2 * st.model.timeout * (st.model.retries + 1) for st in spec.stages.values()),
             default=60)
-        self.save = whole_turn(upsert)
-        self.save_existing = whole_turn(update)
+        # [new session?][anything for the outbox?]
+        self.saves = ((whole_turn(update, False), whole_turn(update, True)),
+                      (whole_turn(upsert, False), whole_turn(upsert, True)))
         # The row alone, as `funnel state` and Engine.state show it.
         self.select_row = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(
             t).as_string()
         # A turn's first round trip (see ddl.BEGIN_TURN): positional parameters in the
         # order of SessionHandle._try.
-        self.begin = (f"SELECT message_id, leased, state, backlog, recent FROM {ddl.BEGIN_TURN}"
-                      "(%s::regclass, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+        self.begin = (f"SELECT message_id, leased, state, recent FROM {ddl.BEGIN_TURN}"
+                      "(%s::regclass, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
         self.table_ref = t.as_string()
         # The row arrives as JSON: numeric values as numbers, timestamps as text.
         self.numeric_columns = [n for n, ty in self.columns
@@ -163,7 +167,7 @@ class Statements:
 
     def statement(self, write: TurnWrite) -> str:
         """INSERT-or-update for a new session, UPDATE for one the turn loaded."""
-        return self.save if write.expected_version == 0 else self.save_existing
+        return self.saves[write.expected_version == 0][bool(write.outbox)]
 
     def params(self, write: TurnWrite) -> dict[str, Any]:
         # Timestamps come from the engine's clock (tests and scenarios move it);
@@ -177,9 +181,10 @@ class Statements:
             "__summary_upto": write.summary_upto,
             "__funnel": self.spec.name, "__reply": write.reply,
             "__stage_after": write.stage_after,
-            "__outbox": Jsonb([{"key": o.key, "kind": o.kind, "payload": o.payload}
-                               for o in write.outbox], dumps=dumps),
         }
+        if write.outbox:
+            out["__outbox"] = Jsonb([{"key": o.key, "kind": o.kind, "payload": o.payload}
+                                     for o in write.outbox], dumps=dumps)
         if self.spec.memory.summary:
             out["__summary"] = write.summary
         return out
