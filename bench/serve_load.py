@@ -17,6 +17,11 @@ throwaway schema) with the scripted model slowed to ``--delay`` seconds a call
     delay, and from ``funnel_turns`` the engine's own ``turn_ms`` / ``llm_ms``;
 (d) errors (any answer but 200, or a broken connection).
 
+The conversations' first messages are spread over one model delay, as real
+conversations start at different times; ``--lockstep`` starts them all at the
+same instant, and with a model that always takes exactly ``--delay`` they then
+stay in waves of 100 requests a worker, which the tail latency shows.
+
 The client is a small keep-alive HTTP/1.1 client on asyncio (one connection per
 conversation), chosen to cost the server's cores as little as possible: it
 runs on the same machine as the service and PostgreSQL and shares its cores.
@@ -120,7 +125,7 @@ async def healthz(port: int, clients: int, seconds: float) -> dict[str, Any]:
 
 
 async def conversations(port: int, clients: int, seconds: float, session_turns: int,
-                        run: str) -> dict[str, Any]:
+                        run: str, stagger: float) -> dict[str, Any]:
     latencies: list[float] = []
     errors: dict[str, int] = {}
     stop = time.perf_counter() + seconds
@@ -128,6 +133,9 @@ async def conversations(port: int, clients: int, seconds: float, session_turns: 
     async def client(n: int) -> None:
         conn = Connection("127.0.0.1", port)
         turn = 0
+        # Conversations do not all start in the same millisecond: spread the first
+        # messages over one model delay, or every client stays in one lockstep wave.
+        await asyncio.sleep(stagger * n / clients)
         try:
             while time.perf_counter() < stop:
                 session = f"{run}-{n}-{turn // session_turns}"
@@ -196,6 +204,9 @@ def main() -> int:
     ap.add_argument("--turn-pool", type=int, default=None,
                     help="FUNNEL_TURN_POOL per worker (default: every conversation)")
     ap.add_argument("--db-pool", type=int, default=8)
+    ap.add_argument("--lockstep", action="store_true",
+                    help="start every conversation at the same instant (by default the first "
+                         "messages are spread over one model delay)")
     args = ap.parse_args()
 
     url = server_url(args.db)
@@ -230,7 +241,8 @@ def main() -> int:
             wait_ready(port, proc, log)
             h = asyncio.run(healthz(port, args.conversations, args.healthz_seconds))
             c = asyncio.run(conversations(port, args.conversations, args.duration,
-                                          args.session_turns, f"r{int(time.time())}"))
+                                          args.session_turns, f"r{int(time.time())}",
+                                          0.0 if args.lockstep else args.delay))
         finally:
             os.killpg(proc.pid, signal.SIGINT)
             try:
@@ -249,8 +261,10 @@ def main() -> int:
     print(f"\n(a) no-op capacity, GET /healthz, {args.conversations} clients, "
           f"{args.healthz_seconds:g} s: {h['rps']:.0f} req/s (p50 {h['p50'] * 1000:.1f} ms, "
           f"p99 {h['p99'] * 1000:.1f} ms, errors {h['errors']})")
-    print(f"(b) throughput, {args.conversations} conversations, {c['elapsed']:.0f} s: "
-          f"{c['tps']:.0f} turns/s ({c['turns']} turns)")
+    start = "all at once (--lockstep)" if args.lockstep else \
+        f"first messages spread over {args.delay:g} s"
+    print(f"(b) throughput, {args.conversations} conversations ({start}), "
+          f"{c['elapsed']:.0f} s: {c['tps']:.0f} turns/s ({c['turns']} turns)")
     print(f"    ideal {args.conversations}/{args.delay:g} s = {ideal:.0f} turns/s; "
           f"bounded by (a) {h['rps']:.0f}: {bound:.0f} turns/s")
     print(f"    = {c['tps'] / ideal:.2f} x the ideal, {c['tps'] / bound:.2f} x the bound "
