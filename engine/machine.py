@@ -114,11 +114,32 @@ class StageMachine:
         """Fire one trigger for a session sitting in ``stage``; return what happened."""
         session = _Session(state=stage, ctx=ctx)
         event = self.machine.events.get(trigger)
-        if event is not None:
+        if event is not None and _may_fire(event.transitions.get(stage, ()), ctx):
             # Fire the shared machine's event on a throwaway model: add_model would
             # decorate it with every trigger and state helper, several times the cost.
             event.trigger(session)
         return session
+
+
+def _may_fire(transitions: Any, ctx: Mapping[str, Any]) -> bool:
+    """Whether one of a stage's transitions may fire: most turns stay in their stage,
+    and seeing that from the compiled conditions costs a fraction of a trigger. The
+    machine decides (and evaluates again) whenever one may."""
+    for t in transitions:
+        if not t.conditions:
+            return True
+        for c in t.conditions:
+            condition = getattr(c.func, "condition", None)
+            if condition is None:
+                return True
+            try:
+                if not condition(ctx):
+                    break
+            except Exception:
+                return True  # the machine's guard records the error
+        else:
+            return True
+    return False
 
 
 def _guard(condition: CompiledCondition) -> Any:
@@ -131,6 +152,7 @@ def _guard(condition: CompiledCondition) -> Any:
             return False
 
     check.__doc__ = condition.source
+    check.condition = condition  # type: ignore[attr-defined]  # for _may_fire
     return check
 
 

@@ -70,7 +70,9 @@ class _Health:
         """A pooled connection was found broken in the last few seconds (a restart)."""
         return time.monotonic() - self.broken_at < 10
 
-    async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def used(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        # Recorded by the store's own checkout, not by a pool `reset` callback: with
+        # one, psycopg_pool hands every returned connection to a background task.
         self.last_used[conn] = time.monotonic()
 
     def distrust(self) -> None:
@@ -113,6 +115,7 @@ class _Checkout:
                         tb: object) -> None:
         conn, self.conn = self.conn, None
         if conn is not None:
+            self.store.health.used(conn)
             await self.store.pool.putconn(conn)  # rolls back whatever a failure left open
         if isinstance(exc, PoolTimeout):
             raise self.store._timed_out() from None
@@ -189,7 +192,7 @@ class PostgresStore:
         pool = AsyncConnectionPool(url, min_size=1, max_size=max_connections, open=False,
                                    kwargs=kwargs, timeout=timeout, check=health.check,
                                    configure=_configure,
-                                   reset=health.reset, name="funnel",
+                                   name="funnel",
                                    reconnect_timeout=timeout)
         store = cls(url, pool, timeout, health, max_turns)
         try:
