@@ -20,7 +20,7 @@ import yaml
 from engine import Engine, ScriptedModel
 from engine.errors import SchemaOutdated
 from engine.funnel import load_funnel
-from engine.store import ddl
+from engine.store import ddl, functions
 
 ROOT = Path(__file__).resolve().parent.parent
 PURAMUR = ROOT / "funnels" / "puramur.yaml"
@@ -248,3 +248,39 @@ async def test_sessions_in_a_removed_stage(tmp_path: Path, db_url: str, sql: Any
                            ("moving-on", "discovery", 0, 1)]
     after = migrate(mapped, db_url)
     assert after.returncode == 0 and "is up to date" in after.stdout
+
+
+# -- the turn function ---------------------------------------------------------------------
+def turn_function(sql: Any) -> list[tuple[Any, ...]]:
+    return sql("SELECT p.proname, obj_description(p.oid, 'pg_proc') FROM pg_proc p WHERE "
+               "p.pronamespace = current_schema()::regnamespace AND p.proname = %s",
+               (functions.begin_function_name(TABLE),))
+
+
+async def test_the_turn_function_is_made_with_the_table_and_remade_when_it_changes(
+        db_url: str, sql: Any) -> None:
+    done = migrate(PURAMUR, db_url)
+    assert done.returncode == 0, done.stderr
+    name, _, comment = functions.begin_function(load_funnel(PURAMUR).spec)
+    assert f"create function {name}" in done.stdout
+    assert turn_function(sql) == [(name, comment)]
+    assert recorded(sql) == [r for r in recorded(sql) if "function" not in r[2]]  # derived
+
+    # a table made by an older engine (no function), or an older function: the engine
+    # makes the one it needs when it opens, and its turns run
+    sql(f"DROP FUNCTION {name}")
+    assert (await a_turn(PURAMUR, db_url, "no-function"))["turns"] == 1
+    assert turn_function(sql) == [(name, comment)]
+    sql(f"COMMENT ON FUNCTION {name} IS 'funnel turn function 0000'")
+    check = migrate(PURAMUR, db_url, "--check")
+    assert check.returncode == 1 and f"would replace function {name}" in check.stdout
+    assert turn_function(sql) == [(name, "funnel turn function 0000")]  # --check: untouched
+    assert (await a_turn(PURAMUR, db_url, "old-function"))["turns"] == 1
+    assert turn_function(sql) == [(name, comment)]
+
+
+def test_a_long_table_name_gets_a_short_function_name() -> None:
+    long_a, long_b = "t" * 60 + "_a", "t" * 60 + "_b"
+    a, b = functions.begin_function_name(long_a), functions.begin_function_name(long_b)
+    assert a != b and len(a.encode()) <= 63 and len(b.encode()) <= 63
+    assert functions.begin_function_name("short") == "funnel_turn_short"

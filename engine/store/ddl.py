@@ -13,7 +13,6 @@ TURNS = "funnel_turns"
 OUTBOX = "funnel_outbox"
 MIGRATIONS = "funnel_migrations"
 LEASES = "funnel_leases"
-BEGIN_TURN = "funnel_begin_turn"
 
 
 def column_type(name: str) -> sql.SQL:
@@ -166,52 +165,4 @@ SHARED_MIGRATIONS: list[str] = [
     # a crash of the database (which empties an unlogged table) every lease is free,
     # which is right, since the turns that held them lost their connections too.
     f"ALTER TABLE {LEASES} SET UNLOGGED",
-    # A turn's first round trip, in one statement and one commit: take the session's
-    # lease (or queue for it), log the user's message with the stage it arrived in,
-    # and, when the lease is ours, read the row and the window.
-    # Each statement here sees what committed before it ran, so the row and the
-    # window include the previous turn's save even if it committed while this one
-    # waited on the lease. The row comes as one JSON object (decoded once).
-    f"""CREATE OR REPLACE FUNCTION {BEGIN_TURN}(
-        p_table regclass, p_funnel text, p_session text, p_text text, p_initial text,
-        p_key text, p_holder text, p_seconds float8, p_window int, p_current bigint,
-        p_queue boolean)
-    RETURNS TABLE (message_id bigint, leased boolean, state jsonb, recent jsonb)
-    LANGUAGE plpgsql AS $$
-    BEGIN
-        INSERT INTO {LEASES} AS l (lock_key, holder, expires_at)
-        VALUES (p_key, p_holder, NOW() + p_seconds * INTERVAL '1 second')
-        ON CONFLICT (lock_key) DO UPDATE SET holder = EXCLUDED.holder,
-            expires_at = EXCLUDED.expires_at, next_holder = NULL, next_at = NULL
-        WHERE l.holder = EXCLUDED.holder OR (l.expires_at < NOW() AND (l.next_holder IS NULL
-            OR l.next_holder = EXCLUDED.holder OR l.next_at < NOW() - INTERVAL '1 second'));
-        leased := FOUND;
-        IF NOT leased AND p_queue THEN  -- waiting already: hold our place in line
-            UPDATE {LEASES} AS l SET next_holder = p_holder, next_at = NOW()
-            WHERE l.lock_key = p_key AND l.holder <> p_holder AND (l.next_holder IS NULL
-                OR l.next_holder = p_holder OR l.next_at < NOW() - INTERVAL '1 second');
-        END IF;
-        EXECUTE format('SELECT to_jsonb(s) FROM %s s WHERE s.session_id = $1', p_table)
-            INTO state USING p_session;
-        message_id := p_current;
-        IF p_text IS NOT NULL THEN
-            INSERT INTO {MESSAGES} (funnel, session_id, role, content, stage)
-            VALUES (p_funnel, p_session, 'user', p_text, COALESCE(state->>'stage', p_initial))
-            RETURNING id INTO message_id;
-        END IF;
-        IF NOT leased THEN
-            state := NULL;
-            RETURN NEXT;
-            RETURN;
-        END IF;
-        -- Replies logged after the current message (a turn that finished while this
-        -- message waited for the lease) still belong to its window.
-        SELECT COALESCE(jsonb_agg(jsonb_build_array(w.role, w.content, w.id) ORDER BY w.id), '[]')
-        INTO recent FROM (SELECT m.id, m.role, m.content FROM {MESSAGES} m
-            WHERE m.funnel = p_funnel AND m.session_id = p_session AND m.id <> message_id
-            AND (m.id < message_id OR m.role = 'assistant') ORDER BY m.id DESC
-            LIMIT p_window) w;
-        RETURN NEXT;
-    END
-    $$""",
 ]

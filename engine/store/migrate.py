@@ -10,6 +10,7 @@ from psycopg import sql
 
 from ..spec import FunnelSpec
 from . import ddl
+from .functions import function_changes
 
 # Migrations of every funnel serialize on one lock; a bounded wait turns a stuck
 # migration elsewhere into an error instead of a hang.
@@ -79,7 +80,8 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
     removed field is reported and kept unless ``drop``; sessions sitting in a
     stage the funnel no longer has are reported. With ``check`` nothing is
     changed. Each change is recorded in ``funnel_migrations``. The analysts'
-    views (docs/analytics.md) are created or replaced too, not recorded.
+    views (docs/analytics.md) and the turn function (engine.store.functions) are
+    created or replaced too, not recorded.
     """
     report: list[str] = []
     if not check:
@@ -135,14 +137,15 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
                                       "which the funnel no longer declares; add "
                                       f"`removed_stages: {{{stage}: <stage>}}`")
         changes = await _with_views(conn, spec, changes)
+        changes += await function_changes(conn, spec)
         if check:
             return [f"would {what}" for what, _ in changes] + report
         done = await _applied(conn, spec.table)
         version = max(done, default=0)
         for what, stmt in changes:
             await conn.execute(stmt)
-            if " view " in what:  # views are derived objects: (re)created, not recorded
-                continue
+            if " view " in what or " function " in what:
+                continue  # derived objects: (re)created from the funnel, not recorded
             version += 1
             await _record(conn, spec.table, version, f"v{spec.version}: {what}")
     return [what for what, _ in changes] + report
@@ -157,3 +160,15 @@ async def _with_views(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec,
     dropping = any(what.startswith("drop column") for what, _ in changes)
     before, after = await view_changes(conn, spec, dropping=dropping)
     return before + changes + after
+
+
+async def ensure_turn_function(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec) -> None:
+    """Create or replace the funnel's turn function if this engine needs another one
+    (a table created by an older version): a derived object, made without asking."""
+    if not await function_changes(conn, spec):
+        return
+    async with conn.transaction():
+        await conn.execute(_LOCK_TIMEOUT)
+        await conn.execute(_LOCK)  # two workers starting at once: one of them writes it
+        for _, stmt in await function_changes(conn, spec):
+            await conn.execute(stmt)

@@ -232,7 +232,13 @@ class PostgresStore:
 
     # -- schema ------------------------------------------------------------------------
     async def ensure_schema(self, funnel: FunnelSpec) -> None:
-        from .migrate import apply_shared, existing_columns, migrate_funnel, missing_columns
+        from .migrate import (
+            apply_shared,
+            ensure_turn_function,
+            existing_columns,
+            migrate_funnel,
+            missing_columns,
+        )
 
         async with self._conn() as conn:
             await apply_shared(conn)
@@ -246,6 +252,7 @@ class PostgresStore:
                     f"missing column(s) {', '.join(missing)}; run `funnel migrate "
                     f"{funnel.path}` to add them"
                 )
+            await ensure_turn_function(conn, funnel)
 
     async def migrate(self, funnel: FunnelSpec, *, drop: bool = False, check: bool = False
                       ) -> list[str]:

@@ -105,8 +105,8 @@ class SessionHandle:
         spec = table.spec
         async with self.connect() as conn:
             cur = await conn.execute(table.begin, (
-                table.table_ref, spec.name, self.session_id, text, spec.initial, self.key,
-                self.holder, table.lease_seconds, window, current_id, queue))
+                spec.name, self.session_id, text, spec.initial, self.key, self.holder,
+                table.lease_seconds, window, current_id, queue))
             found = await cur.fetchone()
         assert found is not None
         message_id, self.locked, state, recent = found

@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ..spec import FunnelSpec
-from . import TurnWrite, ddl
+from . import TurnWrite, ddl, functions
 
 
 def dumps(value: Any) -> bytes:
@@ -134,11 +134,8 @@ class Statements:
         # The row alone, as `funnel state` and Engine.state show it.
         self.select_row = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(
             t).as_string()
-        # A turn's first round trip (see ddl.BEGIN_TURN): positional parameters in the
-        # order of SessionHandle._try.
-        self.begin = (f"SELECT message_id, leased, state, recent FROM {ddl.BEGIN_TURN}"
-                      "(%s::regclass, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
-        self.table_ref = t.as_string()
+        # A turn's first round trip (engine.store.functions).
+        self.begin = functions.call(spec)
         # The row arrives as JSON: numeric values as numbers, timestamps as text.
         self.numeric_columns = [n for n, ty in self.columns
                                 if ty.startswith(("numeric", "decimal"))]

@@ -1,0 +1,119 @@
+"""The server-side function that opens a turn, one per funnel table.
+
+A turn's first round trip is one call: take the session's lease (or queue for
+it), log the user's message with the stage it arrived in, and, when the lease
+is ours, read the row (as one JSON object, decoded once) and the message
+window. It is one statement and one commit. Inside it, each statement sees
+what committed before it ran, so the row and the window include the previous
+turn's save even if that committed while this call waited on the lease.
+
+The function is written per funnel table, with the table's name in its SQL,
+because PL/pgSQL plans static SQL once per connection while a dynamic
+``EXECUTE`` is planned on every call (measured: a sixth of a turn's database
+CPU). Like the analysts' views, it is a derived object: created or replaced
+when its definition changes (its comment carries a hash), not recorded as a
+migration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..spec import FunnelSpec
+from .ddl import LEASES, MESSAGES
+
+FUNCTION_COMMENT = "funnel turn function "
+_MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
+
+
+def begin_function_name(table: str) -> str:
+    """``funnel_turn_<table>``, shortened with a hash when it would pass 63 bytes."""
+    name = f"funnel_turn_{table}"
+    if len(name.encode()) <= _MAX_IDENTIFIER:
+        return name
+    digest = hashlib.sha1(table.encode()).hexdigest()[:8]
+    short = table.encode()[:_MAX_IDENTIFIER - len("funnel_turn__") - 8].decode(errors="ignore")
+    return f"funnel_turn_{short}_{digest}"
+
+
+_BODY = """
+BEGIN
+    INSERT INTO {leases} AS l (lock_key, holder, expires_at)
+    VALUES (p_key, p_holder, NOW() + p_seconds * INTERVAL '1 second')
+    ON CONFLICT (lock_key) DO UPDATE SET holder = EXCLUDED.holder,
+        expires_at = EXCLUDED.expires_at, next_holder = NULL, next_at = NULL
+    WHERE l.holder = EXCLUDED.holder OR (l.expires_at < NOW() AND (l.next_holder IS NULL
+        OR l.next_holder = EXCLUDED.holder OR l.next_at < NOW() - INTERVAL '1 second'));
+    leased := FOUND;
+    IF NOT leased AND p_queue THEN  -- waiting already: hold our place in line
+        UPDATE {leases} AS l SET next_holder = p_holder, next_at = NOW()
+        WHERE l.lock_key = p_key AND l.holder <> p_holder AND (l.next_holder IS NULL
+            OR l.next_holder = p_holder OR l.next_at < NOW() - INTERVAL '1 second');
+    END IF;
+    SELECT to_jsonb(s) INTO state FROM {table} s WHERE s.session_id = p_session;
+    message_id := p_current;
+    IF p_text IS NOT NULL THEN
+        INSERT INTO {messages} (funnel, session_id, role, content, stage)
+        VALUES (p_funnel, p_session, 'user', p_text, COALESCE(state->>'stage', p_initial))
+        RETURNING id INTO message_id;
+    END IF;
+    IF NOT leased THEN
+        state := NULL;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- Replies logged after the current message (a turn that finished while this
+    -- message waited for the lease) still belong to its window.
+    SELECT COALESCE(jsonb_agg(jsonb_build_array(w.role, w.content, w.id) ORDER BY w.id), '[]')
+    INTO recent FROM (SELECT m.id, m.role, m.content FROM {messages} m
+        WHERE m.funnel = p_funnel AND m.session_id = p_session AND m.id <> message_id
+        AND (m.id < message_id OR m.role = 'assistant') ORDER BY m.id DESC
+        LIMIT p_window) w;
+    RETURN NEXT;
+END
+"""
+
+_SIGNATURE = (
+    "p_funnel text, p_session text, p_text text, p_initial text, p_key text, p_holder text, "
+    "p_seconds float8, p_window int, p_current bigint, p_queue boolean"
+)
+
+
+def begin_function(spec: FunnelSpec) -> tuple[str, list[sql.Composed], str]:
+    """(name, statements that create it, its comment) for the funnel's table."""
+    name = sql.Identifier(begin_function_name(spec.table))
+    body = _BODY.format(leases=sql.Identifier(LEASES).as_string(),
+                        messages=sql.Identifier(MESSAGES).as_string(),
+                        table=sql.Identifier(spec.table).as_string())
+    comment = FUNCTION_COMMENT + hashlib.sha1((_SIGNATURE + body).encode()).hexdigest()[:16]
+    create = sql.SQL(
+        "CREATE OR REPLACE FUNCTION {name}({signature}) RETURNS TABLE (message_id bigint, "
+        "leased boolean, state jsonb, recent jsonb) LANGUAGE plpgsql AS {body}"
+    ).format(name=name, signature=sql.SQL(_SIGNATURE), body=sql.Literal(body))
+    describe = sql.SQL("COMMENT ON FUNCTION {name}({signature}) IS {comment}").format(
+        name=name, signature=sql.SQL(_SIGNATURE), comment=sql.Literal(comment))
+    return begin_function_name(spec.table), [create, describe], comment
+
+
+def call(spec: FunnelSpec) -> str:
+    """The turn's first statement: positional parameters in the order of the signature."""
+    return sql.SQL("SELECT message_id, leased, state, recent FROM {}({})").format(
+        sql.Identifier(begin_function_name(spec.table)),
+        sql.SQL(", ").join(sql.Placeholder() for _ in _SIGNATURE.split(", "))).as_string()
+
+
+async def function_changes(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec
+                           ) -> list[tuple[str, sql.Composed]]:
+    """What must run for the turn function to match this engine: nothing when it does."""
+    name, statements, comment = begin_function(spec)
+    row = await (await conn.execute(
+        "SELECT obj_description(p.oid, 'pg_proc') FROM pg_proc p WHERE p.proname = %s "
+        "AND p.pronamespace = current_schema()::regnamespace", (name,))).fetchone()
+    if row is not None and row[0] == comment:
+        return []
+    what = f"{'create' if row is None else 'replace'} function {name}"
+    return [(what, stmt) for stmt in statements]
