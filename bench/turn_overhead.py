@@ -14,7 +14,7 @@ per turn:
   UPDATE`` and the UPSERT in one transaction (BEGIN, SELECT, UPSERT, COMMIT:
   four round trips, one commit), which is what a hand-written turn needs.
 
-    python bench/turn_overhead.py [--db URL] [--sessions 200] [--turns 10] [--rounds 3]
+    python bench/turn_overhead.py [--db URL] [--sessions 200] [--turns 10] [--rounds 5]
 
 Without --db it uses $FUNNEL_DB, else the embedded PostgreSQL.
 """
@@ -133,7 +133,7 @@ async def main() -> None:
     ap.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
     ap.add_argument("--sessions", type=int, default=200)
     ap.add_argument("--turns", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     url = server_url(args.db)
     with throwaway_schema(url) as url_s:
