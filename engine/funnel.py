@@ -44,6 +44,11 @@ class CompiledFunnel:
         self.machine = StageMachine(spec)
         # What templates see of the catalog, built once (the sandbox is immutable).
         self.catalog_view = [p.as_prompt() for p in self.catalog.products] if self.catalog else []
+        # For prompts.full_view: every field with its default, and the objects among them
+        # whose declared properties must read as None when missing.
+        self.view_defaults = [(name, f.default) for name, f in spec.state.items()]
+        self.view_objects = [(name, f.schema) for name, f in spec.state.items()
+                             if isinstance(f.schema.get("properties"), dict)]
         completeness = [
             (compile_condition(src), points, src) for src, points in spec.completeness_rules
         ]

@@ -62,10 +62,10 @@ def compact_state(funnel: CompiledFunnel, state: Mapping[str, Any], stage: Compi
 
 def full_view(funnel: CompiledFunnel, state: Mapping[str, Any]) -> dict[str, Any]:
     """Every declared field, with declared-but-missing nested properties as ``None``."""
-    return {
-        name: declared_view(state.get(name, f.default), f.schema)
-        for name, f in funnel.spec.state.items()
-    }
+    view = {name: state.get(name, default) for name, default in funnel.view_defaults}
+    for name, schema in funnel.view_objects:
+        view[name] = declared_view(view[name], schema)
+    return view
 
 
 def presented_products(funnel: CompiledFunnel, state: Mapping[str, Any]) -> list[dict[str, Any]]:
