@@ -391,6 +391,19 @@ def test_metrics_of_several_workers_add_up(tmp_path: Path) -> None:
         in text
 
 
+def test_a_worker_writes_its_counts_when_flushed_not_at_every_turn(tmp_path: Path) -> None:
+    mine, other = Metrics(str(tmp_path)), Metrics(str(tmp_path))
+    mine.count("funnel_telegram_updates_total", funnel="puramur", kind="text")
+    assert list(tmp_path.iterdir()) == []  # nothing written per change
+    assert 'kind="text"} 1' not in other.render()
+    mine.flush()
+    [written] = list(tmp_path.iterdir())
+    assert 'funnel_telegram_updates_total{funnel="puramur",kind="text"} 1' in other.render()
+    before = written.stat().st_mtime_ns
+    mine.flush()  # nothing new: nothing written
+    assert written.stat().st_mtime_ns == before and not mine.dirty
+
+
 # -- Telegram -------------------------------------------------------------------------
 
 

@@ -66,6 +66,7 @@ class Service:
         self._open_lock = asyncio.Lock()
         self._down_until = 0.0
         self._dispatcher: asyncio.Task[None] | None = None
+        self._metrics_writer: asyncio.Task[None] | None = None
 
     # -- life cycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -74,18 +75,29 @@ class Service:
             await self.open_engines()
         except StoreUnavailable as exc:
             log.warning("starting without the database (will retry): %s", exc)
-        self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch_loop())
+        loop = asyncio.get_running_loop()
+        self._dispatcher = loop.create_task(self._dispatch_loop())
+        if self.metrics.directory is not None:
+            self._metrics_writer = loop.create_task(self._write_metrics())
 
     async def close(self) -> None:
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._dispatcher
+        for task in (self._dispatcher, self._metrics_writer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self.metrics.flush()
         await self.telegram.close()
         for engine in self.engines.values():
             await engine.close()  # waits for background work; the store is ours to close
         if self.store is not None:
             await self.store.close()
+
+    async def _write_metrics(self) -> None:
+        """Share this worker's counts with the others once a second (see metrics.py)."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.metrics.flush()
 
     async def _dispatch_loop(self) -> None:
         """Every ``dispatch_interval`` seconds, deliver the outbox rows that are due: alerts

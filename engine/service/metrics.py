@@ -2,9 +2,10 @@
 
 Each worker process counts its own requests. With several workers, set
 ``FUNNEL_METRICS_DIR`` (``funnel serve --workers N`` makes a temporary one):
-every worker writes its counts there after each change, and ``/metrics``,
-whichever worker answers it, adds all the files up, so a scrape sees the
-whole service.
+every worker writes its counts there at most once a second (:meth:`Metrics.flush`,
+called by the service; a file write per turn cost a tenth of a worker's CPU),
+and ``/metrics``, whichever worker answers it, adds all the files up, so a
+scrape sees the whole service, the other workers' last second aside.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Metrics:
         self.directory = Path(directory) if directory else None
         self._file = (self.directory / f"metrics-{os.getpid()}-{secrets.token_hex(4)}.json"
                       if self.directory else None)
+        self.dirty = False  # counted since the last save
 
     # -- recording ---------------------------------------------------------------------
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
@@ -85,15 +87,15 @@ class Metrics:
         for t in result.transitions:
             self.inc("funnel_stage_transitions_total", funnel=funnel,
                      from_stage=str(t["from"]), to_stage=str(t["to"]))
-        self.save()
+        self.dirty = True
 
     def refused(self, funnel: str, reason: str) -> None:
         self.inc("funnel_requests_refused_total", funnel=funnel, reason=reason)
-        self.save()
+        self.dirty = True
 
     def count(self, name: str, **labels: str) -> None:
         self.inc(name, 1.0, **labels)
-        self.save()
+        self.dirty = True
 
     # -- sharing between workers -------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -101,7 +103,13 @@ class Metrics:
                 "histograms": [[n, list(map(list, lb)), h]
                                for (n, lb), h in self.histograms.items()]}
 
+    def flush(self) -> None:
+        """Write this worker's counts for the others, if anything changed."""
+        if self.dirty:
+            self.save()
+
     def save(self) -> None:
+        self.dirty = False
         if self._file is None:
             return
         tmp = self._file.with_suffix(".tmp")
