@@ -523,7 +523,7 @@ async def test_purge_deletes_idle_sessions_with_their_rows_in_batches(
     async with _count_transactions(store, monkeypatch) as calls:
         done = await store.purge(spec, 365 * DAY, batch=2)
     assert done == {"sessions": 5, "messages": 10, "turns": 5}
-    assert len(calls) == 4  # batches of 2, 2, 1, then one that finds nothing
+    assert len(calls) == 5  # batches of 2, 2, 1, one that finds nothing; no orphans
 
     assert sorted(r[0] for r in db(f"SELECT session_id FROM {TABLE}")) == fresh
     for table in (ddl.MESSAGES, ddl.TURNS, ddl.OUTBOX):
@@ -533,6 +533,35 @@ async def test_purge_deletes_idle_sessions_with_their_rows_in_batches(
     assert await store.purge(spec, 365 * DAY, batch=2) == {"sessions": 0, "messages": 0,
                                                             "turns": 0}
     assert await store.purge(spec, 0.0) == {"sessions": 2, "messages": 4, "turns": 2}
+
+
+async def test_purge_takes_the_messages_of_sessions_that_never_saved_a_turn(
+        store: Store, spec: FunnelSpec, other_spec: FunnelSpec, db: SQL) -> None:
+    # A message is logged before its turn runs; a turn that failed before its save (the
+    # database went away, the process died) leaves messages with no state row.
+    await store.ensure_schema(other_spec)
+    for sid, funnel in (("orphan-old", spec), ("orphan-new", spec), ("orphan-old", other_spec)):
+        await store.log_message(funnel, sid, "user", f"my phone is +38066 ({sid})")
+        await store.log_message(funnel, sid, "user", "hello?")
+    db(f"UPDATE {ddl.MESSAGES} SET created_at = NOW() - INTERVAL '400 days' "
+       "WHERE session_id = 'orphan-old'")
+    await _sessions(store, spec, db, [], ["fresh"])
+
+    anonymized = await store.purge(spec, 365 * DAY, anonymize=True, batch=1)
+    assert anonymized == {"sessions": 0, "messages": 2, "turns": 0}
+    rows = db(f"SELECT funnel, session_id, content FROM {ddl.MESSAGES} "
+              "WHERE session_id LIKE 'orphan%%' ORDER BY id")
+    assert [r for r in rows if r[:2] == (spec.name, "orphan-old")] == [
+        (spec.name, "orphan-old", "[anonymized]")] * 2
+    assert all("[anonymized]" not in r[2] for r in rows if r[:2] != (spec.name, "orphan-old"))
+    assert await store.purge(spec, 365 * DAY, anonymize=True) == {
+        "sessions": 0, "messages": 0, "turns": 0}  # done once
+
+    assert await store.purge(spec, 365 * DAY, batch=1) == {
+        "sessions": 0, "messages": 2, "turns": 0}
+    left = db(f"SELECT DISTINCT funnel, session_id FROM {ddl.MESSAGES} ORDER BY 1, 2")
+    assert left == sorted([(other_spec.name, "orphan-old"), (spec.name, "orphan-new"),
+                           (spec.name, "fresh")])
 
 
 def _snapshot(db: SQL) -> list[Any]:

@@ -24,7 +24,7 @@ from ..prompts import Message
 from ..spec import FunnelSpec
 from . import TurnWrite, ddl
 from .session import SessionHandle, save_turn_on
-from .statements import RECENT, Statements, default_literal
+from .statements import RECENT, Statements
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -334,66 +334,9 @@ class PostgresStore:
                     batch: int = 1000) -> dict[str, int]:
         """Delete (or anonymize) sessions idle for more than ``older_than`` seconds, with their
         messages, turn records and outbox rows, ``batch`` sessions per transaction."""
-        t = sql.Identifier(funnel.table)
-        personal = [f for f in funnel.state.values() if f.personal]
-        counts = {"sessions": 0, "messages": 0, "turns": 0}
-        pick = sql.SQL(
-            "SELECT session_id FROM {t} WHERE last_message_at < NOW() - %s * INTERVAL '1 s' "
-            "{extra} ORDER BY session_id LIMIT %s FOR UPDATE SKIP LOCKED"
-        )
-        while True:
-            async with self._conn() as conn, conn.transaction():
-                if anonymize:
-                    extra = sql.SQL("AND NOT (notices @> '[\"anonymized\"]')")
-                    ids = [r[0] for r in await (await conn.execute(
-                        pick.format(t=t, extra=extra), (older_than, batch))).fetchall()]
-                    if not ids:
-                        return counts
-                    sets: list[sql.Composable] = [sql.SQL("{} = {}").format(sql.Identifier(f.name),
-                                                       default_literal(f))
-                            for f in personal]
-                    # The rolling summary retells the messages whose text is cleared below.
-                    summary = funnel.state.get(funnel.memory.summary or "")
-                    if summary is not None and not summary.personal:
-                        sets.append(sql.SQL("{} = {}").format(sql.Identifier(summary.name),
-                                                              default_literal(summary)))
-                    sets.append(sql.SQL("notices = '[\"anonymized\"]'::jsonb"))
-                    await conn.execute(sql.SQL("UPDATE {} SET {} WHERE session_id = ANY(%s)")
-                                       .format(t, sql.SQL(", ").join(sets)), (ids,))
-                    # Outbox payloads (the handoff alert) carry a copy of the state.
-                    payload: sql.Composable = sql.SQL("payload")
-                    for f in personal:
-                        payload = sql.SQL("({} #- ARRAY['state', {}]) - {}").format(
-                            payload, sql.Literal(f.name), sql.Literal(f.name))
-                    if personal:
-                        await conn.execute(sql.SQL(
-                            "UPDATE {} SET payload = {} WHERE funnel = %s AND "
-                            "session_id = ANY(%s)").format(sql.Identifier(ddl.OUTBOX), payload),
-                            (funnel.name, ids))
-                    cur = await conn.execute(sql.SQL(
-                        "UPDATE {} SET content = '[anonymized]' WHERE funnel = %s AND "
-                        "session_id = ANY(%s)").format(sql.Identifier(ddl.MESSAGES)),
-                        (funnel.name, ids))
-                    counts["messages"] += cur.rowcount
-                else:
-                    ids = [r[0] for r in await (await conn.execute(
-                        pick.format(t=t, extra=sql.SQL("")), (older_than, batch))).fetchall()]
-                    if not ids:
-                        return counts
-                    for table, key in ((ddl.MESSAGES, "messages"), (ddl.TURNS, "turns"),
-                                       (ddl.OUTBOX, None)):
-                        cur = await conn.execute(sql.SQL(
-                            "DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)").format(
-                                sql.Identifier(table)), (funnel.name, ids))
-                        if key:
-                            counts[key] += cur.rowcount
-                    await conn.execute(sql.SQL("DELETE FROM {} WHERE session_id = ANY(%s)")
-                                       .format(t), (ids,))
-                    await conn.execute(  # free leases: only the session's key is left
-                        sql.SQL("DELETE FROM {} WHERE lock_key = ANY(%s) AND holder = ''")
-                        .format(sql.Identifier(ddl.LEASES)),
-                        ([f"{funnel.name}/{i}" for i in ids],))
-                counts["sessions"] += len(ids)
+        from .retention import purge
+
+        return await purge(self._conn, funnel, older_than, anonymize=anonymize, batch=batch)
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
                               limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:
