@@ -576,6 +576,7 @@ async def test_purge_anonymize_clears_personal_data_and_keeps_the_rows(
     assert [n for n, f in spec.state.items() if f.personal] == ["customer"]
     idle, fresh = ["idle-1", "idle-2", "idle-3"], ["fresh"]
     await _sessions(store, spec, db, idle, fresh)
+    db(f"UPDATE {ddl.TURNS} SET error = 'at $.updates.customer.phone: ' || session_id")
     before = _snapshot(db)
 
     done = await store.purge(spec, 365 * DAY, anonymize=True, batch=2)
@@ -593,6 +594,9 @@ async def test_purge_anonymize_clears_personal_data_and_keeps_the_rows(
             assert content in ("my name is fresh", "ok")
         assert role in ("user", "assistant")
     assert db(f"SELECT COUNT(*) FROM {ddl.TURNS}") == [(4,)]
+    errors = dict(db(f"SELECT session_id, error FROM {ddl.TURNS}"))  # may quote the customer
+    assert errors == {**{s: "[anonymized]" for s in idle},
+                      "fresh": "at $.updates.customer.phone: fresh"}
     summaries = dict(db(f"SELECT session_id, conversation_summary FROM {TABLE}"))
     assert summaries == {**{s: "" for s in idle}, "fresh": "fresh has a cat"}  # retold messages
     payloads = dict(db(f"SELECT session_id, payload::text FROM {ddl.OUTBOX}"))

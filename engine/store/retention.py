@@ -110,6 +110,11 @@ async def _anonymize_sessions(conn: psycopg.AsyncConnection[Any], funnel: Funnel
         "UPDATE {} SET content = %s WHERE funnel = %s AND session_id = ANY(%s)").format(
             sql.Identifier(ddl.MESSAGES)), (ANONYMIZED, funnel.name, ids))
     counts["messages"] += cur.rowcount
+    # A turn's error may quote the model's output, and so the customer.
+    await conn.execute(sql.SQL(
+        "UPDATE {} SET error = %s WHERE funnel = %s AND session_id = ANY(%s) "
+        "AND error IS NOT NULL").format(sql.Identifier(ddl.TURNS)),
+        (ANONYMIZED, funnel.name, ids))
     return len(ids)
 
 
