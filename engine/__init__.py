@@ -21,12 +21,10 @@ from .errors import (
     FunnelError,
     FunnelInvalid,
     ModelError,
-    ModelOutputError,
     PromptTooLarge,
     SchemaOutdated,
     StoreError,
     StoreUnavailable,
-    TransitionError,
 )
 from .funnel import CompiledFunnel, load_funnel
 from .models import Completion, Model, ModelRequest, ScriptedModel, make_model
@@ -53,7 +51,6 @@ __all__ = [
     "FunnelSpec",
     "Model",
     "ModelError",
-    "ModelOutputError",
     "ModelRequest",
     "Product",
     "PromptTooLarge",
@@ -63,7 +60,6 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "SyncEngine",
-    "TransitionError",
     "TurnResult",
     "load_catalog",
     "load_funnel",

@@ -7,10 +7,8 @@ path or session), what was expected, and what to do about it::
     FunnelError
     ├── ConfigError             a funnel, template, schema or catalog is wrong
     │   └── FunnelInvalid       `funnel validate` found errors (carries them all)
-    ├── ModelError              the model could not be called or answered badly
-    │   └── ModelOutputError    the output failed parsing or the stage schema
+    ├── ModelError              the model could not be called
     ├── ActionRefused           an action's arguments were refused (unknown SKU, ...)
-    ├── TransitionError         a stage change that the funnel does not allow
     ├── StoreError              the database failed or is unreachable
     │   ├── StoreUnavailable    cannot connect (down, wrong URL)
     │   ├── SchemaOutdated      the table is behind the funnel: run `funnel migrate`
@@ -34,12 +32,10 @@ __all__ = [
     "FunnelError",
     "FunnelInvalid",
     "ModelError",
-    "ModelOutputError",
     "PromptTooLarge",
     "SchemaOutdated",
     "StoreError",
     "StoreUnavailable",
-    "TransitionError",
     "did_you_mean",
 ]
 
@@ -87,22 +83,6 @@ class ModelError(FunnelError):
     """The model could not be called (HTTP error, timeout, bad credentials)."""
 
 
-class ModelOutputError(ModelError):
-    """The model answered, but the output is not valid for the stage.
-
-    Attributes:
-        raw: the text the model returned.
-        path: JSON path of the failing part (``$.updates.pet.age_years``).
-        reason: the validation message, quoted in the repair prompt.
-    """
-
-    def __init__(self, reason: str, *, raw: str, path: str = "$") -> None:
-        self.raw = raw
-        self.path = path
-        self.reason = reason
-        super().__init__(f"invalid model output at {path}: {reason}")
-
-
 class ActionRefused(FunnelError):
     """An action the model asked for was refused; the model is told next turn."""
 
@@ -110,10 +90,6 @@ class ActionRefused(FunnelError):
         self.action = action
         self.reason = reason
         super().__init__(f"action '{action}' refused: {reason}")
-
-
-class TransitionError(FunnelError):
-    """A stage change that the funnel does not declare."""
 
 
 class StoreError(FunnelError):

@@ -8,9 +8,9 @@ import engine
 EXPECTED = {
     "ActionCall", "ActionOutcome", "ActionRefused", "Catalog", "CompiledFunnel", "Completion",
     "ConcurrentUpdate", "ConfigError", "Diagnostic", "Engine", "FunnelError", "FunnelInvalid",
-    "FunnelSpec", "Model", "ModelError", "ModelOutputError", "ModelRequest", "Product",
+    "FunnelSpec", "Model", "ModelError", "ModelRequest", "Product",
     "PromptTooLarge", "SchemaOutdated", "ScriptedModel", "Store", "StoreError",
-    "StoreUnavailable", "SyncEngine", "TransitionError", "TurnResult", "load_catalog",
+    "StoreUnavailable", "SyncEngine", "TurnResult", "load_catalog",
     "load_funnel", "make_model", "open_store", "validate_paths",
 }
 
