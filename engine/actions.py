@@ -247,7 +247,7 @@ def load_hook(target: str | None, base: Path) -> Hook:
                 spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, SyntaxError) as exc:  # validate reports both (F501, F505)
         raise ConfigError(f"hook '{target}': cannot import '{module_name}': {exc}") from None
     fn = getattr(module, func_name, None)
     if not callable(fn):

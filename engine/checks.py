@@ -1,14 +1,13 @@
-"""Semantic checks of a funnel: names, the stage graph, conditions and actions.
+"""Semantic checks of a funnel: names, the stage graph, conditions and indexes.
 
-Templates and output schemas are checked in `engine.checks_files`. Every
-check reads the raw data defensively, so a funnel with format errors still
-gets every other problem reported in the same run.
+Templates and output schemas are checked in `engine.checks_files`, actions
+and hooks in `engine.checks_actions`. Every check reads the raw data
+defensively, so a funnel with format errors still gets every other problem
+reported in the same run.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -28,8 +27,6 @@ from .spec import (
 
 if TYPE_CHECKING:
     from .validate import Report
-
-BUILTIN_NEEDS_FIELD = {"append", "set"}
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -63,11 +60,13 @@ def check_semantics(data: dict[str, Any], report: Report) -> None:
     _check_feature_fields(data, state, report)
     _check_graph(data, stages, stage_names, report)
     _check_conditions(data, state, report)
-    _check_actions(data, report)
     _check_indexes(data, state, report)
 
+    # Imported here: these modules import this one's helpers.
+    from .checks_actions import check_actions
     from .checks_files import check_catalog, check_stage_files
 
+    check_actions(data, report)
     check_stage_files(data, state, report)
     check_catalog(data, report)
 
@@ -290,47 +289,6 @@ def _check_threshold(
                 report.at(keys, "warning", "F403", f"`{field}` can reach at most {max_points} "
                           f"points, so this condition never holds; lower the threshold or add "
                           "completeness rules")
-
-
-def _check_actions(data: dict[str, Any], report: Report) -> None:
-    base = getattr(report, "path", Path(".")).parent
-    for name, raw in _dict(data.get("actions")).items():
-        raw = _dict(raw)
-        if raw.get("builtin") in BUILTIN_NEEDS_FIELD and "field" not in raw:
-            report.at(("actions", name), "error", "F503", f"action '{name}' uses builtin "
-                      f"'{raw['builtin']}', which needs `field:` naming the state field it writes")
-        if raw.get("builtin") in ("add_to_cart", "remove_from_cart") and not data.get("cart"):
-            report.at(("actions", name), "error", "F503", f"action '{name}' needs a `cart:` "
-                      "section naming the cart field")
-        if raw.get("builtin") == "present_products" and not data.get("presented"):
-            report.at(("actions", name), "error", "F503", f"action '{name}' needs a "
-                      "`presented:` section naming the field that records presented products")
-        if raw.get("builtin") in ("present_products", "add_to_cart") and not data.get("catalog"):
-            report.at(("actions", name), "error", "F503", f"action '{name}' needs a `catalog:`")
-        hook = raw.get("hook")
-        if isinstance(hook, str) and ":" in hook:
-            module = hook.split(":", 1)[0]
-            if not hook_module_exists(module, base):
-                report.at(("actions", name, "hook"), "error", "F501", f"hook module '{module}' "
-                          f"was not found beside the funnel ({base}) nor on the Python path")
-    handoff_hook = _dict(_dict(data.get("handoff")).get("notify")).get("hook")
-    if isinstance(handoff_hook, str) and not hook_module_exists(handoff_hook.split(":")[0], base):
-        report.at(("handoff", "notify", "hook"), "error", "F501", f"notifier hook module "
-                  f"'{handoff_hook.split(':')[0]}' was not found")
-
-
-def hook_module_exists(module: str, base: Path) -> bool:
-    """Whether ``module`` resolves beside the funnel or on sys.path, without running it."""
-    if (base / (module.replace(".", "/") + ".py")).exists():
-        return True
-    if (base / module.replace(".", "/") / "__init__.py").exists():
-        return True
-    if module in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _check_indexes(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:

@@ -36,14 +36,21 @@ __all__ = [
     "SchemaOutdated",
     "StoreError",
     "StoreUnavailable",
+    "closest",
     "did_you_mean",
 ]
 
 
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to ``name``, if one is close enough to be a typo of it."""
+    matches = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest known name, or ``""``."""
-    matches = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=0.6)
-    return f" (did you mean '{matches[0]}'?)" if matches else ""
+    match = closest(name, known)
+    return f" (did you mean '{match}'?)" if match else ""
 
 
 class FunnelError(Exception):

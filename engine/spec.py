@@ -221,6 +221,11 @@ class FunnelSpec:
         return [s.name for s in self.stages.values() if s.final]
 
 
+def index_name(table: str, column: str) -> str:
+    """The name of an index that the funnel does not name (PostgreSQL keeps 63 characters)."""
+    return f"idx_{table}_{column}"[:63]
+
+
 def default_column_type(ftype: str, fmt: str | None) -> str:
     if ftype in ("object", "array"):
         return "jsonb"
@@ -345,14 +350,14 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
     table = data["table"]
     indexes = tuple(
         IndexSpec(
-            name=ix.get("name") or f"idx_{table}_{ix['column']}"[:63],
+            name=ix.get("name") or index_name(table, ix["column"]),
             column=ix["column"],
             descending=ix.get("order") == "desc",
             where_not_null=bool(ix.get("where_not_null", False)),
         )
         for ix in data.get("indexes") or []
     ) + tuple(
-        IndexSpec(f"idx_{table}_{name}"[:63], name, False, False)
+        IndexSpec(index_name(table, name), name, False, False)
         for name, raw in (data.get("state") or {}).items()
         if raw.get("indexed")
     )

@@ -6,7 +6,8 @@ Layers, each on what the previous one could read:
 2. the format's JSON Schema, ``schemas/funnel.schema.json`` (F003 unknown key,
    F004 wrong type or value) -- the same schema editors use;
 3. semantics (`engine.checks`): names, stages, conditions, templates, output
-   schemas, actions, catalog.
+   schemas, actions, catalog;
+4. across funnels (`engine.checks_storage`): table and index names.
 
 Importing this module imports neither litellm nor psycopg.
 """
@@ -19,7 +20,7 @@ from collections.abc import Iterable
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
@@ -27,6 +28,9 @@ from . import _yaml
 from .diagnostics import Diagnostic, Severity
 from .errors import did_you_mean
 from .spec import FunnelSpec, build_spec
+
+if TYPE_CHECKING:
+    from .checks_storage import StorageNames
 
 _FUNNEL_KEY = re.compile(r"^funnel\s*:", re.MULTILINE)
 # Scenario files (`funnel test`) name their funnel with `funnel:` too; no funnel has these keys.
@@ -93,15 +97,31 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[Diagnostic]]
 
 
 def validate_paths(paths: Iterable[str | Path]) -> list[Diagnostic]:
-    """Validate every funnel under ``paths``; return all diagnostics, sorted by file and line."""
+    """Validate every funnel under ``paths``; return all diagnostics, sorted by file and line.
+
+    The funnels are checked together too: no two may name the same table or
+    index (F602, F603, reported on the later file).
+    """
+    from .checks_storage import StorageNames
+
     files, out = discover(paths)
+    names = StorageNames()
     for path in files:
-        out.extend(check_file(path)[1])
+        out.extend(check_file(path, names)[1])
     return out
 
 
-def check_file(path: Path) -> tuple[FunnelSpec | None, list[Diagnostic]]:
-    """Validate one funnel file; return its spec (``None`` when it has errors) and diagnostics."""
+def check_file(
+    path: Path, names: StorageNames | None = None
+) -> tuple[FunnelSpec | None, list[Diagnostic]]:
+    """Validate one funnel file; return its spec (``None`` when it has errors) and diagnostics.
+
+    Args:
+        path: the funnel file.
+        names: the table and index names of the funnels checked before this one
+            in the same run, to which this one's are added; ``None`` checks the
+            funnel's names against its own only.
+    """
     try:
         text = path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -132,8 +152,10 @@ def check_file(path: Path) -> tuple[FunnelSpec | None, list[Diagnostic]]:
     # Semantic checks read the data defensively: they run even when the format
     # layer found errors, so one run reports everything it can.
     from .checks import check_semantics
+    from .checks_storage import StorageNames
 
     check_semantics(data, report)
+    (names if names is not None else StorageNames()).check(data, report)
     if report.has_errors:
         return None, sorted(report.items)
     try:

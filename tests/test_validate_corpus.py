@@ -33,7 +33,7 @@ REQUIRED_CODES = {
     "F201", "F202", "F203",
     "F301", "F302", "F303", "F304", "F305",
     "F401", "F402", "F403",
-    "F501", "F502", "F601",
+    "F501", "F502", "F504", "F505", "F601", "F602", "F603",
 }  # fmt: skip
 
 Key = tuple[str, str, int]
@@ -87,6 +87,13 @@ def test_corpus_covers_every_required_code() -> None:
     assert len(CASES) >= 30
 
 
+def test_every_code_is_documented() -> None:
+    doc = (ROOT / "docs" / "funnel-format.md").read_text("utf-8")
+    documented = set(re.findall(r"^\| (F\d{3}) \|", doc, re.MULTILINE))
+    produced = {d.code for d in validate_paths([CORPUS])}
+    assert REQUIRED_CODES | produced <= documented, sorted(REQUIRED_CODES | produced - documented)
+
+
 def test_every_diagnostic_names_a_real_line() -> None:
     for case in CASES:
         for d in diagnostics(case):
@@ -121,6 +128,32 @@ def test_template_names_suggest_the_right_one() -> None:
     assert "did you mean 'GIFT02'" in _one("f502_gift_not_in_catalog", "F502").message
 
 
+def test_on_enter_types_suggest_a_declared_action() -> None:
+    found = {d.line: d.message for d in diagnostics(CORPUS / "f504_on_enter_unknown_action")}
+    assert "'notte'" in found[42] and "did you mean 'note'?" in found[42]
+    # A builtin's name is not an action's: point at the action that uses it.
+    assert "did you mean 'note', the action that uses it?" in found[48]
+    assert "'request_handoff' is a builtin" in found[50]
+    assert "`request_handoff: {builtin: request_handoff}`" in found[50]
+
+
+def test_hook_without_its_function() -> None:
+    found = {d.line: d.message for d in diagnostics(CORPUS / "f505_hook_missing_function")}
+    assert "has no function 'push_lead' (did you mean 'push_leads'?)" in found[36]
+    assert "the handoff notifier" in found[32] and "'alert_manager'" in found[32]
+
+
+def test_shared_table_and_index_names_name_the_other_file() -> None:
+    table = _one("f602_shared_table", "F602")
+    assert table.file.endswith("other.yaml")
+    assert "f602_shared_table/funnel.yaml:4" in table.message
+    found = {(Path(d.file).name, d.line): d.message
+             for d in diagnostics(CORPUS / "f603_shared_index")}
+    assert "line 23 of this funnel" in found[("funnel.yaml", 24)]
+    assert "f603_shared_index/funnel.yaml:22" in found[("other.yaml", 21)]
+    assert "is also the table of" in found[("other.yaml", 22)]
+
+
 def test_severities() -> None:
     warnings = {"F106", "F403"}
     for case in CASES:
@@ -150,6 +183,9 @@ def test_reference_funnels_are_clean() -> None:
     for f in files:
         assert validate_paths([f]) == [], f
     assert validate_paths([ROOT / "funnels"]) == []
+    # One funnel reached twice (through its folder, and by an absolute path) shares nothing.
+    puramur = (ROOT / "funnels" / "puramur.yaml").resolve()
+    assert validate_paths([ROOT / "funnels", puramur, "funnels/puramur.yaml"]) == []
 
 
 def test_one_run_reports_several_independent_errors() -> None:
@@ -186,6 +222,15 @@ def test_cli_errors_exit_1() -> None:
     assert all(re.match(r"^tests/corpus/multiple_errors/\S+:\d+:\d+: error F\d{3} ", x)
                for x in lines), lines
     assert "6 error(s), 0 warning(s)" in r.stderr
+
+
+def test_cli_shared_table_is_reported_on_the_later_file() -> None:
+    case = "tests/corpus/f602_shared_table"
+    r = run_cli("validate", f"{case}/other.yaml", f"{case}/funnel.yaml")
+    assert r.returncode == 1
+    assert r.stdout.startswith(f"{case}/funnel.yaml:4:8: error F602 "), r.stdout
+    assert f"{case}/other.yaml:4" in r.stdout
+    assert run_cli("validate", f"{case}/other.yaml").returncode == 0  # alone, it is fine
 
 
 def test_cli_warnings_exit_0_unless_strict() -> None:
@@ -278,3 +323,61 @@ def test_validate_imports_neither_litellm_nor_psycopg() -> None:
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "0 1 []"
+
+
+# --- validate and the engine agree on actions and hooks ---------------------------------------
+
+
+def test_builtins_are_the_runners() -> None:
+    from engine.actions import ActionRunner
+    from engine.checks_actions import builtin_names
+
+    runner = {m.removeprefix("_do_") for m in dir(ActionRunner) if m.startswith("_do_")}
+    assert set(builtin_names()) == runner
+
+
+def test_hook_functions_are_read_without_running_the_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.checks_actions import hook_function_defined
+
+    (tmp_path / "beside.py").write_text(
+        "import os\nfrom json import dumps as dump\ntry:\n    import fast\nexcept ImportError:\n"
+        "    def fast(call): ...\nasync def hook(call): ...\nraise SystemExit('never run')\n")
+    (tmp_path / "star.py").write_text("from os.path import *\n")
+    (tmp_path / "lazy.py").write_text("def __getattr__(name): ...\n")
+    (tmp_path / "broken.py").write_text("def hook(call):\nreturn 1\n")
+    for fn in ("hook", "fast", "dump"):
+        assert hook_function_defined("beside", fn, tmp_path) == (True, ""), fn
+    assert hook_function_defined("beside", "os", tmp_path)[0] is False  # a module: not callable
+    defined, why = hook_function_defined("beside", "hok", tmp_path)
+    assert defined is False and "did you mean 'hook'?" in why
+    assert hook_function_defined("star", "anything", tmp_path) == (None, "")
+    assert hook_function_defined("lazy", "anything", tmp_path) == (None, "")
+    defined, why = hook_function_defined("broken", "hook", tmp_path)
+    assert defined is False and "does not parse" in why
+    # On the Python path and not imported yet: its source is read; imported: it is asked.
+    elsewhere = tmp_path / "path"
+    elsewhere.mkdir()
+    (elsewhere / "corpus_path_hooks.py").write_text("def push(call): ...\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    assert hook_function_defined("corpus_path_hooks", "push", ROOT)[0] is True
+    assert hook_function_defined("corpus_path_hooks", "pull", ROOT)[0] is False
+    assert hook_function_defined("engine.actions", "load_hook", ROOT)[0] is True
+    assert hook_function_defined("engine.actions", "unload_hook", ROOT)[0] is False
+    assert hook_function_defined("sys", "anything", ROOT)[0] is False  # built in, imported
+
+
+def test_a_funnel_validate_refuses_is_one_the_engine_refuses() -> None:
+    from engine.errors import FunnelInvalid
+    from engine.funnel import load_funnel
+
+    for case, code in (("f504_on_enter_unknown_action", "F504"),
+                       ("f505_hook_missing_function", "F505")):
+        with pytest.raises(FunnelInvalid) as caught:
+            load_funnel(CORPUS / case / "funnel.yaml")
+        assert {d.code for d in caught.value.diagnostics} == {code}
+    # A funnel alone may not reuse its own index names either.
+    with pytest.raises(FunnelInvalid) as caught:
+        load_funnel(CORPUS / "f603_shared_index" / "funnel.yaml")
+    assert [d.line for d in caught.value.diagnostics] == [24]
