@@ -53,6 +53,7 @@ def make_funnels(folder: Path, copies: int = COPIES, *, own_files: bool = False)
         body = re.sub(r"^table: puramur_sessions_state$", f"table: {name}_sessions_state", body,
                       count=1, flags=re.M)
         body = body.replace("name: idx_sessions_", f"name: idx_{name}_")
+        body = body.replace("name: idx_puramur_", f"name: idx_{name}_")
         assert f"funnel: {name}" in body and f"table: {name}_sessions_state" in body
         if own_files:
             for key in ("prompts", "schemas"):
