@@ -244,7 +244,12 @@ def load_hook(target: str | None, base: Path) -> Hook:
                 assert spec and spec.loader
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[key] = module
-                spec.loader.exec_module(module)
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    # A half-run module must not be found by the next load: it fails again.
+                    del sys.modules[key]
+                    raise
         else:
             module = importlib.import_module(module_name)
     except (ImportError, SyntaxError) as exc:  # validate reports both (F501, F505)

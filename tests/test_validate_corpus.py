@@ -381,3 +381,15 @@ def test_a_funnel_validate_refuses_is_one_the_engine_refuses() -> None:
     with pytest.raises(FunnelInvalid) as caught:
         load_funnel(CORPUS / "f603_shared_index" / "funnel.yaml")
     assert [d.line for d in caught.value.diagnostics] == [24]
+
+
+def test_a_hook_module_that_fails_to_load_fails_again_on_the_next_load(tmp_path: Path) -> None:
+    from engine.actions import load_hook
+    from engine.errors import ConfigError
+
+    (tmp_path / "flaky_hooks.py").write_text(
+        "def push(state, args):\n    return None\n\nraise ImportError('the CRM client is missing')\n",
+        "utf-8")
+    for _ in range(2):  # not a half-run module from the first try, without the error
+        with pytest.raises(ConfigError, match="the CRM client is missing"):
+            load_hook("flaky_hooks:push", tmp_path)
