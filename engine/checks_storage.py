@@ -1,10 +1,15 @@
-"""Names that funnels validated together must not share: tables and indexes (F602, F603).
+"""Names that funnels validated together must not share: tables, indexes, funnels (F602-F604).
 
 PostgreSQL keeps tables and indexes of a schema in one namespace, and the
 engine creates both with ``IF NOT EXISTS``: a second funnel whose table (or
 index) has a name already taken silently uses the first one's, or goes
 without. So every table and index name of one `funnel validate` run must be
 unique, across the funnels and within each.
+
+The funnel's own name (`funnel:`) keys the rows of the tables all funnels
+share (``funnel_messages``, ``funnel_turns``, ``funnel_outbox``) and the
+session leases (``<funnel>/<session>``): two funnels of one run may not have
+the same one either (F604).
 """
 
 from __future__ import annotations
@@ -34,23 +39,25 @@ class _Name(NamedTuple):
 class _Owner:
     """Who took a name first: which funnel file, where, and as what."""
 
-    kind: str  # "table" or "index"
+    kind: str  # "table", "index" or "funnel"
     file: Path
     line: int
 
 
 class StorageNames:
-    """The table and index names of the funnels checked so far in one run."""
+    """The funnel, table and index names of the funnels checked so far in one run."""
 
     def __init__(self) -> None:
         self.taken: dict[str, _Owner] = {}
+        self.funnels: dict[str, _Owner] = {}  # funnel name -> the funnel that has it
         self.files: set[Path] = set()
 
     def check(self, data: dict[str, Any], report: Report) -> None:
-        """Report this funnel's table and index names that an earlier one (or itself) took."""
+        """Report this funnel's names that an earlier one (or, for an index, itself) took."""
         if report.path.resolve() in self.files:
             return  # one file named twice on the command line (as a/f.yaml and ./a/f.yaml)
         self.files.add(report.path.resolve())
+        self._check_funnel_name(data, report)
         table_taken = False
         for n in _names(data):
             line = report.located.where(n.keys)[0] if report.located else 0
@@ -64,6 +71,21 @@ class StorageNames:
             code = "F602" if n.kind == "table" else "F603"
             report.at(n.keys, "error", code, f"{n.what} is also {_whose(owner, report)}; "
                       f"{_consequence(n.kind, owner.kind)}")
+
+    def _check_funnel_name(self, data: dict[str, Any], report: Report) -> None:
+        name = data.get("funnel")
+        if not isinstance(name, str) or not name:
+            return  # missing or not a string: the format layer says so (F004)
+        owner = self.funnels.get(name)
+        if owner is None:
+            line = report.located.where(("funnel",))[0] if report.located else 0
+            self.funnels[name] = _Owner("funnel", report.path, line)
+            return
+        report.at(("funnel",), "error", "F604",
+                  f"funnel name '{name}' is also the name of the funnel {owner.file}:{owner.line}; "
+                  "the engine keys the rows of its shared tables (funnel_messages, funnel_turns, "
+                  "funnel_outbox) and the session leases by this name, so the two funnels would "
+                  "mix their conversations: give each funnel its own `funnel:` name")
 
 
 def _names(data: dict[str, Any]) -> list[_Name]:

@@ -7,7 +7,7 @@ Layers, each on what the previous one could read:
    F004 wrong type or value) -- the same schema editors use;
 3. semantics (`engine.checks`): names, stages, conditions, templates, output
    schemas, actions, catalog;
-4. across funnels (`engine.checks_storage`): table and index names.
+4. across funnels (`engine.checks_storage`): table, index and funnel names.
 
 Importing this module imports neither litellm nor psycopg.
 """
@@ -100,7 +100,7 @@ def validate_paths(paths: Iterable[str | Path]) -> list[Diagnostic]:
     """Validate every funnel under ``paths``; return all diagnostics, sorted by file and line.
 
     The funnels are checked together too: no two may name the same table or
-    index (F602, F603, reported on the later file).
+    index, or have the same funnel name (F602, F603, F604, reported on the later file).
     """
     from .checks_storage import StorageNames
 
@@ -118,9 +118,9 @@ def check_file(
 
     Args:
         path: the funnel file.
-        names: the table and index names of the funnels checked before this one
-            in the same run, to which this one's are added; ``None`` checks the
-            funnel's names against its own only.
+        names: the funnel, table and index names of the funnels checked before
+            this one in the same run, to which this one's are added; ``None`` checks
+            the funnel's names against its own only.
     """
     try:
         text = path.read_text("utf-8")

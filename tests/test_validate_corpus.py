@@ -33,7 +33,7 @@ REQUIRED_CODES = {
     "F201", "F202", "F203",
     "F301", "F302", "F303", "F304", "F305",
     "F401", "F402", "F403",
-    "F501", "F502", "F504", "F505", "F601", "F602", "F603",
+    "F501", "F502", "F504", "F505", "F601", "F602", "F603", "F604",
 }  # fmt: skip
 
 Key = tuple[str, str, int]
@@ -154,6 +154,16 @@ def test_shared_table_and_index_names_name_the_other_file() -> None:
     assert "is also the table of" in found[("other.yaml", 22)]
 
 
+def test_shared_funnel_name_names_the_other_file() -> None:
+    d = _one("f604_shared_funnel_name", "F604")
+    assert (Path(d.file).name, d.line, d.col) == ("other.yaml", 2, 9)
+    assert "funnel name 'corpus_f604_shared_funnel_name'" in d.message
+    assert "f604_shared_funnel_name/funnel.yaml:2" in d.message
+    assert "mix their conversations" in d.message and "own `funnel:` name" in d.message
+    # Every corpus case has a funnel name of its own: only this case's other.yaml collides.
+    assert [x.file for x in validate_paths([CORPUS]) if x.code == "F604"] == [d.file]
+
+
 def test_severities() -> None:
     warnings = {"F106", "F403"}
     for case in CASES:
@@ -231,6 +241,20 @@ def test_cli_shared_table_is_reported_on_the_later_file() -> None:
     assert r.stdout.startswith(f"{case}/funnel.yaml:4:8: error F602 "), r.stdout
     assert f"{case}/other.yaml:4" in r.stdout
     assert run_cli("validate", f"{case}/other.yaml").returncode == 0  # alone, it is fine
+
+
+def test_cli_shared_funnel_name_is_reported_on_the_later_file() -> None:
+    case = "tests/corpus/f604_shared_funnel_name"
+    r = run_cli("validate", f"{case}/other.yaml", f"{case}/funnel.yaml")
+    assert r.returncode == 1
+    assert r.stdout.startswith(f"{case}/funnel.yaml:2:9: error F604 "), r.stdout
+    assert f"{case}/other.yaml:2" in r.stdout
+    assert "1 error(s), 0 warning(s)" in r.stderr
+    # One file reached twice (by its folder and by name) does not collide with itself.
+    assert run_cli("validate", case, f"{case}/funnel.yaml", f"./{case}/funnel.yaml").stdout \
+        .count("F604") == 1
+    for name in ("funnel.yaml", "other.yaml"):
+        assert run_cli("validate", f"{case}/{name}").returncode == 0  # alone, it is fine
 
 
 def test_cli_warnings_exit_0_unless_strict() -> None:
