@@ -17,6 +17,7 @@ from jinja2 import TemplateSyntaxError, nodes
 
 from .errors import did_you_mean
 from .expressions import attribute_paths, parse_expression
+from .names import SHARED_TABLES
 from .spec import (
     COLUMN_TYPE,
     CONDITION_NAMES,
@@ -46,6 +47,10 @@ def check_semantics(data: dict[str, Any], report: Report) -> None:
     if isinstance(table, str) and not SQL_IDENTIFIER.match(table):
         report.at(("table",), "error", "F005", f"table name {table!r} is not a valid SQL "
                   "identifier: use letters, digits and _ (not starting with a digit), at most 63")
+    elif isinstance(table, str) and table.lower() in SHARED_TABLES:
+        report.at(("table",), "error", "F005", f"table name {table!r} is one of the tables "
+                  f"the engine shares between funnels ({', '.join(SHARED_TABLES)}): give the "
+                  "funnel a table of its own, e.g. '<funnel>_sessions_state'")
     for name, raw in state.items():
         if name in ENGINE_COLUMNS:
             report.at(("state", name), "error", "F006", f"state field '{name}' is a column the "

@@ -1,4 +1,5 @@
-"""The names funnel authors may use in conditions and templates, besides state fields.
+"""Reserved names: what conditions and templates may read besides state fields, and the
+engine's own tables.
 
 Documented for authors in docs/funnel-format.md; the validator checks every
 name a condition or template reads against these (F402, F203).
@@ -38,3 +39,12 @@ PROMPT_NAMES: frozenset[str] = frozenset(
         "turns",
     }
 )
+
+# The tables every funnel shares (engine/store/ddl.py creates them). A funnel's own
+# `table:` may not take one of these names (F005).
+MESSAGES = "funnel_messages"
+TURNS = "funnel_turns"
+OUTBOX = "funnel_outbox"
+MIGRATIONS = "funnel_migrations"
+LEASES = "funnel_leases"
+SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES)

@@ -6,13 +6,12 @@ import json
 
 from psycopg import sql
 
+from ..names import LEASES as LEASES  # the shared tables' names, re-exported
+from ..names import MESSAGES as MESSAGES
+from ..names import MIGRATIONS as MIGRATIONS
+from ..names import OUTBOX as OUTBOX
+from ..names import TURNS as TURNS
 from ..spec import COLUMN_TYPE, FieldSpec, FunnelSpec
-
-MESSAGES = "funnel_messages"
-TURNS = "funnel_turns"
-OUTBOX = "funnel_outbox"
-MIGRATIONS = "funnel_migrations"
-LEASES = "funnel_leases"
 
 
 def column_type(name: str) -> sql.SQL:
