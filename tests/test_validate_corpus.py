@@ -234,27 +234,23 @@ def test_cli_errors_exit_1() -> None:
     assert "6 error(s), 0 warning(s)" in r.stderr
 
 
-def test_cli_shared_table_is_reported_on_the_later_file() -> None:
-    case = "tests/corpus/f602_shared_table"
-    r = run_cli("validate", f"{case}/other.yaml", f"{case}/funnel.yaml")
+@pytest.mark.parametrize(("case", "code", "position"), [
+    ("f602_shared_table", "F602", "4:8"),  # the table
+    ("f604_shared_funnel_name", "F604", "2:9"),  # the funnel's name
+])
+def test_cli_shared_name_is_reported_on_the_later_file(case: str, code: str,
+                                                       position: str) -> None:
+    folder = f"tests/corpus/{case}"
+    r = run_cli("validate", f"{folder}/other.yaml", f"{folder}/funnel.yaml")
     assert r.returncode == 1
-    assert r.stdout.startswith(f"{case}/funnel.yaml:4:8: error F602 "), r.stdout
-    assert f"{case}/other.yaml:4" in r.stdout
-    assert run_cli("validate", f"{case}/other.yaml").returncode == 0  # alone, it is fine
-
-
-def test_cli_shared_funnel_name_is_reported_on_the_later_file() -> None:
-    case = "tests/corpus/f604_shared_funnel_name"
-    r = run_cli("validate", f"{case}/other.yaml", f"{case}/funnel.yaml")
-    assert r.returncode == 1
-    assert r.stdout.startswith(f"{case}/funnel.yaml:2:9: error F604 "), r.stdout
-    assert f"{case}/other.yaml:2" in r.stdout
+    assert r.stdout.startswith(f"{folder}/funnel.yaml:{position}: error {code} "), r.stdout
+    assert f"{folder}/other.yaml:{position.split(':')[0]}" in r.stdout
     assert "1 error(s), 0 warning(s)" in r.stderr
     # One file reached twice (by its folder and by name) does not collide with itself.
-    assert run_cli("validate", case, f"{case}/funnel.yaml", f"./{case}/funnel.yaml").stdout \
-        .count("F604") == 1
+    assert run_cli("validate", folder, f"{folder}/funnel.yaml", f"./{folder}/funnel.yaml"
+                   ).stdout.count(code) == 1
     for name in ("funnel.yaml", "other.yaml"):
-        assert run_cli("validate", f"{case}/{name}").returncode == 0  # alone, it is fine
+        assert run_cli("validate", f"{folder}/{name}").returncode == 0  # alone, it is fine
 
 
 def test_cli_warnings_exit_0_unless_strict() -> None:
