@@ -1,8 +1,8 @@
 """The PostgreSQL store (psycopg 3, async pools). The only module that runs SQL.
 
-One pool of connections, each used only for the length of a statement or a
-pipeline: a turn holds a lease on its session (``engine.store.session``),
-not a connection, while the model thinks. See docs/persistence.md.
+One pool of connections, each used only for the length of a statement: a
+turn holds a lease on its session (``engine.store.session``), not a
+connection, while the model thinks. See docs/persistence.md.
 """
 
 from __future__ import annotations

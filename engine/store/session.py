@@ -1,13 +1,14 @@
 """One turn's access to a session: a lease instead of a held connection.
 
 A turn takes a lease on its session (a row in ``funnel_leases``) in the same
-pipeline that logs the message and reads the row and the window, and gives
-it back in the statement that saves the turn. No connection is held while the
-model thinks, so the number of turns in flight is not bounded by PostgreSQL's
-connections. A turn that finds the session leased waits (polling with
-backoff, queued next in line) and then reads the state the other turn saved. A lease outlives a
-crashed process by at most its length; a turn that outlives its lease cannot
-overwrite newer state (the row-version check). See docs/persistence.md.
+statement that logs the message and reads the row and the window (the turn
+function, ``engine.store.functions``), and gives it back in the statement that
+saves the turn. No connection is held while the model thinks, so the number of
+turns in flight is not bounded by PostgreSQL's connections. A turn that finds
+the session leased waits (polling with backoff, queued next in line) and then
+reads the state the other turn saved. A lease outlives a crashed process by at
+most its length; a turn that outlives its lease cannot overwrite newer state
+(the row-version check). See docs/persistence.md.
 """
 
 from __future__ import annotations
