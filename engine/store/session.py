@@ -77,8 +77,8 @@ class SessionHandle:
         read its row and last ``window`` messages: one round trip when the session is free.
 
         The message commits in the statement that asks for the lease, whether the
-        lease is free or not, so it is durable whatever happens to the turn. Returns (message id, row or None,
-        messages oldest first).
+        lease is free or not, so it is durable whatever happens to the turn. Returns
+        (message id, the row as JSON-friendly values or None, messages oldest first).
 
         Raises:
             StoreUnavailable: the session stayed leased by another turn for ``wait`` s.
