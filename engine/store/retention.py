@@ -10,8 +10,6 @@ words must not outlive the retention period because of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
@@ -19,9 +17,8 @@ from psycopg import sql
 
 from ..spec import FunnelSpec
 from . import ddl
+from .session import Connect
 from .statements import default_literal
-
-Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
 
 ANONYMIZED = "[anonymized]"
 

@@ -53,7 +53,6 @@ class Statements:
         # The state travels as one JSON object, typed by the table's own row type
         # (jsonb_populate_record): two parameters instead of one per column.
         names = [sql.Identifier(n) for n, _ in self.columns]
-        sets = []
         update_sets = []
         # The rolling summary is written only by the summarizer (engine.memory).
         only_insert = {spec.memory.summary} if spec.memory.summary else set()
@@ -61,14 +60,11 @@ class Statements:
             col = sql.Identifier(n)
             if n in only_insert:
                 # Written by a turn only when it folded a new summary (else kept).
-                keep = sql.SQL("{} = COALESCE(%(__summary)s::text, {}.{})").format(col, t, col)
-                sets.append(keep)
-                update_sets.append(keep)
+                update_sets.append(sql.SQL("{} = COALESCE(%(__summary)s::text, {}.{})").format(
+                    col, t, col))
             elif n in write_once:
-                sets.append(sql.SQL("{} = COALESCE({}.{}, EXCLUDED.{})").format(col, t, col, col))
                 update_sets.append(sql.SQL("{} = COALESCE({}.{}, r.{})").format(col, t, col, col))
             else:
-                sets.append(sql.SQL("{} = EXCLUDED.{}").format(col, col))
                 update_sets.append(sql.SQL("{} = r.{}").format(col, col))
         upto = sql.SQL("summary_upto = COALESCE(%(__summary_upto)s::bigint, {}.summary_upto)"
                        ).format(t)
@@ -81,17 +77,14 @@ class Statements:
             "WHERE {t}.session_id = %(session_id)s AND {t}.row_version = %(__expected)s "
             "RETURNING {t}.row_version"
         ).format(t=t, sets=sql.SQL(", ").join(update_sets), upto=upto, record=record)
+        # A new session: if another turn created the row first, nothing is written
+        # (and the turn is retried on that row, as for any stale save).
         upsert = sql.SQL(
             "INSERT INTO {t} ({names}, row_version, created_at, updated_at, last_message_at) "
             "SELECT %(session_id)s, {values}, 1, %(__now)s, %(__now)s, %(__now)s FROM {record} "
-            "ON CONFLICT (session_id) DO UPDATE SET {sets}, {upto}, "
-            "row_version = {t}.row_version + 1, updated_at = %(__now)s, "
-            "last_message_at = %(__now)s "
-            "WHERE {t}.row_version = %(__expected)s "
-            "RETURNING row_version"
+            "ON CONFLICT (session_id) DO NOTHING RETURNING row_version"
         ).format(t=t, names=sql.SQL(", ").join(names), record=record,
-                 values=sql.SQL(", ").join(sql.SQL("r.{}").format(n) for n in names[1:]),
-                 sets=sql.SQL(", ").join(sets), upto=upto)
+                 values=sql.SQL(", ").join(sql.SQL("r.{}").format(n) for n in names[1:]))
         turn_columns = sql.SQL(", ").join(map(sql.Identifier, _TURN_COLUMNS))
         turn_values = sql.SQL(", ").join(sql.SQL("x.{}").format(sql.Identifier(c))
                                          for c in _TURN_COLUMNS)
