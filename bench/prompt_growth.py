@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 from _db import server_url, throwaway_schema  # noqa: E402
 
 from engine import Engine, ModelRequest, ScriptedModel, load_funnel  # noqa: E402
+from engine.chat import estimate_tokens  # noqa: E402
 from engine.models import Completion  # noqa: E402
-from engine.prompts import estimate_tokens  # noqa: E402
 
 QUESTIONS = [
     "How often should I use the shampoo on a cat with such dry skin?",

@@ -234,7 +234,7 @@ def report(conn: psycopg.Connection, url: str, spec: object, args: argparse.Name
                         params).fetchall()
     print("\n".join("  " + r[0] for r in plan))
 
-    from engine.analytics import build_report
+    from engine.report import build_report
 
     totals = []
     for _ in range(3):
@@ -244,7 +244,7 @@ def report(conn: psycopg.Connection, url: str, spec: object, args: argparse.Name
     print(f"\nthe whole report (build_report: one read-only snapshot, every section): "
           f"{statistics.median(totals) * 1000:.0f} ms (median of 3)")
     if args.html:
-        from engine.report_html import render_html
+        from engine.report import render_html
 
         Path(args.html).write_text(render_html(whole), "utf-8")
         print(f"wrote {args.html}")

@@ -10,10 +10,9 @@ message to :meth:`Engine.handle`::
     print(result.reply, result.stage_after)
 """
 
-from .actions import ActionCall, ActionOutcome
-from .catalog import Catalog, Product, load_catalog
-from .diagnostics import Diagnostic
-from .engine import Engine, TurnResult
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ActionRefused,
     ConcurrentUpdate,
@@ -26,12 +25,46 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
-from .funnel import CompiledFunnel, load_funnel
-from .models import Completion, Model, ModelRequest, ScriptedModel, make_model
-from .spec import FunnelSpec
-from .store import Store, open_store
-from .sync import SyncEngine
-from .validate import validate_paths
+
+if TYPE_CHECKING:
+    from .actions import ActionCall, ActionOutcome
+    from .catalog import Catalog, Product, load_catalog
+    from .funnel import CompiledFunnel, load_funnel
+    from .models import Completion, Model, ModelRequest, ScriptedModel, make_model
+    from .spec import FunnelSpec
+    from .store import Store, open_store
+    from .sync import SyncEngine
+    from .turn import Engine, TurnResult
+    from .validation import Diagnostic, validate_paths
+
+# The other public names load on first use (PEP 562): `funnel validate` needs the
+# validator, not the machine, the turn or the store.
+_LAZY = {
+    "ActionCall": "actions", "ActionOutcome": "actions",
+    "Catalog": "catalog", "Product": "catalog", "load_catalog": "catalog",
+    "CompiledFunnel": "funnel", "load_funnel": "funnel",
+    "Completion": "models", "Model": "models", "ModelRequest": "models",
+    "ScriptedModel": "models", "make_model": "models",
+    "FunnelSpec": "spec",
+    "Store": "store", "open_store": "store",
+    "SyncEngine": "sync",
+    "Engine": "turn", "TurnResult": "turn",
+    "Diagnostic": "validation", "validate_paths": "validation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

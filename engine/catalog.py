@@ -12,13 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _yaml
-from .errors import ConfigError, did_you_mean
-
-
-class CatalogError(ConfigError):
-    def __init__(self, detail: str, *, file: Path, line: int | None = None) -> None:
-        self.detail = detail
-        super().__init__(detail, file=str(file), line=line)
+from .errors import CatalogError, did_you_mean
 
 
 @dataclass(frozen=True)

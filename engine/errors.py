@@ -5,8 +5,10 @@ message and exits without a traceback. Messages say where (file:line, field
 path or session), what was expected, and what to do about it::
 
     FunnelError
+    ├── InvalidInput            a caller's input was refused (session id, message): nothing ran
     ├── ConfigError             a funnel, template, schema or catalog is wrong
-    │   └── FunnelInvalid       `funnel validate` found errors (carries them all)
+    │   ├── FunnelInvalid       `funnel validate` found errors (carries them all)
+    │   └── CatalogError        the catalog file is wrong (names file and line)
     ├── ModelError              the model could not be called
     ├── ActionRefused           an action's arguments were refused (unknown SKU, ...)
     ├── StoreError              the database failed or is unreachable
@@ -20,17 +22,20 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .diagnostics import Diagnostic
+    from .validation import Diagnostic
 
 __all__ = [
     "ActionRefused",
+    "CatalogError",
     "ConcurrentUpdate",
     "ConfigError",
     "FunnelError",
     "FunnelInvalid",
+    "InvalidInput",
     "ModelError",
     "PromptTooLarge",
     "SchemaOutdated",
@@ -38,6 +43,7 @@ __all__ = [
     "StoreUnavailable",
     "closest",
     "did_you_mean",
+    "first_line",
 ]
 
 
@@ -53,8 +59,20 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f" (did you mean '{match}'?)" if match else ""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (driver errors run on for lines), or its type."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 class FunnelError(Exception):
     """Root of every error the engine raises on purpose."""
+
+
+class InvalidInput(FunnelError):
+    """A caller's input was refused before anything ran: a bad session id or message.
+
+    The service answers it with HTTP 400; nothing was written.
+    """
 
 
 class ConfigError(FunnelError):
@@ -84,6 +102,18 @@ class FunnelInvalid(ConfigError):
             f"the funnel has {len(errors)} error(s); run `funnel validate` for the full list:\n"
             f"{shown}{more}"
         )
+
+
+class CatalogError(ConfigError):
+    """The catalog file is missing, unreadable or malformed; names the file and line.
+
+    Attributes:
+        detail: the problem without the file and line.
+    """
+
+    def __init__(self, detail: str, *, file: Path | str, line: int | None = None) -> None:
+        self.detail = detail
+        super().__init__(detail, file=str(file), line=line)
 
 
 class ModelError(FunnelError):

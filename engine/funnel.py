@@ -16,13 +16,13 @@ from jinja2 import Template
 
 from .actions import ActionRunner
 from .catalog import Catalog, load_catalog
-from .checks_files import resolve_local_ref
 from .errors import ConfigError, FunnelInvalid
 from .expressions import compile_condition, make_environment
 from .machine import StageMachine
 from .spec import FunnelSpec, StageSpec
 from .state import StateRules
-from .validate import check_file
+from .validation import check_file
+from .validation.files import resolve_local_ref
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """The stage machine: a `transitions.Machine` built once per funnel, shared by every session.
 
-Each turn binds the session to the shared machine (``add_model``), fires
-triggers, and unbinds it: building a ``Machine`` costs about as much as a
-whole database turn, binding costs a few hundredths of a millisecond.
+Each trigger fires the shared machine's event on a throwaway model object
+that carries the session's stage and the conditions' context: building a
+``Machine`` costs about as much as a whole database turn, and binding a model
+with ``add_model`` would decorate it with every trigger and state helper, so
+neither happens per turn. Most turns do not fire at all: a trigger is fired
+only when one of the stage's conditions may hold.
 
 Triggers:
 

@@ -20,14 +20,16 @@ raises :class:`engine.errors.PromptTooLarge`.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .chat import Message, chat_messages, estimate_tokens
 from .errors import PromptTooLarge
-from .prompts import Message, chat_messages, estimate_tokens
-from .spec import FunnelSpec
+from .models import ModelRequest, make_model
+from .spec import FunnelSpec, ModelSettings
 from .store import Store
 
 # (summary so far, summary_upto, messages to fold); (None, 0, None): read them from the log.
@@ -78,9 +80,6 @@ class ModelSummarizer:
         self.model = model
 
     async def summarize(self, previous: str, messages: Sequence[Message], budget: int) -> str:
-        from .models import ModelRequest
-        from .spec import ModelSettings
-
         transcript = "\n".join(f"{m.role}: {m.content}" for m in messages)
         prompt = (
             f"Update the running summary of a sales conversation. Keep facts the customer "
@@ -95,8 +94,6 @@ class ModelSummarizer:
             stage="summary", settings=ModelSettings(name=getattr(self.model, "name", "")),
             session_id="", turn=0, user_text="")
         completion = await self.model.complete(request)
-        import json
-
         try:
             text = str(json.loads(completion.text)["summary"])
         except (ValueError, KeyError, TypeError):
@@ -164,8 +161,6 @@ class RollingSummary:
     @property
     def summarizer(self) -> Summarizer:
         if self._summarizer is None:
-            from .models import make_model
-
             name = self.spec.memory.summarizer_model
             self._summarizer = ModelSummarizer(make_model(name)) if name else \
                 ExtractiveSummarizer()

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import _yaml
+from .chat import estimate_tokens
 from .errors import ConfigError, ModelError
-from .prompts import estimate_tokens
 from .spec import ModelSettings
 
 

@@ -8,13 +8,12 @@ booleans, what the engine refused last turn, and the last few messages.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from jinja2 import TemplateError, UndefinedError
 
+from .chat import Message
 from .errors import ConfigError
 from .expressions import compact_json, declared_view
 from .funnel import CompiledFunnel, CompiledStage
@@ -24,13 +23,6 @@ _HIDDEN = frozenset(
     {"session_id", "stage_history", "row_version", "funnel_version", "notices", "created_at",
      "updated_at", "last_message_at", "turns", "summary_upto"}
 )
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
-    id: int = 0  # the message log's id, when it came from the log
 
 
 def _empty(value: Any) -> bool:
@@ -149,20 +141,6 @@ def render(stage: CompiledStage, context: Mapping[str, Any]) -> str:
                           file=str(stage.spec.prompt)) from None
     except TemplateError as exc:
         raise ConfigError(f"template failed: {exc}", file=str(stage.spec.prompt)) from None
-
-
-def chat_messages(system: str, history: Sequence[Message], text: str) -> list[dict[str, str]]:
-    """The chat the model receives: the stage prompt, recent messages, the customer's message."""
-    out = [{"role": "system", "content": system}]
-    out.extend({"role": m.role, "content": m.content} for m in history)
-    out.append({"role": "user", "content": text})
-    return out
-
-
-def estimate_tokens(messages: Sequence[Mapping[str, str]]) -> int:
-    """A documented estimate for models without a tokenizer: 4 characters a token,
-    plus 4 tokens of framing per message and 2 for the reply's priming."""
-    return sum(math.ceil(len(m["content"]) / 4) + 4 for m in messages) + 2
 
 
 def _human(seconds: float) -> str:

@@ -1,7 +1,7 @@
 """The funnel format as typed objects, built from a funnel file's YAML.
 
 `build_spec` assumes the data passed the format's JSON Schema (the first
-layer of `engine.validate`); semantic checks live in `engine.validate`.
+layer of `engine.validation`); semantic checks live in `engine.validation`.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from .engine import Engine, TurnResult
 from .funnel import CompiledFunnel
+from .turn import Engine, TurnResult
 
 
 class SyncEngine:

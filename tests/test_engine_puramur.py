@@ -1,6 +1,6 @@
 """The turn engine end to end on the Puramur funnel, a real PostgreSQL and the scripted model.
 
-Every test drives :class:`engine.engine.Engine` the way an integration would
+Every test drives :class:`engine.turn.Engine` the way an integration would
 (``handle`` one customer message at a time) and checks what the engine decided:
 the stage, the state row, the cart, the prompt the model saw, the turn record,
 the message log and the handoff outbox.
@@ -23,12 +23,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.engine import Engine, TurnResult
+from engine.chat import estimate_tokens
 from engine.errors import FunnelError
 from engine.funnel import CompiledFunnel, load_funnel
 from engine.models import Completion, ModelRequest, ScriptedModel
-from engine.prompts import estimate_tokens
 from engine.sync import SyncEngine
+from engine.turn import Engine, TurnResult
 
 ROOT = Path(__file__).resolve().parent.parent
 PURAMUR = ROOT / "funnels" / "puramur.yaml"

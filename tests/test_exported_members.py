@@ -2,8 +2,11 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import engine
+
+ROOT = Path(__file__).resolve().parent.parent
 
 EXPECTED = {
     "ActionCall", "ActionOutcome", "ActionRefused", "Catalog", "CompiledFunnel", "Completion",
@@ -31,8 +34,34 @@ def test_errors_share_one_root() -> None:
 
 
 def test_import_engine_does_not_import_litellm_or_psycopg() -> None:
-    code = ("import sys, engine, engine.validate, engine.engine; "
+    code = ("import sys, engine, engine.validate, engine.turn; "
             "print('litellm' in sys.modules, 'psycopg' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def _modules_after(command: str) -> set[str]:
+    """The modules loaded by running `funnel <command>` in a fresh interpreter."""
+    code = ("import sys\nfrom engine.cli import main\n"
+            f"status = main({command.split()!r})\n"
+            "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, check=False)
+    return set(done.stderr.split())
+
+
+def test_funnel_validate_loads_neither_the_machine_nor_the_store() -> None:
+    loaded = _modules_after("validate funnels/")
+    assert "engine.validation.runner" in loaded  # it did validate
+    heavy = {m for m in loaded if m.split(".")[0] in ("transitions", "psycopg", "litellm")
+             or m.startswith(("engine.store", "engine.turn", "engine.machine"))}
+    assert not heavy, sorted(heavy)
+
+
+def test_funnel_test_loads_no_diagrams_no_litellm_and_no_service() -> None:
+    loaded = _modules_after("test funnels/puramur/scenarios/happy_path.yaml")
+    assert "engine.scenarios.run" in loaded and "engine.turn" in loaded  # it did play
+    heavy = {m for m in loaded if m.startswith(("transitions.extensions.diagrams", "litellm",
+                                                "engine.service", "starlette", "uvicorn"))}
+    assert not heavy, sorted(heavy)

@@ -103,8 +103,8 @@ def fast_puramur(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def open_engine(funnel: Path, db_url: str, fake: Any, name: str = MODEL) -> Any:
-    from engine.engine import Engine
     from engine.models import LiteLLMModel
+    from engine.turn import Engine
 
     return await Engine.open(funnel, db=db_url, model=LiteLLMModel(name, api_base=fake.api_base))
 
@@ -397,7 +397,7 @@ def test_engine_imports_do_not_import_litellm() -> None:
     code = """
 import json, os, sys
 os.environ.pop("LITELLM_LOCAL_MODEL_COST_MAP", None)
-import engine, engine.validate, engine.engine, engine.models, engine.cli
+import engine, engine.validate, engine.turn, engine.models, engine.cli
 from engine.models import ScriptedModel, make_model
 ScriptedModel.from_data({"default": {"reply": "hi"}})
 before = "litellm" in sys.modules

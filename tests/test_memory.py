@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from engine import Engine, ModelRequest, ScriptedModel
+from engine.chat import Message, estimate_tokens
 from engine.errors import PromptTooLarge
 from engine.memory import ExtractiveSummarizer, fit_prompt
 from engine.models import Completion
-from engine.prompts import Message, estimate_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,7 +153,7 @@ def test_budget_trims_old_messages_then_the_summary() -> None:
 
 
 def test_validate_warns_when_a_template_alone_exceeds_its_budget(tmp_path: Path) -> None:
-    from engine.validate import check_file
+    from engine.validation import check_file
 
     text = (ROOT / "funnels" / "puramur.yaml").read_text()
     text = text.replace("prompt_budget: 1000", "prompt_budget: 60")

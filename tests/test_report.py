@@ -1,7 +1,7 @@
 """`funnel report` and the analysts' views, on conversations the engine really ran.
 
 One module-wide database is filled by running Puramur conversations through
-:class:`engine.engine.Engine` with the scripted model (priced, so turns have a
+:class:`engine.turn.Engine` with the scripted model (priced, so turns have a
 cost) and a clock the test moves: every number in the report is then checked
 against what those conversations did. The seed's five observability queries
 (``tests/seed_queries.sql``, verbatim) run on the same rows.
@@ -30,12 +30,11 @@ import pytest
 import yaml
 from conftest import seed_queries
 
-from engine.analytics import SECTIONS, build_report, render_table
-from engine.engine import Engine
 from engine.funnel import load_funnel
 from engine.models import Completion, ModelRequest, ScriptedModel
-from engine.report_html import render_html
+from engine.report import SECTIONS, build_report, render_html, render_table
 from engine.store.analytics_sql import section_queries, view_name
+from engine.turn import Engine
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -29,7 +29,7 @@ import yaml
 from service_support import FakeTelegram, TcpProxy, running, stop, wait_ready
 from starlette.testclient import TestClient
 
-from engine.engine import MAX_MESSAGE_CHARS
+from engine.customer import MAX_MESSAGE_CHARS
 from engine.models import Completion, ModelRequest, ScriptedModel
 from engine.service.app import create_app
 from engine.service.auth import WidgetTokens

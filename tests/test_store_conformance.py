@@ -382,14 +382,15 @@ async def test_the_message_window_is_the_last_n_before_the_current_message(
         noise(f"after-{window}-")  # later messages of others never enter the window
         ours.append((f"now-{window}", "user"))
 
-        fetched.clear()
-        again = await store.recent_messages(spec, "w", window, current)
+        # a retried turn reads the window again around its own, already logged message
+        async with store.session(spec, "w") as access:
+            again_id, _, again = await access.load(window, current_id=current)
+        assert again_id == current
         assert [(msg.content, msg.role) for msg in again] == ours[-window - 1:-1]
-        assert fetched == [window]
+        assert fetched == []
 
     async with store.session(spec, "w") as access:
         assert (await access.load(0, text="no window"))[2] == []
-    assert await store.recent_messages(spec, "w", 0, 1) == []
 
 
 # -- session ids -------------------------------------------------------------------------

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.diagnostics import Diagnostic
-from engine.validate import validate_paths
+from engine.validation import Diagnostic, validate_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -350,7 +349,7 @@ def test_validate_imports_neither_litellm_nor_psycopg() -> None:
 
 def test_builtins_are_the_runners() -> None:
     from engine.actions import ActionRunner
-    from engine.checks_actions import builtin_names
+    from engine.validation.actions import builtin_names
 
     runner = {m.removeprefix("_do_") for m in dir(ActionRunner) if m.startswith("_do_")}
     assert set(builtin_names()) == runner
@@ -359,7 +358,7 @@ def test_builtins_are_the_runners() -> None:
 def test_hook_functions_are_read_without_running_the_module(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.checks_actions import hook_function_defined
+    from engine.validation.actions import hook_function_defined
 
     (tmp_path / "beside.py").write_text(
         "import os\nfrom json import dumps as dump\ntry:\n    import fast\nexcept ImportError:\n"

@@ -30,8 +30,8 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..engine import TurnResult
 from ..errors import StoreUnavailable
+from ..turn import TurnResult
 from .auth import WidgetSession
 from .config import ServiceConfig
 from .core import Service

@@ -19,12 +19,19 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..engine import Engine, TurnResult
-from ..errors import ConcurrentUpdate, FunnelError, SchemaOutdated, StoreUnavailable
+from ..errors import (
+    ConcurrentUpdate,
+    ConfigError,
+    FunnelError,
+    InvalidInput,
+    SchemaOutdated,
+    StoreUnavailable,
+)
 from ..funnel import CompiledFunnel, load_funnel
 from ..models import Model, make_model
 from ..notify import Notifier, make_notifier
 from ..store import Store, open_store
+from ..turn import Engine, TurnResult
 from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
 from .config import ServiceConfig
 from .limits import RateLimiter, RequestRefused, SessionQueue
@@ -43,7 +50,7 @@ class Service:
         for item in config.funnels:
             compiled = item if isinstance(item, CompiledFunnel) else load_funnel(item)
             if compiled.name in self.funnels:
-                raise FunnelError(f"two funnels are named '{compiled.name}'; names must differ")
+                raise ConfigError(f"two funnels are named '{compiled.name}'; names must differ")
             self.funnels[compiled.name] = compiled
         self.keys = ApiKeys(config.api_keys)
         self.tokens = WidgetTokens(config.secret, config.token_ttl)
@@ -188,9 +195,9 @@ class Service:
         except ConcurrentUpdate:
             raise RequestRefused(503, "busy", "the session changed under this turn; send the "
                                  "message again", retry_after=1) from None
-        except FunnelError as exc:
-            if type(exc) is FunnelError:  # the engine's own input check
-                raise RequestRefused(400, "bad_request", str(exc)) from None
+        except InvalidInput as exc:
+            raise RequestRefused(400, "bad_request", str(exc)) from None
+        except FunnelError:
             log.exception("funnel %s: the turn failed", funnel)
             raise RequestRefused(500, "internal", "the turn failed; see the service log") from None
         finally:

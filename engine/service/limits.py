@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..engine import MAX_MESSAGE_CHARS, MAX_SESSION_ID
+from ..customer import MAX_MESSAGE_CHARS, MAX_SESSION_ID
 
 # A JSON body of MAX_MESSAGE_CHARS characters, each escaped as \uXXXX, plus room.
 MAX_BODY_BYTES = MAX_MESSAGE_CHARS * 6 + 1024

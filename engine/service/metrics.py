@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..engine import TurnResult
+from ..turn import TurnResult
 
 Labels = tuple[tuple[str, str], ...]
 

@@ -16,33 +16,31 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import FunnelError
+from ..errors import ConfigError, InvalidInput
+from ..funnel import load_funnel
+from ..store.embedded import embedded_url
+from .config import ServiceConfig
 
 
 def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: int,
           model: str | None, api_base: str | None = None) -> int:
     try:
-        import uvicorn
+        import uvicorn  # the optional `serve` extra
     except ImportError:
-        raise FunnelError("`funnel serve` needs starlette and uvicorn: "
+        raise ConfigError("`funnel serve` needs starlette and uvicorn: "
                           "pip install 'funnel-engine[serve]'") from None
-    from ..funnel import load_funnel
-    from .config import ServiceConfig
-
     if workers < 1:
-        raise FunnelError("--workers must be at least 1")
+        raise InvalidInput("--workers must be at least 1")
     names: dict[str, str] = {}
     for path in funnels:
         compiled = load_funnel(path)  # FunnelInvalid: the CLI prints every problem
         if compiled.name in names:
-            raise FunnelError(f"{path} and {names[compiled.name]} are both named "
+            raise InvalidInput(f"{path} and {names[compiled.name]} are both named "
                               f"'{compiled.name}'")
         names[compiled.name] = path
     env = os.environ
     env["FUNNEL_SERVE_FUNNELS"] = os.pathsep.join(str(Path(p).resolve()) for p in funnels)
     if db is None and not env.get("FUNNEL_DB"):
-        from ..store.embedded import embedded_url
-
         db = embedded_url()  # one server for every worker, stopped when this process ends
     if db:
         env["FUNNEL_DB"] = db

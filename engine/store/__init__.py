@@ -1,120 +1,25 @@
-"""Session storage behind a small interface; only `engine.store.postgres` imports psycopg.
+"""Session storage in PostgreSQL, behind the small interface of `engine.store.base`.
 
-The engine core talks to a :class:`Store`. There is one SQL dialect,
-PostgreSQL: a server given by URL, or the embedded one (`engine.store.embedded`)
-when no URL is given.
+There is one SQL dialect, PostgreSQL: a server given by URL, or the embedded
+one (`embedded`) when no URL is given. The modules:
+
+- `base`: the interface (:class:`Store`, :class:`TurnWrite`, ...), no psycopg;
+- `postgres`: the store itself (one pool); `session`: a turn's lease and save;
+- `ddl`, `statements`, `functions`: the SQL, built once per funnel;
+- `migrate` (tables, append-only migrations), `retention` (purge),
+  `analytics_sql` (the report's queries and the analysts' views);
+- `connect`: connection helpers shared by the others (URLs in messages, temporary schemas);
+- `embedded`: the zero-set-up server.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
-from ..prompts import Message
-from ..spec import FunnelSpec
+from ..chat import Message
+from .base import OutboxItem, SessionAccess, Store, TurnWrite
 
 __all__ = ["Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite", "open_store"]
-
-
-@dataclass
-class OutboxItem:
-    """A side effect (manager notification, hook) delivered once after the save commits."""
-
-    key: str  # idempotency key: one delivery per key, ever
-    kind: str
-    payload: dict[str, Any]
-
-
-@dataclass
-class TurnWrite:
-    """Everything one turn writes, in one transaction."""
-
-    session_id: str
-    values: dict[str, Any]  # every column of the state row except timestamps
-    expected_version: int  # row_version the turn loaded; 0 for a new session
-    reply: str | None
-    stage_after: str
-    turn: dict[str, Any]
-    outbox: list[OutboxItem] = field(default_factory=list)
-    message_time: datetime | None = None
-    # A new rolling summary folded during the turn, and the last message id it covers.
-    summary: str | None = None
-    summary_upto: int | None = None
-    holder: str | None = None  # the turn's lease on the session, released by the save
-
-
-class SessionAccess(Protocol):
-    """What :meth:`Store.session` yields."""
-
-    async def load(self, window: int, *, text: str | None = None, current_id: int = 0
-                   ) -> tuple[int, dict[str, Any] | None, list[Message]]:
-        """Log ``text`` (if given), take the lease, read the row and the last ``window``
-        messages: (message id, the row as JSON-friendly values or None, messages)."""
-
-    async def save(self, write: TurnWrite) -> int: ...
-
-
-class Store(Protocol):
-    """What the engine needs from storage."""
-
-    async def ensure_schema(self, funnel: FunnelSpec) -> None:
-        """Create the shared tables; raise SchemaOutdated if the funnel's table is behind."""
-
-    async def migrate(self, funnel: FunnelSpec, *, drop: bool = False, check: bool = False
-                      ) -> list[str]:
-        """Bring the funnel's table to its declaration; return what was (or would be) done."""
-
-    async def log_message(self, funnel: FunnelSpec, session_id: str, role: str, content: str
-                          ) -> int:
-        """Append to the message log in its own commit; return the message id."""
-
-    async def load(self, funnel: FunnelSpec, session_id: str) -> dict[str, Any] | None:
-        """The session's row, or None for a new session."""
-
-    async def recent_messages(self, funnel: FunnelSpec, session_id: str, limit: int,
-                              current_id: int) -> list[Message]:
-        """The last ``limit`` messages before the current one, oldest first (window in SQL)."""
-
-    async def save_turn(self, funnel: FunnelSpec, write: TurnWrite) -> int:
-        """UPSERT the state (checking row_version), log the reply, record the turn and the
-        outbox, in one transaction; return the new row_version.
-
-        Raises:
-            ConcurrentUpdate: the row changed since it was loaded; nothing was written.
-        """
-
-    def session(self, funnel: FunnelSpec, session_id: str
-                ) -> AbstractAsyncContextManager[SessionAccess]:
-        """One turn's access to a session: ``load`` takes its lease and reads, ``save``
-        writes and gives the lease back. Turns of one session are serialized across
-        processes and machines."""
-
-    async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
-                           limit: int = 50) -> list[dict[str, Any]]:
-        """Undelivered outbox rows that are due."""
-
-    async def finish_outbox(self, item_id: int, error: str | None) -> None:
-        """Mark an outbox row delivered, or failed with a retry time."""
-
-    async def history(self, funnel: FunnelSpec, session_id: str, limit: int
-                      ) -> list[dict[str, Any]]:
-        """The last messages of a session with their stages and times."""
-
-    async def purge(self, funnel: FunnelSpec, older_than: float, *, anonymize: bool = False,
-                    batch: int = 1000) -> dict[str, int]:
-        """Delete or anonymize sessions idle longer than ``older_than`` seconds."""
-
-    async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
-                              limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:
-        """(summary, summary_upto, messages that left the window and are not summarized)."""
-
-    async def save_summary(self, funnel: FunnelSpec, session_id: str, summary: str,
-                           old_upto: int, new_upto: int) -> bool:
-        """Store a new summary if ``summary_upto`` is still ``old_upto``."""
-
-    async def close(self) -> None: ...
 
 
 async def open_store(url: str | None = None, **options: Any) -> Store:
@@ -123,10 +28,10 @@ async def open_store(url: str | None = None, **options: Any) -> Store:
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
+    # Imported here so that the engine core's types load without psycopg (the store seam).
+    from .embedded import embedded_url
     from .postgres import PostgresStore
 
     if url is None:
-        from .embedded import embedded_url
-
         url = embedded_url()
     return await PostgresStore.open(url, **options)

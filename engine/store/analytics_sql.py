@@ -19,9 +19,11 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from ..errors import StoreUnavailable
+from ..errors import StoreUnavailable, first_line
 from ..spec import FunnelSpec
 from . import ddl
+from .connect import safe_url
+from .embedded import embedded_url
 
 # The window of the views: `SET funnel.since = '30 days'` changes it for a session.
 SINCE_SETTING = "funnel.since"
@@ -347,16 +349,12 @@ async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit
     Returns ``{"now", "sessions_table", "turns_table", "sections": {name: [row, ...]}}``;
     a section whose table does not exist yet has no rows. Nothing is written.
     """
-    from .embedded import embedded_url
-    from .postgres import _safe_url
-
     url = url or embedded_url()
     try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout)))
     except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL at {_safe_url(url)}: "
-                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}"
-                               ) from None
+        raise StoreUnavailable(f"cannot connect to PostgreSQL at {safe_url(url)}: "
+                               f"{first_line(exc)}") from None
     async with conn:
         await conn.set_read_only(True)
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)

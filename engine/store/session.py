@@ -24,9 +24,9 @@ from typing import Any
 
 import psycopg
 
+from ..chat import Message
 from ..errors import ConcurrentUpdate, StoreUnavailable
-from ..prompts import Message
-from . import TurnWrite
+from .base import TurnWrite
 from .statements import RELEASE, Statements
 
 Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]

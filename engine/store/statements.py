@@ -15,7 +15,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ..spec import FunnelSpec
-from . import TurnWrite, ddl, functions
+from . import ddl, functions
+from .base import TurnWrite
 
 
 def dumps(value: Any) -> bytes:
@@ -195,12 +196,3 @@ RELEASE = (
     f"UPDATE {ddl.LEASES} SET holder = '', expires_at = '-infinity' "
     "WHERE lock_key = %(key)s AND holder = %(holder)s"
 )
-
-# The window is applied in SQL. Replies logged after the current message (a
-# turn that finished while this message waited for the lock) still belong to it.
-RECENT = (
-    f"SELECT role, content, id FROM (SELECT id, role, content FROM {ddl.MESSAGES} "
-    "WHERE funnel = %s AND session_id = %s AND id <> %s "
-    "AND (id < %s OR role = 'assistant') ORDER BY id DESC LIMIT %s) w ORDER BY id"
-)
-

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from .scenario_run import ScenarioResult
+from .run import ScenarioResult
 
 
 def summary(results: Sequence[ScenarioResult]) -> str:

@@ -3,7 +3,7 @@
 The numbers are computed on the database (``engine.store.analytics_sql``, one
 aggregating query per section, in one read-only snapshot); this module only
 shapes the aggregated rows into a report and renders it as aligned tables or
-JSON (``engine.report_html`` renders the HTML page).
+JSON (`html` renders the HTML page).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from .funnel import CompiledFunnel, load_funnel
-from .spec import FunnelSpec
+from ..funnel import CompiledFunnel, load_funnel
+from ..spec import FunnelSpec
+from ..store.analytics_sql import fetch_report
 
 # (key, title) in report order; the HTML page and the tables use the same titles.
 SECTIONS: tuple[tuple[str, str], ...] = (
@@ -129,8 +130,6 @@ async def build_report(funnel: str | Path | CompiledFunnel, *, db: str | None = 
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
-    from .store.analytics_sql import fetch_report
-
     compiled = funnel if isinstance(funnel, CompiledFunnel) else load_funnel(funnel)
     data = await fetch_report(db, compiled.spec, since, limit=limit)
     catalog = compiled.catalog

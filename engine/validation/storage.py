@@ -16,13 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from .checks import _dict, _list
-from .spec import index_name
-
-if TYPE_CHECKING:
-    from .validate import Report
+from ..spec import index_name
+from .diagnostics import Report, as_dict, as_list
 
 Keys = tuple[str | int, ...]
 
@@ -98,8 +95,8 @@ def _names(data: dict[str, Any]) -> list[_Name]:
     out: list[_Name] = []
     if table:
         out.append(_Name("table", table, ("table",), f"table '{table}'"))
-    for i, ix in enumerate(_list(data.get("indexes"))):
-        ix = _dict(ix)
+    for i, ix in enumerate(as_list(data.get("indexes"))):
+        ix = as_dict(ix)
         name, column = ix.get("name"), ix.get("column")
         if isinstance(name, str):
             out.append(_Name("index", name, ("indexes", i, "name"), f"index name '{name}'"))
@@ -107,8 +104,8 @@ def _names(data: dict[str, Any]) -> list[_Name]:
             default = index_name(table, column)
             out.append(_Name("index", default, ("indexes", i),
                              f"the default name '{default}' of the index on '{column}'", True))
-    for field, raw in _dict(data.get("state")).items():
-        if table and _dict(raw).get("indexed") is True:
+    for field, raw in as_dict(data.get("state")).items():
+        if table and as_dict(raw).get("indexed") is True:
             default = index_name(table, field)
             out.append(_Name("index", default, ("state", field, "indexed"),
                              f"the default name '{default}' of the index of field '{field}'", True))

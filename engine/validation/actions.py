@@ -12,21 +12,17 @@ import importlib.util
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .checks import _dict, _list
-from .errors import closest, did_you_mean
-
-if TYPE_CHECKING:
-    from .validate import Report
+from ..errors import closest, did_you_mean
+from .diagnostics import Report, as_dict, as_list
+from .format import format_schema
 
 BUILTIN_NEEDS_FIELD = {"append", "set"}
 
 
 def builtin_names() -> list[str]:
     """The builtins an action may use: the format schema's list, which the engine's runner has."""
-    from .validate import format_schema
-
     action = format_schema()["properties"]["actions"]["additionalProperties"]
     return list(action["properties"]["builtin"]["enum"])
 
@@ -34,11 +30,11 @@ def builtin_names() -> list[str]:
 def check_actions(data: dict[str, Any], report: Report) -> None:
     """Check the declared actions, the handoff notifier hook and every stage's `on_enter`."""
     base = report.path.parent
-    for name, raw in _dict(data.get("actions")).items():
-        raw = _dict(raw)
+    for name, raw in as_dict(data.get("actions")).items():
+        raw = as_dict(raw)
         _check_builtin_needs(data, name, raw, report)
         _check_hook(raw.get("hook"), ("actions", name, "hook"), f"action '{name}'", base, report)
-    _check_hook(_dict(_dict(data.get("handoff")).get("notify")).get("hook"),
+    _check_hook(as_dict(as_dict(data.get("handoff")).get("notify")).get("hook"),
                 ("handoff", "notify", "hook"), "the handoff notifier", base, report)
     _check_on_enter(data, report)
 
@@ -173,11 +169,11 @@ def _targets(node: ast.stmt) -> list[ast.expr]:
 
 def _check_on_enter(data: dict[str, Any], report: Report) -> None:
     """Each `on_enter` type must be a declared action: the engine runs nothing else."""
-    actions = {n: _dict(a) for n, a in _dict(data.get("actions")).items()}
+    actions = {n: as_dict(a) for n, a in as_dict(data.get("actions")).items()}
     builtins = builtin_names()
-    for stage, raw in _dict(data.get("stages")).items():
-        for i, call in enumerate(_list(_dict(raw).get("on_enter"))):
-            kind = _dict(call).get("type")
+    for stage, raw in as_dict(data.get("stages")).items():
+        for i, call in enumerate(as_list(as_dict(raw).get("on_enter"))):
+            kind = as_dict(call).get("type")
             if not isinstance(kind, str) or kind in actions:
                 continue  # a missing or non-string `type` is the format layer's F004
             report.at(("stages", stage, "on_enter", i, "type"), "error", "F504",

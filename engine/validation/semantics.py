@@ -1,9 +1,8 @@
 """Semantic checks of a funnel: names, the stage graph, conditions and indexes.
 
-Templates and output schemas are checked in `engine.checks_files`, actions
-and hooks in `engine.checks_actions`. Every check reads the raw data
-defensively, so a funnel with format errors still gets every other problem
-reported in the same run.
+Templates and output schemas are checked in `files`, actions and hooks in
+`actions`. Every check reads the raw data defensively, so a funnel with format
+errors still gets every other problem reported in the same run.
 """
 
 from __future__ import annotations
@@ -11,36 +10,32 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jinja2 import TemplateSyntaxError, nodes
 
-from .errors import did_you_mean
-from .expressions import attribute_paths, parse_expression
-from .names import SHARED_TABLES
-from .spec import (
+from ..errors import did_you_mean
+from ..expressions import attribute_paths, parse_expression
+from ..names import SHARED_TABLES
+from ..spec import (
     COLUMN_TYPE,
     CONDITION_NAMES,
     ENGINE_COLUMNS,
     SQL_IDENTIFIER,
     implied_engine_fields,
 )
-
-if TYPE_CHECKING:
-    from .validate import Report
+from .diagnostics import Report, as_dict, as_list
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
+def check_semantics(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
+    """Names, stage references, the stage graph, conditions and indexes.
 
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def check_semantics(data: dict[str, Any], report: Report) -> None:
-    state = {k: v for k, v in _dict(data.get("state")).items() if isinstance(v, dict)}
-    stages = _dict(data.get("stages"))
+    Args:
+        data: the funnel file's raw data.
+        state: its declared state fields (those given as mappings).
+        report: where problems go.
+    """
+    stages = as_dict(data.get("stages"))
     stage_names = [s for s in stages if isinstance(s, str)]
 
     table = data.get("table")
@@ -67,13 +62,6 @@ def check_semantics(data: dict[str, Any], report: Report) -> None:
     _check_conditions(data, state, report)
     _check_indexes(data, state, report)
 
-    # Imported here: these modules import this one's helpers.
-    from .checks_actions import check_actions
-    from .checks_files import check_catalog, check_stage_files
-
-    check_actions(data, report)
-    check_stage_files(data, state, report)
-    check_catalog(data, report)
 
 
 def _check_stage_refs(
@@ -85,17 +73,17 @@ def _check_stage_refs(
                       f"stages are: {', '.join(names)}")
 
     ref(("initial",), data.get("initial"), "F102")
-    ref(("handoff", "stage"), _dict(data.get("handoff")).get("stage"))
-    ref(("memory", "idle_return_stage"), _dict(data.get("memory")).get("idle_return_stage"))
-    for i, t in enumerate(_list(data.get("global_transitions"))):
-        ref(("global_transitions", i, "to"), _dict(t).get("to"))
-    for old, new in _dict(data.get("removed_stages")).items():
+    ref(("handoff", "stage"), as_dict(data.get("handoff")).get("stage"))
+    ref(("memory", "idle_return_stage"), as_dict(data.get("memory")).get("idle_return_stage"))
+    for i, t in enumerate(as_list(data.get("global_transitions"))):
+        ref(("global_transitions", i, "to"), as_dict(t).get("to"))
+    for old, new in as_dict(data.get("removed_stages")).items():
         ref(("removed_stages", old), new)
     for name, raw in stages.items():
-        raw = _dict(raw)
-        for i, t in enumerate(_list(raw.get("transitions"))):
-            ref(("stages", name, "transitions", i, "to"), _dict(t).get("to"))
-        ref(("stages", name, "max_iterations", "to"), _dict(raw.get("max_iterations")).get("to"))
+        raw = as_dict(raw)
+        for i, t in enumerate(as_list(raw.get("transitions"))):
+            ref(("stages", name, "transitions", i, "to"), as_dict(t).get("to"))
+        ref(("stages", name, "max_iterations", "to"), as_dict(raw.get("max_iterations")).get("to"))
         if raw.get("final") and raw.get("transitions"):
             report.at(("stages", name, "transitions"), "warning", "F106", f"stage '{name}' is "
                       "final, so its transitions never fire; remove them or `final: true`")
@@ -108,16 +96,16 @@ def _stage_names(values: Iterable[Any]) -> set[str]:
 
 
 def _successors(data: dict[str, Any], stages: dict[str, Any]) -> dict[str, set[str]]:
-    globals_to = _stage_names(_dict(t).get("to") for t in _list(data.get("global_transitions")))
+    globals_to = _stage_names(as_dict(t).get("to") for t in as_list(data.get("global_transitions")))
     out: dict[str, set[str]] = {}
     for name, raw in stages.items():
-        raw = _dict(raw)
-        nxt = _stage_names(_dict(t).get("to") for t in _list(raw.get("transitions")))
-        nxt |= _stage_names([_dict(raw.get("max_iterations")).get("to")])
+        raw = as_dict(raw)
+        nxt = _stage_names(as_dict(t).get("to") for t in as_list(raw.get("transitions")))
+        nxt |= _stage_names([as_dict(raw.get("max_iterations")).get("to")])
         if not raw.get("final"):
             nxt |= globals_to
         out[name] = {s for s in nxt if s in stages}
-    idle = _dict(data.get("memory")).get("idle_return_stage")
+    idle = as_dict(data.get("memory")).get("idle_return_stage")
     if isinstance(idle, str) and idle in stages:
         for name in out:
             out[name].add(idle)
@@ -143,7 +131,7 @@ def _check_graph(
             report.at(("stages", name), "error", "F103", f"stage '{name}' cannot be reached "
                       f"from the initial stage '{initial}'; add a transition to it or remove it",
                       key=True)
-    finals = {n for n in names if _dict(stages[n]).get("final")}
+    finals = {n for n in names if as_dict(stages[n]).get("final")}
     if not finals:
         report.at(("stages",), "error", "F105", "no stage is `final: true`; mark the stage "
                   "where a conversation ends (usually the handoff)", key=True)
@@ -170,20 +158,20 @@ def _check_graph(
 def _check_feature_fields(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
     fields = list(state)
     pairs: list[tuple[tuple[str | int, ...], Any]] = []
-    comp = _dict(data.get("completeness"))
+    comp = as_dict(data.get("completeness"))
     pairs.append((("completeness", "field"), comp.get("field")))
-    cart = _dict(data.get("cart"))
+    cart = as_dict(data.get("cart"))
     pairs += [(("cart", k), cart.get(k)) for k in ("field", "count", "total")]
-    pairs += [(("cart", s, "flag"), _dict(cart.get(s)).get("flag")) for s in ("gift", "free_delivery")]
-    pairs.append((("presented", "field"), _dict(data.get("presented")).get("field")))
-    pairs.append((("memory", "summary"), _dict(data.get("memory")).get("summary")))
-    lang = _dict(data.get("language"))
+    pairs += [(("cart", s, "flag"), as_dict(cart.get(s)).get("flag")) for s in ("gift", "free_delivery")]
+    pairs.append((("presented", "field"), as_dict(data.get("presented")).get("field")))
+    pairs.append((("memory", "summary"), as_dict(data.get("memory")).get("summary")))
+    lang = as_dict(data.get("language"))
     pairs += [(("language", k), lang.get(k)) for k in ("detected", "response")]
-    handoff = _dict(data.get("handoff"))
+    handoff = as_dict(data.get("handoff"))
     pairs += [(("handoff", k), handoff.get(k)) for k in ("triggered_at", "reason", "channel")]
-    for name, action in _dict(data.get("actions")).items():
-        pairs.append((("actions", name, "field"), _dict(action).get("field")))
-        for i, written in enumerate(_list(_dict(action).get("writes"))):
+    for name, action in as_dict(data.get("actions")).items():
+        pairs.append((("actions", name, "field"), as_dict(action).get("field")))
+        for i, written in enumerate(as_list(as_dict(action).get("writes"))):
             pairs.append((("actions", name, "writes", i), written))
     for keys, value in pairs:
         if isinstance(value, str) and value not in state:
@@ -191,7 +179,7 @@ def _check_feature_fields(data: dict[str, Any], state: dict[str, Any], report: R
                       f"which is not a state field{did_you_mean(value, fields)}; declare it "
                       "under `state`")
     if comp and isinstance(comp.get("field"), str) and comp["field"] in state:
-        if _dict(state[comp["field"]]).get("type") not in ("integer", "number"):
+        if as_dict(state[comp["field"]]).get("type") not in ("integer", "number"):
             report.at(("state", comp["field"], "type"), "error", "F110", "the completeness "
                       "field must be an integer or a number")
 
@@ -202,20 +190,20 @@ def _condition_names(data: dict[str, Any], state: dict[str, Any]) -> set[str]:
 
 def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
     conditions: list[tuple[tuple[str | int, ...], Any]] = []
-    for i, rule in enumerate(_list(_dict(data.get("completeness")).get("rules"))):
-        conditions.append((("completeness", "rules", i, "when"), _dict(rule).get("when")))
-    for i, t in enumerate(_list(data.get("global_transitions"))):
-        conditions.append((("global_transitions", i, "when"), _dict(t).get("when")))
-    for name, raw in _dict(data.get("stages")).items():
-        for i, t in enumerate(_list(_dict(raw).get("transitions"))):
-            conditions.append((("stages", name, "transitions", i, "when"), _dict(t).get("when")))
+    for i, rule in enumerate(as_list(as_dict(data.get("completeness")).get("rules"))):
+        conditions.append((("completeness", "rules", i, "when"), as_dict(rule).get("when")))
+    for i, t in enumerate(as_list(data.get("global_transitions"))):
+        conditions.append((("global_transitions", i, "when"), as_dict(t).get("when")))
+    for name, raw in as_dict(data.get("stages")).items():
+        for i, t in enumerate(as_list(as_dict(raw).get("transitions"))):
+            conditions.append((("stages", name, "transitions", i, "when"), as_dict(t).get("when")))
     known = _condition_names(data, state)
     max_points = sum(
-        max(0, int(_dict(r).get("points", 0)))
-        for r in _list(_dict(data.get("completeness")).get("rules"))
-        if isinstance(_dict(r).get("points"), int)
+        max(0, int(as_dict(r).get("points", 0)))
+        for r in as_list(as_dict(data.get("completeness")).get("rules"))
+        if isinstance(as_dict(r).get("points"), int)
     )
-    comp_field = _dict(data.get("completeness")).get("field")
+    comp_field = as_dict(data.get("completeness")).get("field")
     for keys, source in conditions:
         if source is None:
             continue
@@ -268,7 +256,7 @@ def check_paths(
             problem(lineno, f"{what} uses '{head}', which is neither a state field nor a "
                     f"documented name{did_you_mean(head, known)}")
             continue
-        schema = _dict(state.get(head))
+        schema = as_dict(state.get(head))
         for depth, part in enumerate(path[1:], start=1):
             props = schema.get("properties")
             if not isinstance(props, dict) or schema.get("additionalProperties") is True:
@@ -278,7 +266,7 @@ def check_paths(
                 problem(lineno, f"{what} uses '{dotted}', but '{'.'.join(path[:depth])}' "
                         f"declares no property '{part}'{did_you_mean(part, props)}")
                 break
-            schema = _dict(props[part])
+            schema = as_dict(props[part])
 
 
 def _check_threshold(
@@ -298,13 +286,13 @@ def _check_threshold(
 
 def _check_indexes(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
     columns = set(state) | set(ENGINE_COLUMNS)
-    for i, ix in enumerate(_list(data.get("indexes"))):
-        col = _dict(ix).get("column")
+    for i, ix in enumerate(as_list(data.get("indexes"))):
+        col = as_dict(ix).get("column")
         if isinstance(col, str) and col not in columns:
             report.at(("indexes", i, "column"), "error", "F601", f"index on unknown column "
                       f"'{col}'{did_you_mean(col, columns)}")
 
 
 def engine_owned_names(data: dict[str, Any], state: dict[str, Any]) -> set[str]:
-    declared = {n for n, raw in state.items() if _dict(raw).get("owner") == "engine"}
+    declared = {n for n, raw in state.items() if as_dict(raw).get("owner") == "engine"}
     return declared | implied_engine_fields(data) | set(ENGINE_COLUMNS)

@@ -1,18 +1,12 @@
-"""Conversation scenarios: YAML files that play a conversation against a funnel with
-scripted model outputs and say what the engine must do at each turn (`funnel test`).
-
-This module finds and loads scenario files and checks them (the JSON Schema
-``schemas/scenario.schema.json``, then names against the funnel), reporting
-every problem with its file and line. `engine.scenario_run` plays them on a
-temporary PostgreSQL schema, `engine.scenario_check` compares each turn with its
-``expect``, and `engine.scenario_report` prints the results.
-The format is documented in docs/scenarios.md. Nothing here imports litellm.
+"""Finding, loading and checking scenario files: the JSON Schema
+``schemas/scenario.schema.json``, then names against the funnel, reporting every
+problem with its file and line. The format is documented in docs/scenarios.md.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -20,11 +14,11 @@ from typing import Any
 
 import jsonschema
 
-from . import _yaml
-from .errors import did_you_mean
-from .funnel import CompiledFunnel
-from .spec import ENGINE_COLUMNS, parse_duration
-from .validate import packaged_validator
+from .. import _yaml
+from ..errors import did_you_mean
+from ..funnel import CompiledFunnel
+from ..spec import ENGINE_COLUMNS, parse_duration
+from ..validation import packaged_validator
 
 # The engine's time at a scenario's first turn unless it says `clock:` (a Monday morning).
 DEFAULT_CLOCK = datetime.fromisoformat("2025-06-02T09:00:00+00:00")
@@ -285,25 +279,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
-
-
-def run_command(paths: Sequence[str], db: str | None, fmt: str, out: str | None) -> int:
-    """`funnel test`: run the scenarios under ``paths``; 0 all passed, 1 a failure, 2 usage."""
-    import asyncio
-    import sys
-
-    from .scenario_report import write_report
-    from .scenario_run import run_all
-
-    files, missing = discover(paths)
-    if missing:
-        print(f"funnel test: error: no such file or folder: {', '.join(missing)}",
-              file=sys.stderr)
-        return 2
-    if not files:
-        print(f"funnel test: error: no scenario files in {', '.join(paths)} (YAML files with a "
-              "top-level `scenario:` key)", file=sys.stderr)
-        return 2
-    results = asyncio.run(run_all([(f, *load_scenario(f)) for f in files], db))
-    write_report(results, fmt, out)
-    return 1 if any(not r.passed for r in results) else 0

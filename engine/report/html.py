@@ -1,7 +1,7 @@
 """`funnel report --format html`: one self-contained page for a manager.
 
 Inline CSS and inline SVG charts only: no scripts, no fonts, no network. The
-input is the report of :func:`engine.analytics.build_report`.
+input is the report of :func:`engine.report.build_report`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from .analytics import TITLES, format_duration, format_value
+from .build import TITLES, format_duration, format_value
 
 ACCENT = "#4f46e5"
 PALETTE = ["#4f46e5", "#5b54e8", "#6d63ec", "#7f74ef", "#9185f2", "#a397f5", "#b4a9f7",

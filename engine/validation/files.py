@@ -6,25 +6,23 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jsonschema
 from jinja2 import Environment, TemplateSyntaxError, meta, nodes
 
-from . import _yaml
-from .catalog import CatalogError, load_catalog
-from .checks import _dict, _list, check_paths, engine_owned_names
-from .errors import did_you_mean
-from .expressions import attribute_paths, make_environment
-from .spec import PROMPT_NAMES
-
-if TYPE_CHECKING:
-    from .validate import Report
+from .. import _yaml
+from ..catalog import load_catalog
+from ..errors import CatalogError, did_you_mean
+from ..expressions import attribute_paths, make_environment
+from ..spec import PROMPT_NAMES
+from .diagnostics import Report, as_dict, as_list
+from .semantics import check_paths, engine_owned_names
 
 
 def stage_paths(data: dict[str, Any], base: Path, stage: str) -> tuple[Path, Path, Path, Path]:
     """(prompt file, prompts folder, schema file, schemas folder) of a stage."""
-    raw = _dict(_dict(data.get("stages")).get(stage))
+    raw = as_dict(as_dict(data.get("stages")).get(stage))
     prompts = Path(os.path.normpath(base / str(data.get("prompts", "prompts"))))
     schemas = Path(os.path.normpath(base / str(data.get("schemas", "schemas"))))
     return (
@@ -37,11 +35,11 @@ def stage_paths(data: dict[str, Any], base: Path, stage: str) -> tuple[Path, Pat
 
 def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
     base = report.path.parent
-    declared_actions = set(_dict(data.get("actions")))
+    declared_actions = set(as_dict(data.get("actions")))
     owned = engine_owned_names(data, state)
     known_names = set(state) | set(PROMPT_NAMES)
     checked_templates: set[Path] = set()
-    for stage in _dict(data.get("stages")):
+    for stage in as_dict(data.get("stages")):
         prompt, prompts_dir, schema, _ = stage_paths(data, base, stage)
         # At the stage's `prompt:`/`schema:` line when it names the file, else at the stage.
         if not prompt.is_file():
@@ -140,9 +138,9 @@ def _load_schema(text: str) -> tuple[Any, tuple[int, int, str] | None, tuple[tup
 def _check_budget(data: dict[str, Any], stage: str, prompt: Path, folder: Path,
                   report: Report) -> None:
     """Warn when a stage's template alone (with its includes) cannot fit its prompt budget."""
-    raw = _dict(_dict(data.get("stages")).get(stage))
-    budget = _dict(raw.get("memory")).get("prompt_budget",
-                                          _dict(data.get("memory")).get("prompt_budget"))
+    raw = as_dict(as_dict(data.get("stages")).get(stage))
+    budget = as_dict(raw.get("memory")).get("prompt_budget",
+                                          as_dict(data.get("memory")).get("prompt_budget"))
     if not isinstance(budget, int):
         return
     try:
@@ -194,16 +192,16 @@ def check_output_schema(
         return
     if not isinstance(schema, dict):
         return
-    props = _dict(schema.get("properties"))
-    if "reply" not in props or "reply" not in _list(schema.get("required")):
+    props = as_dict(schema.get("properties"))
+    if "reply" not in props or "reply" not in as_list(schema.get("required")):
         at(("properties",), "F302", "the output schema must declare `reply` (a string) under "
            "`properties` and list it in `required`: it is what the customer sees")
-    updates = resolve_local_ref(schema, _dict(props.get("updates")))
+    updates = resolve_local_ref(schema, as_dict(props.get("updates")))
     if updates:
         if updates.get("additionalProperties") is not False:
             at(("properties", "updates"), "F303", "`updates` must set `additionalProperties: "
                "false`, or the model could write any state field")
-        for name, sub in _dict(updates.get("properties")).items():
+        for name, sub in as_dict(updates.get("properties")).items():
             keys = ("properties", "updates", "properties", name)
             if name in owned:
                 at(keys, "F304", f"`updates` lets the model write '{name}', which the engine "
@@ -212,7 +210,7 @@ def check_output_schema(
                 at(keys, "F303", f"`updates` writes '{name}', which the funnel's state does not "
                    f"declare{did_you_mean(name, state)}")
             else:
-                _check_nested(resolve_local_ref(schema, _dict(sub)), _dict(state[name]), keys, name, at)
+                _check_nested(resolve_local_ref(schema, as_dict(sub)), as_dict(state[name]), keys, name, at)
     for keys, action in _action_types(schema):
         if action not in declared_actions:
             at(keys, "F305", f"action type '{action}' is not declared under `actions` in the "
@@ -241,7 +239,7 @@ def _check_nested(sub: dict[str, Any], field: dict[str, Any], keys: tuple[Any, .
     declared = field.get("properties")
     if not isinstance(declared, dict) or field.get("additionalProperties") is True:
         return
-    for name in _dict(sub.get("properties")):
+    for name in as_dict(sub.get("properties")):
         if name not in declared:
             at((*keys, "properties", name), "F303", f"`updates.{dotted}` writes '{name}', which "
                f"the state field '{dotted}' does not declare{did_you_mean(name, declared)}")
@@ -253,29 +251,29 @@ def resolve_local_ref(root: dict[str, Any], node: dict[str, Any]) -> dict[str, A
     if isinstance(ref, str) and ref.startswith("#/"):
         target: Any = root
         for part in ref[2:].split("/"):
-            target = _dict(target).get(part)
-        return _dict(target)
+            target = as_dict(target).get(part)
+        return as_dict(target)
     return node
 
 
 def _action_types(schema: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
     """Every action ``type`` the schema allows, with where it is written."""
-    actions = resolve_local_ref(schema, _dict(_dict(schema.get("properties")).get("actions")))
-    items = resolve_local_ref(schema, _dict(actions.get("items")))
+    actions = resolve_local_ref(schema, as_dict(as_dict(schema.get("properties")).get("actions")))
+    items = resolve_local_ref(schema, as_dict(actions.get("items")))
     base: tuple[str | int, ...] = ("properties", "actions", "items")
     branches: list[tuple[tuple[str | int, ...], dict[str, Any]]] = []
     for key in ("oneOf", "anyOf"):
-        for i, branch in enumerate(_list(items.get(key))):
-            branches.append(((*base, key, i), resolve_local_ref(schema, _dict(branch))))
+        for i, branch in enumerate(as_list(items.get(key))):
+            branches.append(((*base, key, i), resolve_local_ref(schema, as_dict(branch))))
     if not branches:
         branches.append((base, items))
     found: list[tuple[tuple[str | int, ...], str]] = []
     for keys, branch in branches:
-        type_schema = _dict(_dict(branch.get("properties")).get("type"))
+        type_schema = as_dict(as_dict(branch.get("properties")).get("type"))
         tkeys = (*keys, "properties", "type")
         if isinstance(type_schema.get("const"), str):
             found.append((tkeys, type_schema["const"]))
-        found.extend((tkeys, v) for v in _list(type_schema.get("enum")) if isinstance(v, str))
+        found.extend((tkeys, v) for v in as_list(type_schema.get("enum")) if isinstance(v, str))
     return found
 
 
@@ -293,7 +291,7 @@ def check_catalog(data: dict[str, Any], report: Report) -> None:
     except CatalogError as exc:
         report.add(exc.file or path, exc.line or 0, 1, "error", "F502", str(exc.detail))
         return
-    gift = _dict(_dict(data.get("cart")).get("gift")).get("sku")
+    gift = as_dict(as_dict(data.get("cart")).get("gift")).get("sku")
     if isinstance(gift, str) and gift not in products.by_sku:
         report.at(("cart", "gift", "sku"), "error", "F502", f"gift SKU '{gift}' is not in the "
                   f"catalog {path}{did_you_mean(gift, products.by_sku)}")

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from .engine import TurnResult
+from ..turn import TurnResult
 
 _MISSING = object()
 

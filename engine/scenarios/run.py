@@ -1,4 +1,4 @@
-"""Plays scenarios (`engine.scenarios`) on the real engine and checks what it did.
+"""Plays scenarios (`load`) on the real engine and checks what it did.
 
 One run: one temporary PostgreSQL schema (``funnel_test_<random>``, dropped
 afterwards) on the embedded server or ``--db``, so scenarios never see real
@@ -10,29 +10,24 @@ Each scenario runs in a fresh session id. Nothing here imports litellm.
 from __future__ import annotations
 
 import copy
-import secrets
-import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg import sql
-
-from .engine import Engine
-from .errors import FunnelError, FunnelInvalid, ModelError, StoreError, StoreUnavailable
-from .funnel import CompiledFunnel, load_funnel
-from .memory import ExtractiveSummarizer
-from .models import Completion, ModelRequest, ScriptedModel
-from .prompts import full_view
-from .scenario_check import check
-from .scenarios import DEFAULT_CLOCK, Failure, Scenario, Turn, check_against
-from .state import defaults
-from .store import Store, TurnWrite, open_store
+from ..errors import FunnelError, FunnelInvalid, ModelError
+from ..funnel import CompiledFunnel, load_funnel
+from ..memory import ExtractiveSummarizer
+from ..models import Completion, ModelRequest, ScriptedModel
+from ..prompts import full_view
+from ..state import defaults
+from ..store import Store, TurnWrite, open_store
+from ..store.connect import temporary_schema
+from ..turn import Engine
+from .check import check
+from .load import DEFAULT_CLOCK, Failure, Scenario, Turn, check_against
 
 CHANNEL = "scenario"  # the channel turns arrive on (the hand-off's `channel` field)
 
@@ -122,41 +117,6 @@ async def run_all(loaded: Sequence[LoadedScenario], db: str | None) -> list[Scen
             finally:
                 await store.close()
     return [results[i] for i in range(len(loaded))]
-
-
-@asynccontextmanager
-async def temporary_schema(db: str | None) -> AsyncIterator[tuple[str, str]]:
-    """Create ``funnel_test_<random>`` and yield (a URL whose search_path is it, the random
-    part); drop it afterwards."""
-    if db is None:
-        from .store.embedded import embedded_url
-
-        db = embedded_url()
-    token = secrets.token_hex(6)
-    schema = f"funnel_test_{token}"
-    try:
-        admin = await psycopg.AsyncConnection.connect(db, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL for `funnel test`: {_first(exc)};"
-                               " check --db / FUNNEL_DB") from None
-    async with admin:
-        try:
-            await admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot create the temporary schema {schema}: {_first(exc)}; "
-                             "`funnel test` needs the CREATE privilege on the database") from None
-        try:
-            options = psycopg.conninfo.conninfo_to_dict(db).get("options")
-            path = f"-csearch_path={schema}"
-            yield psycopg.conninfo.make_conninfo(
-                db, options=f"{options} {path}" if options else path), token
-        finally:
-            try:
-                await admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(
-                    sql.Identifier(schema)))
-            except psycopg.Error as exc:
-                print(f"funnel test: warning: could not drop the temporary schema {schema}: "
-                      f"{_first(exc)}; drop it by hand", file=sys.stderr)
 
 
 class Runner:
@@ -274,7 +234,3 @@ def _complete_lines(funnel: CompiledFunnel, state: dict[str, Any], now: str) -> 
         state[spec.presented_field] = [
             {"presented_at": now, "stage_iteration": 0, **p} if isinstance(p, dict) else p
             for p in state.get(spec.presented_field) or []]
-
-
-def _first(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,146 @@
+"""The `funnel` command. Exit codes: 0 success, 1 invalid input or a failed check, 2 usage.
+
+Expected errors print one clear message, never a traceback. The parser is
+here; each command lives in a module of this package, imported only when the
+command runs, so that heavy imports (psycopg, transitions, litellm) are paid
+by the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from ..errors import FunnelError, FunnelInvalid
+from ..spec import parse_duration
+from ..validation import render
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="funnel", description="Run LLM sales funnels declared in "
+                                "YAML as finite-state machines.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    v = sub.add_parser("validate", help="check funnel files (and their templates and schemas)")
+    v.add_argument("paths", nargs="+", metavar="PATH", help="funnel files or folders")
+    v.add_argument("--format", choices=["text", "json", "github"], default="text")
+    v.add_argument("--strict", action="store_true", help="warnings fail too")
+
+    g = sub.add_parser("graph", help="print the stage diagram")
+    g.add_argument("funnel", metavar="FUNNEL")
+    g.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
+
+    s = sub.add_parser("sql", help="print the DDL of the funnel's session table")
+    s.add_argument("funnel", metavar="FUNNEL")
+
+    def db_opts(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--db", default=os.environ.get("FUNNEL_DB"), metavar="URL",
+                       help="PostgreSQL URL (default: $FUNNEL_DB, else the embedded server)")
+
+    c = sub.add_parser("chat", help="talk to a funnel in the terminal")
+    c.add_argument("funnel", metavar="FUNNEL")
+    c.add_argument("--session", default=None, help="session id (default: a new one)")
+    c.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
+                   help="litellm model string, or scripted:PATH (default: $FUNNEL_MODEL, "
+                   "else the funnel's model)")
+    c.add_argument("--api-base", default=None, metavar="URL")
+    db_opts(c)
+
+    st = sub.add_parser("state", help="print a session's state row as JSON")
+    st.add_argument("funnel", metavar="FUNNEL")
+    st.add_argument("session", metavar="SESSION")
+    st.add_argument("--history", action="store_true", help="add the last messages")
+    db_opts(st)
+
+    d = sub.add_parser("demo", help="play a scripted Puramur conversation, offline")
+    db_opts(d)
+
+    pu = sub.add_parser("purge", help="delete or anonymize sessions idle for longer than a period")
+    pu.add_argument("funnel", metavar="FUNNEL")
+    pu.add_argument("--older-than", default=None, metavar="PERIOD",
+                    help="e.g. 90d (default: the funnel's `retention`)")
+    pu.add_argument("--anonymize", action="store_true",
+                    help="clear personal fields and message text instead of deleting")
+    pu.add_argument("--batch", type=int, default=1000)
+    db_opts(pu)
+
+    t = sub.add_parser("test", help="play conversation scenarios against funnels and check them")
+    t.add_argument("paths", nargs="+", metavar="PATH",
+                   help="scenario files or folders (YAML files with a top-level `scenario:`)")
+    t.add_argument("--format", choices=["text", "junit", "github"], default="text")
+    t.add_argument("--out", default=None, metavar="FILE",
+                   help="write the --format report to FILE (stdout gets the text report)")
+    db_opts(t)
+
+    m = sub.add_parser("migrate", help="bring the funnel's table up to its declaration")
+    m.add_argument("funnel", metavar="FUNNEL")
+    m.add_argument("--check", action="store_true", help="report, change nothing")
+    m.add_argument("--drop", action="store_true", help="drop columns no longer declared")
+    db_opts(m)
+
+    sv = sub.add_parser("serve", help="serve funnels over HTTP: API, web widget, Telegram webhook")
+    sv.add_argument("funnels", nargs="+", metavar="FUNNEL", help="each served under its name")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="uvicorn worker processes, all on the same database")
+    sv.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
+                    help="litellm model string, or scripted:PATH (default: each funnel's model)")
+    sv.add_argument("--api-base", default=None, metavar="URL")
+    db_opts(sv)
+
+    rp = sub.add_parser("report", help="funnel analytics: stages, drop-off, time, products, "
+                        "hand-offs, cost (computed in SQL)")
+    rp.add_argument("funnel", metavar="FUNNEL")
+    rp.add_argument("--since", default="7d", type=_period, metavar="PERIOD",
+                    help="sessions started (turns recorded) in this period, e.g. 30d (default 7d)")
+    rp.add_argument("--format", choices=["table", "json", "html"], default="table")
+    rp.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of stdout")
+    db_opts(rp)
+    return p
+
+
+def _period(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("the period must be longer than zero")
+    return seconds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        module, function = _COMMANDS[args.command]
+        command = getattr(importlib.import_module(f"{__name__}.{module}"), function)
+        return int(command(args))
+    except FunnelInvalid as exc:
+        print(render(exc.diagnostics, "text"), file=sys.stderr)
+        return 1
+    except FunnelError as exc:
+        print(f"funnel: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+# Each command's module is imported when the command runs, so that `funnel validate`
+# does not pay for the store, the machine or litellm: (module, function) by command.
+_COMMANDS = {
+    "validate": ("validate", "cmd_validate"),
+    "graph": ("show", "cmd_graph"),
+    "sql": ("show", "cmd_sql"),
+    "chat": ("conversation", "cmd_chat"),
+    "state": ("conversation", "cmd_state"),
+    "demo": ("conversation", "cmd_demo"),
+    "migrate": ("database", "cmd_migrate"),
+    "purge": ("database", "cmd_purge"),
+    "test": ("scenario", "cmd_test"),
+    "serve": ("serve", "cmd_serve"),
+    "report": ("report", "cmd_report"),
+}

@@ -1,0 +1,7 @@
+"""`python -m engine.cli`: the `funnel` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

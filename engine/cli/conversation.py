@@ -1,0 +1,125 @@
+"""`funnel chat`, `funnel demo` and `funnel state`: conversations in the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .. import _yaml
+from ..errors import InvalidInput
+from ..funnel import load_funnel
+from ..state import plain
+from ..store import open_store
+from ..sync import SyncEngine
+
+DEMO_FUNNEL = Path(__file__).resolve().parent.parent.parent / "funnels" / "puramur.yaml"
+DEMO_SCRIPT = DEMO_FUNNEL.parent / "puramur" / "demo.yaml"
+
+def cmd_chat(args: argparse.Namespace) -> int:
+
+    funnel = load_funnel(args.funnel)
+    model = args.model or funnel.spec.model.name
+    session = args.session or f"chat-{uuid.uuid4().hex[:12]}"
+    interactive = sys.stdin.isatty()
+    with SyncEngine(funnel, db=args.db, model=model, api_base=args.api_base) as engine:
+        if interactive:
+            print(f"funnel {funnel.name} v{funnel.spec.version}, session {session}. "
+                  "Ctrl-D to quit.")
+        while True:
+            try:
+                line = input("you> " if interactive else "")
+            except EOFError:
+                break
+            if not line.strip():
+                continue
+            result = engine.handle(session, line, channel="cli")
+            if interactive:
+                print(f"bot> {result.reply}")
+                _describe(result)
+            else:
+                print(result.reply.replace("\n", " "), flush=True)
+                if result.fallback:  # stdout stays one reply per line; say why on stderr
+                    print(f"funnel: warning: fallback reply ({result.error})", file=sys.stderr)
+    return 0
+
+
+def _describe(result: Any) -> None:
+    for t in result.transitions:
+        print(f"  [stage] {t['from']} -> {t['to']}" + (f"  ({t['when']})" if t["when"] else ""))
+    if not result.transitions:
+        print(f"  [stage] {result.stage_after}")
+    for o in result.actions:
+        print(f"  [action] {o.type} " + ("ok" if o.accepted else f"REFUSED: {o.reason}"))
+    for name in result.updated:
+        value = json.dumps(result.state.get(name), ensure_ascii=False, default=str)
+        print(f"  [state] {name} = {value if len(value) <= 120 else value[:117] + '...'}")
+    if result.fallback:
+        print(f"  [model] fallback reply ({result.error})")
+    if result.handoff:
+        print("  [handoff] the manager was notified")
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    funnel = load_funnel(args.funnel)
+
+    async def run() -> dict[str, Any] | None:
+        store = await open_store(args.db)
+        try:
+            row = await store.load(funnel.spec, args.session)
+            if row is None:
+                return None
+            out: dict[str, Any] = plain(dict(row))
+            if args.history:
+                out["messages"] = plain(await store.history(funnel.spec, args.session, 20))
+            return out
+        finally:
+            await store.close()
+
+    row = asyncio.run(run())
+    if row is None:
+        raise InvalidInput(f"no session {args.session!r} in funnel '{funnel.name}' "
+                          f"(table {funnel.spec.table})")
+    print(json.dumps(row, indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+
+    script = _demo_script()
+    session = f"demo-{uuid.uuid4().hex[:8]}"
+    _migrate_quietly(DEMO_FUNNEL, args.db)  # the demo's table follows the shipped funnel
+    print(f"Puramur demo: session {session}, scripted model (no API key needed)\n")
+    with SyncEngine(DEMO_FUNNEL, db=args.db, model=f"scripted:{DEMO_SCRIPT}") as engine:
+        for text in script:
+            result = engine.handle(session, text, channel="demo")
+            print(f"customer> {text}")
+            print(f"bot     > {result.reply}")
+            _describe(result)
+            print()
+        state = engine.state(session) or {}
+    print(f"final stage: {state.get('stage')}, cart total {state.get('cart_total')} UAH, "
+          f"gift: {state.get('cart_gift_eligible')}, handoff: {state.get('handoff_reason')}")
+    return 0
+
+
+def _migrate_quietly(path: Path, db: str | None) -> None:
+    spec = load_funnel(path).spec
+
+    async def run() -> None:
+        store = await open_store(db)
+        try:
+            await store.migrate(spec)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def _demo_script() -> list[str]:
+    data = _yaml.load(DEMO_SCRIPT.read_text("utf-8")).data
+    return [str(m) for m in data.get("customer", [])]

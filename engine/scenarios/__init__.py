@@ -1,0 +1,15 @@
+"""Conversation scenarios (`funnel test`): YAML files that play a conversation against a
+funnel with scripted model outputs and say what the engine must do at each turn.
+
+`load` finds, reads and checks scenario files (their JSON Schema, then names
+against the funnel), reporting every problem with its file and line; `run`
+plays them on the real engine in a temporary PostgreSQL schema; `check`
+compares each turn with its ``expect``; `report` prints the results;
+`command` is `funnel test` itself. The format is documented in
+docs/scenarios.md. Nothing here imports litellm.
+"""
+
+from .load import DEFAULT_CLOCK, Failure, Scenario, Turn, check_against, discover, load_scenario
+
+__all__ = ["DEFAULT_CLOCK", "Failure", "Scenario", "Turn", "check_against", "discover",
+           "load_scenario"]

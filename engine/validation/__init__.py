@@ -1,0 +1,26 @@
+"""`funnel validate`: every problem in a funnel, found in one run.
+
+`runner` reads the file and calls each checker in turn: `format` (the format's
+JSON Schema), `semantics` (names, the stage graph, conditions, indexes),
+`actions` (builtins, hooks, `on_enter`), `files` (templates, output schemas,
+the catalog) and `storage` (names shared by funnels validated together). They
+write into one `diagnostics.Report`.
+
+Importing this package imports neither litellm, psycopg nor `transitions`.
+"""
+
+from .diagnostics import Diagnostic, Report, Severity, render
+from .format import format_schema, packaged_validator
+from .runner import check_file, discover, validate_paths
+
+__all__ = [
+    "Diagnostic",
+    "Report",
+    "Severity",
+    "check_file",
+    "discover",
+    "format_schema",
+    "packaged_validator",
+    "render",
+    "validate_paths",
+]
