@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
-import psycopg
+from engine.store.connect import temporary_schema
+from engine.store.embedded import embedded_url
 
 
 def server_url(url: str | None) -> str:
     """``url`` (from --db / FUNNEL_DB), else the embedded PostgreSQL."""
-    if url:
-        return url
-    from engine.store.embedded import embedded_url
-
-    return embedded_url()
+    return url or embedded_url()
 
 
-@contextmanager
-def throwaway_schema(url: str) -> Iterator[str]:
+def throwaway_schema(url: str) -> AbstractContextManager[str]:
     """A fresh schema for one benchmark run, dropped afterwards; yields a URL that uses it."""
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}".encode())
-    try:
-        yield psycopg.conninfo.make_conninfo(url, options=f"-csearch_path={schema}")
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE".encode())
+    return temporary_schema(url, "bench")

@@ -28,16 +28,17 @@ import os
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
 
 from engine.funnel import load_funnel  # noqa: E402
 from engine.store.analytics_sql import REPORT_SETTINGS, section_queries  # noqa: E402
+from engine.store.connect import temporary_schema, with_search_path  # noqa: E402
 
 PURAMUR = ROOT / "funnels" / "puramur.yaml"
 TABLE = "puramur_sessions_state"
@@ -169,17 +170,12 @@ def main() -> int:
     args = ap.parse_args()
 
     spec = load_funnel(PURAMUR).spec
-    schema = args.keep or f"bench_report_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.db, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-    url = psycopg.conninfo.make_conninfo(args.db, options=f"-csearch_path={schema}")
-    try:
-        return run(url, spec, args)
-    finally:
-        if not args.keep:
-            with psycopg.connect(args.db, autocommit=True) as admin:
-                admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-            print(f"\ndropped schema {schema}")
+    if not args.keep:
+        with temporary_schema(args.db, "bench_report") as url:
+            return run(url, spec, args)
+    with psycopg.connect(args.db, autocommit=True) as admin:  # kept, to experiment on
+        admin.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(args.keep)))
+    return run(with_search_path(args.db, args.keep), spec, args)
 
 
 def run(url: str, spec: object, args: argparse.Namespace) -> int:

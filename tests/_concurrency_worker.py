@@ -3,7 +3,9 @@
 import asyncio
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -24,7 +26,7 @@ SCRIPT = {
 async def main(url: str, word: str, sessions: list[str], concurrency: int) -> None:
     delivered: list[str] = []
 
-    async def notify(payload: dict) -> None:
+    async def notify(payload: Mapping[str, Any]) -> None:
         delivered.append(payload["session_id"])
 
     engine = await Engine.open(ROOT / "funnels" / "puramur.yaml", db=url,

@@ -8,11 +8,14 @@ database that cannot be reached fails the tests: it never skips them.
 
 from __future__ import annotations
 
+import io
 import os
 import re
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+import sys
+from collections.abc import AsyncIterator, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +28,77 @@ B2B = ROOT / "funnels" / "b2b_demo.yaml"
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from engine.cli import main as funnel_main  # noqa: E402  (after the environment is set)
+from engine.store.connect import temporary_schema  # noqa: E402
+
+__all__ = ["ROOT", "run_funnel", "seed_queries", "sql_runner", "temporary_schema"]
+
+
+@dataclass
+class CliResult:
+    """What one `funnel` command did: its exit code and output, like a finished process."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_funnel(*args: str, env: Mapping[str, str | None] | None = None, stdin: str = ""
+               ) -> CliResult:
+    """Run `funnel ARGS` in this process, from the repository's root, with ``env`` set
+    (``None`` unsets) and ``stdin`` as its input.
+
+    A subprocess would prove only that the console script starts, which
+    tests/test_exported_members.py does once; here an unexpected exception
+    fails the test with its traceback. The command runs in a thread of its own
+    because it calls `asyncio.run`, which a test's running event loop forbids.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    cwd, stdin_before = os.getcwd(), sys.stdin
+
+    def call() -> int:
+        try:
+            return funnel_main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            return exc.code if isinstance(exc.code, int) else 1
+
+    try:
+        for k, v in (env or {}).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.chdir(ROOT)
+        sys.stdin = io.StringIO(stdin)
+        with redirect_stdout(out), redirect_stderr(err), ThreadPoolExecutor(1) as pool:
+            code = pool.submit(call).result()
+    finally:
+        sys.stdin = stdin_before
+        os.chdir(cwd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return CliResult(code, out.getvalue(), err.getvalue())
+
 
 def _embedded(tmp: Path) -> str:
     from engine.store.embedded import embedded_url
 
     return embedded_url(tmp / "pgdata")
+
+
+# The fixtures that reach a database; a test using any of them is marked `postgres`, so
+# that `-m "not postgres"` runs exactly the tests that need none.
+DATABASE_FIXTURES = frozenset({"server_dsn", "backend"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.postgres)
 
 
 @pytest.fixture(scope="session")
@@ -41,21 +110,7 @@ def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
     return dsn
 
 
-def with_search_path(dsn: str, schema: str) -> str:
-    return psycopg.conninfo.make_conninfo(dsn, options=f"-csearch_path={schema}")
 
-
-@contextmanager
-def fresh_schema(dsn: str, prefix: str = "t") -> Iterator[str]:
-    """A new, empty schema on ``dsn`` for one test, dropped afterwards; yields its URL."""
-    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield with_search_path(dsn, schema)
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 @contextmanager
@@ -85,7 +140,7 @@ def seed_queries() -> dict[str, str]:
 @pytest.fixture
 def db_url(server_dsn: str) -> Iterator[str]:
     """A fresh, empty schema on the test server, as a connection URL."""
-    with fresh_schema(server_dsn) as url:
+    with temporary_schema(server_dsn, "t") as url:
         yield url
 
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -22,6 +19,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from conftest import CliResult, run_funnel
 
 from engine.chat import estimate_tokens
 from engine.errors import FunnelError
@@ -197,13 +195,8 @@ def when(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
-def run_cli(*args: str, db_url: str, stdin: str | None = None
-            ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FUNNEL_DB": db_url, "PYTHONPATH": str(ROOT)}
-    env.pop("FUNNEL_MODEL", None)
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, env=env,
-                          input=stdin if stdin is not None else "", capture_output=True,
-                          text=True, timeout=180)
+def run_cli(*args: str, db_url: str, stdin: str | None = None) -> CliResult:
+    return run_funnel(*args, env={"FUNNEL_DB": db_url, "FUNNEL_MODEL": None}, stdin=stdin or "")
 
 
 # -- a new session -----------------------------------------------------------------------
@@ -947,7 +940,7 @@ async def test_a_message_over_the_prompt_budget_gets_the_fallback(make: Factory,
     h = await make({"default": OK})
     result = await h.engine.handle("s1", "y" * 8000)
     assert result.fallback and result.reply == h.engine.funnel.stage("greeting").spec.fallback
-    assert "stage 'greeting'" in (result.error or "") and "budget of 1000" in result.error
+    assert "stage 'greeting'" in (result.error or "") and "budget of 1000" in (result.error or "")
     assert sql("SELECT length(content) FROM funnel_messages WHERE role = 'user'") == [(8000,)]
     assert sql("SELECT fallback, error LIKE '%budget%' FROM funnel_turns") == [(True, True)]
 

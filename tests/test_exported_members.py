@@ -58,10 +58,3 @@ def test_funnel_validate_loads_neither_the_machine_nor_the_store() -> None:
              or m.startswith(("engine.store", "engine.turn", "engine.machine"))}
     assert not heavy, sorted(heavy)
 
-
-def test_funnel_test_loads_no_diagrams_no_litellm_and_no_service() -> None:
-    loaded = _modules_after("test funnels/puramur/scenarios/happy_path.yaml")
-    assert "engine.scenarios.run" in loaded and "engine.turn" in loaded  # it did play
-    heavy = {m for m in loaded if m.startswith(("transitions.extensions.diagrams", "litellm",
-                                                "engine.service", "starlette", "uvicorn"))}
-    assert not heavy, sorted(heavy)

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -22,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import seed_queries
+from conftest import run_funnel, seed_queries, sql_runner, temporary_schema
 
 from engine.spec import ENGINE_COLUMNS
 
@@ -42,8 +39,7 @@ STAGES = [
 
 
 def cli(*args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    r = run_funnel(*args)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     return r.stdout
@@ -132,22 +128,15 @@ def test_graph_escapes_colons_and_quotes(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def seed_schema(sql: Any) -> Iterator[tuple[str, str]]:
+def seed_schema(sql: Any, server_dsn: str) -> Iterator[tuple[str, str]]:
     """(test schema, seed schema): the seed DDL runs in a second fresh schema.
 
     Index names are unique per schema, so the seed's table cannot live beside ours.
     """
     ours = sql("SELECT current_schema()")[0][0]
-    seed = f"seed_{uuid.uuid4().hex[:12]}"
-    sql(f'CREATE SCHEMA "{seed}"')
-    try:
-        sql(f'SET search_path TO "{seed}"')
-        sql((HERE / "seed_ddl.sql").read_text("utf-8"))
-        sql(f'SET search_path TO "{ours}"')
-        yield ours, seed
-    finally:
-        sql(f'SET search_path TO "{ours}"')
-        sql(f'DROP SCHEMA "{seed}" CASCADE')
+    with temporary_schema(server_dsn, "seed") as url, sql_runner(url) as seed_sql:
+        seed_sql((HERE / "seed_ddl.sql").read_text("utf-8"))
+        yield ours, seed_sql("SELECT current_schema()")[0][0]
 
 
 def columns(sql: Any, schema: str) -> dict[str, tuple[Any, ...]]:

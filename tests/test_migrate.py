@@ -1,21 +1,19 @@
 """`funnel migrate` on a real database: create, up to date, add, keep or drop, move stages.
 
-The command runs as a subprocess (``python -m engine.cli migrate``), the way an
-operator runs it; the funnel variants are copies of Puramur written to
+The command runs as an operator runs it (``funnel migrate``, in-process: see
+``conftest.run_funnel``); the funnel variants are copies of Puramur written to
 ``tmp_path`` with absolute prompts/schemas/catalog paths.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import CliResult, run_funnel
 
 from engine import Engine, ScriptedModel
 from engine.errors import SchemaOutdated
@@ -30,14 +28,8 @@ NEW_INDEX = "idx_sessions_loyalty"
 Edit = Callable[[dict[str, Any]], None]
 
 
-def migrate(funnel: Path, db_url: str, *options: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("FUNNEL_DB", None)
-    done = subprocess.run([sys.executable, "-m", "engine.cli", "migrate", str(funnel),
-                           "--db", db_url, *options], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
+def migrate(funnel: Path, db_url: str, *options: str) -> CliResult:
+    return run_funnel("migrate", str(funnel), "--db", db_url, *options, env={"FUNNEL_DB": None})
 
 
 def variant(tmp_path: Path, name: str, *edits: Edit) -> Path:

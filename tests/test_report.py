@@ -15,9 +15,7 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -28,7 +26,7 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from conftest import seed_queries
+from conftest import CliResult, run_funnel, seed_queries, sql_runner, temporary_schema
 
 from engine.funnel import load_funnel
 from engine.models import Completion, ModelRequest, ScriptedModel
@@ -131,24 +129,9 @@ class Filled:
     sql: Any
 
 
-def _connect_sql(url: str) -> tuple[psycopg.Connection[Any], Any]:
-    conn = psycopg.connect(url, autocommit=True)
-
-    def run(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-        cur = conn.execute(query.encode() if params is None else query, params)
-        return cur.fetchall() if cur.description else []
-
-    return conn, run
-
-
 @pytest.fixture(scope="module")
 async def filled(server_dsn: str) -> AsyncIterator[Filled]:
-    schema = f"r_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    url = psycopg.conninfo.make_conninfo(server_dsn, options=f"-csearch_path={schema}")
-    conn, run = _connect_sql(url)
-    try:
+    with temporary_schema(server_dsn, "r") as url, sql_runner(url) as run:
         model, clock = PricedModel(), Clock()
         engine = await Engine.open(PURAMUR, db=url, model=model, clock=clock)
         turns = []
@@ -167,10 +150,6 @@ async def filled(server_dsn: str) -> AsyncIterator[Filled]:
         run("UPDATE funnel_turns SET created_at = created_at - INTERVAL '10 days' "
             "WHERE session_id = %s", (OLD,))
         yield Filled(url, turns, model.calls, run)
-    finally:
-        conn.close()
-        with psycopg.connect(server_dsn, autocommit=True) as c:
-            c.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 @pytest.fixture(scope="module")
@@ -411,10 +390,8 @@ def test_migrate_keeps_the_views_in_step_with_the_funnel(db_url: str, sql: Any,
 
 
 # -- the command -----------------------------------------------------------------------
-def cli(*args: str, db: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FUNNEL_DB": db, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=120)
+def cli(*args: str, db: str) -> CliResult:
+    return run_funnel(*args, env={"FUNNEL_DB": db})
 
 
 def test_json_output_parses_and_matches(filled: Filled, report: dict[str, Any]) -> None:

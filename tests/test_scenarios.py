@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonschema
 import psycopg
+from conftest import CliResult, run_funnel
 
 from engine.scenarios import discover, load_scenario
 
@@ -21,11 +22,8 @@ SCHEMA_BAD = "tests/scenarios_bad/schema_error.yaml"
 PASSING = "funnels/puramur/scenarios/complaint.yaml"
 
 
-def funnel_test(*args: str, db: str | None = None) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "engine.cli", "test", *args]
-    if db is not None:
-        command += ["--db", db]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+def funnel_test(*args: str, db: str | None = None) -> CliResult:
+    return run_funnel("test", *args, *(["--db", db] if db is not None else []))
 
 
 def marker_line(path: str, marker: str) -> int:
@@ -187,15 +185,17 @@ def test_usage_errors(tmp_path: Path) -> None:
     assert funnel_test(PASSING, "--format", "xml").returncode == 2
 
 
-def test_does_not_import_litellm(db_url: str) -> None:
+def test_loads_no_litellm_no_service_and_no_diagrams(db_url: str) -> None:
     code = ("import sys\nfrom engine.cli import main\n"
             f"rc = main(['test', {PASSING!r}, '--db', {db_url!r}])\n"
-            "print('litellm loaded:', 'litellm' in sys.modules)\nsys.exit(rc)\n")
+            "heavy = [m for m in sys.modules if m.startswith(('litellm', 'engine.service', "
+            "'starlette', 'uvicorn', 'transitions.extensions.diagrams'))]\n"
+            "print('heavy:', heavy)\nsys.exit(rc)\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.splitlines() == ["1 passed, 0 failed", "litellm loaded: False"]
+    assert result.stdout.splitlines() == ["1 passed, 0 failed", "heavy: []"]
 
 
 def test_published_schema_matches_the_packaged_one() -> None:

@@ -218,8 +218,9 @@ def test_widget_token_reaches_only_its_own_session(client: TestClient, sql: Any)
     for token in (f"{forged}.{signature}", WidgetTokens(b"another-secret-123456", 60).issue(
             "puramur", sb.session_id)[0], WidgetTokens(SECRET, -10).issue(
             "puramur", sb.session_id)[0], "garbage", ""):
-        for method, kwargs in (("POST", {"json": {"text": "show me B"}}), ("GET", {})):
-            r = client.request(method, f"{BASE}/widget/messages", headers=bearer(token), **kwargs)
+        for method, body in (("POST", {"text": "show me B"}), ("GET", None)):
+            r = client.request(method, f"{BASE}/widget/messages", headers=bearer(token),
+                               json=body)
             assert r.status_code == 401, (token, r.text)
     # A widget token is no API key, and session ids in API paths need one.
     assert client.get(f"{BASE}/sessions/{sb.session_id}", headers=bearer(a)).status_code == 401

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +22,6 @@ def run_command(paths: Sequence[str], db: str | None, fmt: str, out: str | None)
         print(f"funnel test: error: no scenario files in {', '.join(paths)} (YAML files with a "
               "top-level `scenario:` key)", file=sys.stderr)
         return 2
-    results = asyncio.run(run_all([(f, *load_scenario(f)) for f in files], db))
+    results = run_all([(f, *load_scenario(f)) for f in files], db)
     write_report(results, fmt, out)
     return 1 if any(not r.passed for r in results) else 0

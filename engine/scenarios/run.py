@@ -9,7 +9,9 @@ Each scenario runs in a fresh session id. Nothing here imports litellm.
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,8 +99,9 @@ class Notifications:
 LoadedScenario = tuple[Path, Scenario | None, list[Failure]]
 
 
-async def run_all(loaded: Sequence[LoadedScenario], db: str | None) -> list[ScenarioResult]:
-    """Run every loaded scenario in order; the database starts once (only if one can run)."""
+def run_all(loaded: Sequence[LoadedScenario], db: str | None) -> list[ScenarioResult]:
+    """Run every loaded scenario in order, in a temporary schema on ``db`` (the embedded
+    server when ``None``), created only if one can run."""
     results: dict[int, ScenarioResult] = {}
     ready: list[tuple[int, Scenario]] = []
     for i, (path, scenario, problems) in enumerate(loaded):
@@ -108,15 +111,18 @@ async def run_all(loaded: Sequence[LoadedScenario], db: str | None) -> list[Scen
         else:
             ready.append((i, scenario))
     if ready:
-        async with temporary_schema(db) as (url, token):
-            store = await open_store(url)
-            try:
-                runner = Runner(store, token)
-                for i, scenario in ready:
-                    results[i] = await runner.run(scenario)
-            finally:
-                await store.close()
+        with temporary_schema(db) as url:
+            results.update(asyncio.run(_play(url, ready)))
     return [results[i] for i in range(len(loaded))]
+
+
+async def _play(url: str, ready: list[tuple[int, Scenario]]) -> dict[int, ScenarioResult]:
+    store = await open_store(url)
+    try:
+        runner = Runner(store, secrets.token_hex(6))
+        return {i: await runner.run(scenario) for i, scenario in ready}
+    finally:
+        await store.close()
 
 
 class Runner:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import sql
@@ -31,38 +31,36 @@ def with_search_path(url: str, schema: str) -> str:
     return psycopg.conninfo.make_conninfo(url, options=f"{options} {path}" if options else path)
 
 
-@asynccontextmanager
-async def temporary_schema(url: str | None, prefix: str = "funnel_test"
-                           ) -> AsyncIterator[tuple[str, str]]:
-    """Create the schema ``<prefix>_<random>``; yield (a URL whose search_path is it, the
-    random part); drop it with everything in it afterwards.
+@contextmanager
+def temporary_schema(url: str | None, prefix: str = "funnel_test") -> Iterator[str]:
+    """Create the schema ``<prefix>_<random>``; yield a URL whose search_path is it; drop it
+    with everything in it afterwards.
 
-    ``url`` ``None`` is the embedded server. `funnel test` runs its scenarios in one.
+    ``url`` ``None`` is the embedded server. `funnel test` plays its scenarios in
+    one; the tests and the benchmarks use it too.
 
     Raises:
         StoreUnavailable: the server cannot be reached.
         StoreError: the schema cannot be created (no CREATE privilege on the database).
     """
     url = url or embedded_url()
-    token = secrets.token_hex(6)
-    schema = f"{prefix}_{token}"
+    schema = f"{prefix}_{secrets.token_hex(6)}"
     try:
-        admin = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10)
+        admin = psycopg.connect(url, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
         raise StoreUnavailable(f"cannot connect to PostgreSQL at {safe_url(url)}: "
                                f"{first_line(exc)}; check --db / FUNNEL_DB") from None
-    async with admin:
+    with admin:
         try:
-            await admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+            admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         except psycopg.Error as exc:
             raise StoreError(f"cannot create the temporary schema {schema}: {first_line(exc)}; "
                              "it needs the CREATE privilege on the database") from None
         try:
-            yield with_search_path(url, schema), token
+            yield with_search_path(url, schema)
         finally:
             try:
-                await admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(
-                    sql.Identifier(schema)))
+                admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
             except psycopg.Error as exc:
                 print(f"warning: could not drop the temporary schema {schema}: "
                       f"{first_line(exc)}; drop it by hand", file=sys.stderr)
