@@ -137,10 +137,26 @@ def render(stage: CompiledStage, context: Mapping[str, Any]) -> str:
     try:
         return stage.template.render(context).strip()
     except UndefinedError as exc:
+        file, line = _template_position(exc, stage)
         raise ConfigError(f"template uses an undefined value: {exc.message}",
-                          file=str(stage.spec.prompt)) from None
+                          file=file, line=line) from None
     except TemplateError as exc:
-        raise ConfigError(f"template failed: {exc}", file=str(stage.spec.prompt)) from None
+        file, line = _template_position(exc, stage)
+        raise ConfigError(f"template failed: {exc}", file=file, line=line) from None
+
+
+def _template_position(exc: BaseException, stage: CompiledStage) -> tuple[str, int | None]:
+    """The template file and line a render error happened at: Jinja rewrites the
+    traceback with a frame per template line it went through (marked by
+    ``__jinja_exception__`` in its globals); the innermost one names the file (an
+    included one, maybe) and the line."""
+    file, line = str(stage.spec.prompt), None
+    tb = exc.__traceback__
+    while tb is not None:
+        if "__jinja_exception__" in tb.tb_frame.f_globals:
+            file, line = tb.tb_frame.f_code.co_filename, tb.tb_lineno
+        tb = tb.tb_next
+    return file, line
 
 
 def _human(seconds: float) -> str:
