@@ -13,6 +13,7 @@ from typing import Any
 
 from jinja2 import TemplateError, UndefinedError
 
+from .budget import bound_notices, compact
 from .chat import Message
 from .errors import ConfigError
 from .expressions import compact_json, declared_view
@@ -105,17 +106,19 @@ def build_context(
         iteration_limit_reached=bool(mi and iteration >= mi.limit),
         offer=mi.offer if mi and iteration >= mi.limit else None,
         state=view,
-        state_json=compact_json(compact_state(funnel, state, stage)),
+        state_json=compact_json(compact(compact_state(funnel, state, stage))),
         presented=presented,
         presented_skus=[p["sku"] for p in presented],
         catalog=funnel.catalog_view,
         currency=funnel.catalog.currency if funnel.catalog else "",
         thresholds=funnel.rules.thresholds(state),
         messages=[{"role": m.role, "content": m.content} for m in messages],
-        summary=(state.get(spec.memory.summary) or "") if spec.memory.summary else "",
+        # Customer- and model-derived text stays out of the system message: the engine
+        # sends the summary and the notices in a data message (engine.budget).
+        summary="",
         returning=returning,
         idle_for=_human(idle_seconds) if idle_seconds else "",
-        notices=list(engine_row.get("notices") or []),
+        notices=[],
         customer_message=customer_message,
         now=now,
         handoff={
@@ -126,6 +129,30 @@ def build_context(
         turns=int(engine_row.get("turns") or 0),
     )
     return ctx
+
+
+def prompt_data(funnel: CompiledFunnel, state: Mapping[str, Any],
+                engine_row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """The summary and the notices, for the data message (never the system message)."""
+    field = funnel.spec.memory.summary
+    summary = str(state.get(field) or "") if field else ""
+    return summary, bound_notices(engine_row.get("notices") or [])
+
+
+def at_level(funnel: CompiledFunnel, stage: CompiledStage, state: Mapping[str, Any],
+             context: Mapping[str, Any], level: int) -> dict[str, Any]:
+    """``context`` with the state compacted to ``level`` (engine.budget.LEVELS); level 0
+    is the context itself. The row keeps the full values."""
+    if level == 0:
+        return dict(context)
+    out = dict(context)
+    for name in funnel.spec.state:
+        if name in out:
+            out[name] = compact(out[name], level)
+    out["state"] = {k: compact(v, level) for k, v in context["state"].items()}
+    out["state_json"] = compact_json(compact(compact_state(funnel, state, stage), level))
+    out["messages"] = []
+    return out
 
 
 def render(stage: CompiledStage, context: Mapping[str, Any]) -> str:

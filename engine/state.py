@@ -20,6 +20,7 @@ import jsonschema
 
 from .catalog import Catalog
 from .expressions import compile_condition_list
+from .sanitize import excerpt
 from .spec import FunnelSpec
 
 _PHONE_CHARS = re.compile(r"[\s\-().]")
@@ -72,23 +73,23 @@ def normalize_formats(value: Any, schema: Mapping[str, Any], path: str, notices:
     if isinstance(value, str) and fmt == "phone":
         phone = normalize_phone(value, schema.get("country_code"))
         if phone is None:
-            notices.append(f"'{value}' is not a valid phone number for {path}; it was not saved")
+            notices.append(f"{excerpt(value)} is not a valid phone number for {path}; it was not saved")
         return phone
     if isinstance(value, str) and fmt in ("date-time", "date"):
         try:
             parsed = datetime.fromisoformat(value.strip())
         except ValueError:
-            notices.append(f"'{value}' is not an ISO {fmt} for {path} (e.g. "
+            notices.append(f"{excerpt(value)} is not an ISO {fmt} for {path} (e.g. "
                            "2026-12-01T14:30:00+02:00); it was not saved")
             return None
         if fmt == "date-time" and parsed.tzinfo is None:
-            notices.append(f"'{value}' for {path} has no time zone; it was not saved")
+            notices.append(f"{excerpt(value)} for {path} has no time zone; it was not saved")
             return None
         return value.strip()
     if isinstance(value, str) and fmt == "email":
         email = value.strip().lower()
         if not _EMAIL.match(email):
-            notices.append(f"'{value}' is not a valid e-mail address for {path}; it was not saved")
+            notices.append(f"{excerpt(value)} is not a valid e-mail address for {path}; it was not saved")
             return None
         return email
     props = schema.get("properties")
@@ -153,14 +154,17 @@ class StateRules:
         for name, patch in updates.items():
             field = self.spec.state.get(name)
             if field is None or name not in allowed:
-                notices.append(f"the field '{name}' cannot be updated at this stage")
+                notices.append(f"the field {excerpt(name)} cannot be updated at this stage")
                 continue
             patch = normalize_formats(patch, field.schema, name, notices)
             merged = merge_patch(state.get(name), patch) if field.type == "object" else patch
             error = next(iter(self.validators[name].iter_errors(merged)), None)
             if error is not None:
                 where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in error.path)
-                notices.append(f"{name}{where}: {error.message}; the update was not saved")
+                # jsonschema quotes the whole value: a short excerpt is all the model needs.
+                message = error.message if len(error.message) <= 120 else \
+                    f"{excerpt(error.instance)} breaks its `{error.validator}` rule"
+                notices.append(f"{name}{where}: {message}; the update was not saved")
                 continue
             if merged != state.get(name):
                 state[name] = merged
