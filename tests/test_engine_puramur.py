@@ -542,7 +542,7 @@ async def test_removing_a_sku_not_in_the_cart_is_refused(make: Factory) -> None:
     *_, result, _ = await h.say("s1", "Hi", "Sphynx", "The shampoo", "Drop the lotion", "Ok")
     [outcome] = result.actions
     assert (outcome.type, outcome.accepted) == ("remove_from_cart", False)
-    assert outcome.reason == "PR251020 is not in the cart"
+    assert outcome.reason == "'PR251020' is not in the cart"
     assert [x["sku"] for x in (await h.state("s1"))["cart"]] == ["PR251010"]
     assert "remove_from_cart refused: 'PR251020' is not in the cart" in h.model.prompt("s1", 5)
 
