@@ -136,9 +136,33 @@ class StateRules:
         self._all_rules = compile_condition_list([src for _, _, src in completeness]) \
             if completeness else None
         self.validators = {
-            name: jsonschema.Draft202012Validator(_nullable(f.schema, f.nullable))
+            name: jsonschema.Draft202012Validator(_storable(_nullable(f.schema, f.nullable),
+                                                            f.type))
             for name, f in spec.state.items()
         }
+
+    def invalid(self, name: str, value: Any) -> str | None:
+        """Why ``value`` cannot be stored in the field ``name`` (its declared schema and
+        its column), or None when it can."""
+        error = next(iter(self.validators[name].iter_errors(value)), None)
+        if error is None:
+            return None
+        where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in error.path)
+        # jsonschema quotes the whole value: a short excerpt is all the model needs.
+        message = error.message if len(error.message) <= 120 else \
+            f"{excerpt(error.instance)} breaks its `{error.validator}` rule"
+        return f"{name}{where}: {message}"
+
+    def guard(self, state: dict[str, Any], before: Mapping[str, Any], notices: list[str]
+              ) -> None:
+        """Put back every field an action or hook changed to a value its schema refuses,
+        so the state saved is always valid (a bad hook must not brick the session)."""
+        for name, value in list(state.items()):
+            if name in self.validators and value is not before.get(name):
+                problem = self.invalid(name, value)
+                if problem is not None:
+                    state[name] = before.get(name)
+                    notices.append(f"{problem}; the change was not saved")
 
     def apply_updates(
         self, state: dict[str, Any], updates: Mapping[str, Any], allowed: frozenset[str],
@@ -158,13 +182,9 @@ class StateRules:
                 continue
             patch = normalize_formats(patch, field.schema, name, notices)
             merged = merge_patch(state.get(name), patch) if field.type == "object" else patch
-            error = next(iter(self.validators[name].iter_errors(merged)), None)
-            if error is not None:
-                where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in error.path)
-                # jsonschema quotes the whole value: a short excerpt is all the model needs.
-                message = error.message if len(error.message) <= 120 else \
-                    f"{excerpt(error.instance)} breaks its `{error.validator}` rule"
-                notices.append(f"{name}{where}: {message}; the update was not saved")
+            problem = self.invalid(name, merged)
+            if problem is not None:
+                notices.append(f"{problem}; the update was not saved")
                 continue
             if merged != state.get(name):
                 state[name] = merged
@@ -245,6 +265,13 @@ class StateRules:
             and total >= Decimal(str(cart.free_delivery_threshold)),
             "free_delivery_remaining": remaining(cart.free_delivery_threshold),
         }
+
+
+def _storable(schema: dict[str, Any], ftype: str) -> dict[str, Any]:
+    """The declared schema, plus what the column can hold (an integer column is int4)."""
+    if ftype == "integer":
+        return {"allOf": [schema, {"minimum": -(2**31), "maximum": 2**31 - 1}]}
+    return schema
 
 
 def _nullable(schema: dict[str, Any], nullable: bool) -> dict[str, Any]:

@@ -321,8 +321,10 @@ class Engine:
             stage = funnel.stage(turn.pos["stage"])
             turn.updated = funnel.rules.apply_updates(state, env.get("updates") or {},
                                                       stage.allowed_updates, scratch.notices)
+            before = dict(state)
             turn.outcomes = [funnel.actions.run(call, state, scratch)
                              for call in env.get("actions") or []]
+            funnel.rules.guard(state, before, scratch.notices)
             lang = env.get("language")
             if isinstance(lang, str):
                 for name in (spec.language_detected, spec.language_response):
