@@ -33,6 +33,7 @@ from fake_openai import FakeOpenAI
 from hostile_corpus import CUSTOMER_INPUTS, MODEL_OUTPUTS, env
 from psycopg.rows import dict_row
 
+from engine.chat import estimate_tokens
 from engine.funnel import CompiledFunnel, load_funnel
 from engine.invariants import check_funnel, check_row
 from engine.service.app import create_app
@@ -176,6 +177,40 @@ async def test_what_the_engine_refused_reaches_the_model_as_short_data(
     assert "add_to_cart refused: unknown SKU 'QQQQ" in data and "(5000 chars)" in data
     assert len(data) < 600
     assert row_of(url, session)["notices"] == []  # shown once, then cleared
+
+
+async def test_no_session_grows_out_of_reach_of_the_model(
+        client: httpx.AsyncClient, fake: FakeOpenAI, funnel: CompiledFunnel, url: str,
+        sql: Any) -> None:
+    """50 objections of 200 characters, a 5,000-character SKU, 100 turns with the model
+    down: the next turn still calls the model, within the stage's budget."""
+    session = "m-budget"
+    fake.reply(env("Hello!", updates={"pet": {"type": "dog"}}))
+    assert (await say(client, session, "Hi, a dog")).status_code == 200
+    for i in range(50):
+        fake.reply(env("I hear you.", actions=[{"type": "record_objection",
+                                                "objection": f"{i} " + "too pricey " * 18}]))
+        response = await say(client, session, f"Objection {i}: " + "it costs too much " * 10)
+        assert response.status_code == 200 and response.json()["reply"] == "I hear you."
+    fake.reply(env("ok", actions=[{"type": "add_to_cart", "sku": "S" * 5000}]))
+    assert (await say(client, session, "Add that one")).status_code == 200
+    for _ in range(100):
+        fake.fail(500)
+        response = await say(client, session, "Hello?")
+        assert response.status_code == 200 and response.json()["reply"]
+    row = row_of(url, session)
+    assert len(row["objections_raised"]) == 50  # the row keeps everything
+    assert check_row(funnel, row) == []
+    calls = fake.calls
+    fake.reply(env("I am back."))
+    response = await say(client, session, "Are you there?")
+    assert response.json()["reply"] == "I am back." and fake.calls == calls + 1
+    budget = funnel.stage(row["stage"]).spec.memory.prompt_budget
+    assert budget is not None
+    sent = fake.requests[-1]["messages"]
+    assert estimate_tokens(sent) <= budget
+    assert sql("SELECT count(*), count(*) FILTER (WHERE fallback) FROM funnel_turns "
+               "WHERE session_id = %s", (session,)) == [(153, 100)]
 
 
 @pytest.mark.parametrize(("name", "request_", "status"), CUSTOMER_INPUTS,
