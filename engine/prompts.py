@@ -1,9 +1,14 @@
-"""Prompts: the stage template rendered from compact state, plus a few recent messages.
+"""Prompts: the stage template rendered from compact state.
 
 The model sees what the stage needs and nothing else: the state as compact
 JSON (no nulls, no engine bookkeeping), presented products numbered in order
 with their SKUs (so "the first one" resolves to a SKU), thresholds as ready
-booleans, what the engine refused last turn, and the last few messages.
+booleans. The template is the system message, so it holds only what the
+funnel's author wrote and what the engine computed from validated state:
+customer and model text (recent messages, this message, the summary, the
+notices) reach the model in messages of their own (engine.budget), and the
+template variables ``messages``, ``customer_message``, ``summary`` and
+``notices`` are empty.
 """
 
 from __future__ import annotations
@@ -112,14 +117,16 @@ def build_context(
         catalog=funnel.catalog_view,
         currency=funnel.catalog.currency if funnel.catalog else "",
         thresholds=funnel.rules.thresholds(state),
-        messages=[{"role": m.role, "content": m.content} for m in messages],
+        # The recent messages and this one reach the model as chat messages of their own
+        # roles; in the system message they would read as instructions.
+        messages=[],
         # Customer- and model-derived text stays out of the system message: the engine
         # sends the summary and the notices in a data message (engine.budget).
         summary="",
         returning=returning,
         idle_for=_human(idle_seconds) if idle_seconds else "",
         notices=[],
-        customer_message=customer_message,
+        customer_message="",
         now=now,
         handoff={
             "reason": state.get(handoff.reason) if handoff and handoff.reason else None,
@@ -151,7 +158,6 @@ def at_level(funnel: CompiledFunnel, stage: CompiledStage, state: Mapping[str, A
             out[name] = compact(out[name], level)
     out["state"] = {k: compact(v, level) for k, v in context["state"].items()}
     out["state_json"] = compact_json(compact(compact_state(funnel, state, stage), level))
-    out["messages"] = []
     return out
 
 
