@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from .chat import Message
 from .models import ModelRequest, make_model
+from .sanitize import printable
 from .spec import FunnelSpec, ModelSettings
 from .store import Store
 
@@ -96,7 +97,9 @@ class ModelSummarizer:
             text = str(json.loads(completion.text)["summary"])
         except (ValueError, KeyError, TypeError):
             text = completion.text
-        return _clip(text.strip(), budget)
+        # The summary is stored as text and shown to the model: the model's own output,
+        # it crosses the same boundary (no NUL or control characters reach PostgreSQL).
+        return _clip(printable(text.strip()), budget)
 
 
 class RollingSummary:

@@ -18,11 +18,12 @@ from typing import Any
 
 from jinja2 import TemplateError, UndefinedError
 
-from .budget import bound_notices, compact
+from .budget import bound_notices, compact, floor_tokens
 from .chat import Message
 from .errors import ConfigError
 from .expressions import compact_json, declared_view
 from .funnel import CompiledFunnel, CompiledStage
+from .state import defaults
 
 # Bookkeeping, not facts about the customer (the summary has its own `summary` slot).
 _HIDDEN = frozenset(
@@ -148,10 +149,9 @@ def prompt_data(funnel: CompiledFunnel, state: Mapping[str, Any],
 
 def at_level(funnel: CompiledFunnel, stage: CompiledStage, state: Mapping[str, Any],
              context: Mapping[str, Any], level: int) -> dict[str, Any]:
-    """``context`` with the state compacted to ``level`` (engine.budget.LEVELS); level 0
-    is the context itself. The row keeps the full values."""
-    if level == 0:
-        return dict(context)
+    """``context`` with the state compacted to ``level`` (engine.budget.LEVELS): the
+    fields a template reads directly too, so that no loop over a field the customer
+    grows can outgrow the budget. The row keeps the full values."""
     out = dict(context)
     for name in funnel.spec.state:
         if name in out:
@@ -159,6 +159,22 @@ def at_level(funnel: CompiledFunnel, stage: CompiledStage, state: Mapping[str, A
     out["state"] = {k: compact(v, level) for k, v in context["state"].items()}
     out["state_json"] = compact_json(compact(compact_state(funnel, state, stage), level))
     return out
+
+
+def prompt_floor(funnel: CompiledFunnel, stage: CompiledStage) -> int:
+    """The smallest prompt of ``stage`` in estimated tokens: its template rendered for a
+    new session with the most compacted state, and an empty message. A
+    ``memory.prompt_budget`` under it can never be met (``funnel validate``, F204).
+
+    Raises:
+        ConfigError: the template fails to render.
+    """
+    state = defaults(funnel.spec)
+    row = {"stage_iteration": 0, "turns": 0, "notices": []}
+    context = build_context(funnel, stage, state, row, customer_message="", messages=[],
+                            returning=False, idle_seconds=None, now="2000-01-01T00:00:00+00:00")
+    return floor_tokens(lambda level: render(stage, at_level(funnel, stage, state, context,
+                                                              level)))
 
 
 def render(stage: CompiledStage, context: Mapping[str, Any]) -> str:

@@ -13,6 +13,7 @@ from engine.chat import Message
 from engine.errors import MessageTooLong, PromptTooLarge
 from engine.memory import ExtractiveSummarizer
 from engine.models import Completion
+from engine.prompts import prompt_floor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,6 +163,12 @@ def test_budget_cuts_the_window_then_the_summary_then_the_notices_then_the_state
         fit("discovery", render, "", [], [], "hi", 3)
     assert "discovery" in str(info.value) and "budget of 3" in str(info.value)
     assert not isinstance(info.value, MessageTooLong)
+
+
+def test_the_floor_of_every_shipped_stage_fits_its_budget(puramur: Any) -> None:
+    for stage in puramur.stages.values():
+        floor = prompt_floor(puramur, stage)
+        assert 100 < floor <= (stage.spec.memory.prompt_budget or floor), stage.spec.name
 
 
 def test_validate_warns_when_a_template_alone_exceeds_its_budget(tmp_path: Path) -> None:

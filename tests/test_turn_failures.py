@@ -9,6 +9,7 @@ turn works. Also: the state merge and the output parser under hypothesis.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import shutil
@@ -208,3 +209,22 @@ def _puramur() -> CompiledFunnel:
     if "f" not in _CACHE:
         _CACHE["f"] = load_funnel(PURAMUR)
     return _CACHE["f"]
+
+
+async def test_64_concurrent_objections_to_one_session_are_all_answered_by_the_model(
+        db_url: str) -> None:
+    """Each turn appends a 200-character objection; the state grows past what the stage's
+    prompt budget holds uncompacted, and every turn still reaches the model."""
+    funnel = loose(load_funnel(PURAMUR))
+    objection = {"reply": "I hear you.", "actions": [
+        {"type": "record_objection", "objection": "too pricey " * 18}]}
+    model = ScriptedModel.from_data({"turns": [GREET], "default": objection})
+    async with await Engine.open(funnel, db=db_url, model=model) as engine:
+        await engine.handle("busy", "Hi, a dog")
+        results = await asyncio.gather(*(engine.handle("busy", f"It costs too much ({i})")
+                                          for i in range(64)))
+        assert [r.error for r in results if r.fallback] == []
+        state = await engine.state("busy")
+        assert state is not None and len(state["objections_raised"]) == 64
+        found = await check_funnel(engine.funnel, db_url)
+    assert [str(v) for v in found if v.severity == "error"] == []
