@@ -36,6 +36,7 @@ from .chat import Message
 from .customer import check_input
 from .errors import (
     ConcurrentUpdate,
+    ConfigError,
     FunnelError,
     MessageTooLong,
     PromptTooLarge,
@@ -180,7 +181,7 @@ class Engine:
                         result = await self._run(access, turn)
                     except (ConcurrentUpdate, StoreUnavailable):
                         raise
-                    except Exception as exc:  # noqa: BLE001 - every failure ends in a reply
+                    except Exception as exc:  # every failure after the log ends in a reply
                         result = await self._fail(access, turn, exc)
                 break
             except ConcurrentUpdate:
@@ -384,8 +385,10 @@ class Engine:
             log.warning("session %r: the turn failed (%s); answering with the fallback",
                         turn.session_id, exc)
         fresh = self._start(turn.inbound, turn.now, turn.row, turn.recent)
-        stage = self.funnel.stages.get(fresh.pos["stage"])
-        reply = stage.spec.fallback if stage is not None else TECHNICAL_REPLY
+        try:
+            reply = self.funnel.stage(fresh.pos["stage"]).spec.fallback
+        except ConfigError:  # a stage neither declared nor mapped under removed_stages
+            reply = TECHNICAL_REPLY
         error = f"{'bug: ' if bug else ''}the turn failed: {type(exc).__name__}: {exc}"
         fresh.pos["turns"] += 1
         fresh.handoff_before = self._handoff_time(fresh.state)  # nothing new to hand off

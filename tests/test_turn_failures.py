@@ -28,6 +28,7 @@ from engine.funnel import CompiledFunnel, load_funnel
 from engine.invariants import check_funnel
 from engine.output import parse_output
 from engine.sanitize import Rejected, loads_bounded, model_json
+from engine.turn import TECHNICAL_REPLY
 
 pytestmark = pytest.mark.postgres
 
@@ -228,3 +229,18 @@ async def test_64_concurrent_objections_to_one_session_are_all_answered_by_the_m
         assert state is not None and len(state["objections_raised"]) == 64
         found = await check_funnel(engine.funnel, db_url)
     assert [str(v) for v in found if v.severity == "error"] == []
+
+
+async def test_a_session_in_an_unknown_stage_gets_the_technical_reply(db_url: str,
+                                                                      sql: Any) -> None:
+    funnel = load_funnel(PURAMUR)
+    model = ScriptedModel.from_data({"turns": [GREET], "default": OK})
+    async with await Engine.open(funnel, db=db_url, model=model) as engine:
+        await engine.handle("lost", "Hi, a dog")
+        sql("UPDATE puramur_sessions_state SET stage = 'ghost'")
+        result = await engine.handle("lost", "Hello?")
+        assert result.fallback and result.reply == TECHNICAL_REPLY
+        assert "has no stage 'ghost'" in (result.error or "")
+        found = await check_funnel(engine.funnel, db_url)
+    assert [(v.rule, v.detail) for v in found] == [("unknown stage", "'ghost'")]
+    assert sql("SELECT count(*) FROM funnel_turns") == [(2,)]
