@@ -21,6 +21,7 @@ from typing import Any
 
 from .catalog import Catalog
 from .errors import ActionRefused, ConfigError
+from .sanitize import excerpt
 from .spec import ActionSpec, FunnelSpec
 
 
@@ -82,7 +83,7 @@ class ActionRunner:
         args = {k: v for k, v in call.items() if k != "type"}
         action = self.spec.actions.get(name)
         if action is None:
-            return self._refuse(name, args, f"'{name}' is not an action of this funnel", turn)
+            return self._refuse(name, args, f"{excerpt(name)} is not an action of this funnel", turn)
         try:
             if action.hook:
                 self._run_hook(action, args, state, turn)
@@ -129,7 +130,7 @@ class ActionRunner:
             return default
         max_qty = self.spec.cart.max_qty if self.spec.cart else 20
         if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= max_qty:
-            raise ActionRefused(action, f"quantity {raw!r} must be a whole number from 1 to "
+            raise ActionRefused(action, f"quantity {excerpt(raw)} must be a whole number from 1 to "
                                 f"{max_qty}")
         return raw
 
@@ -193,7 +194,7 @@ class ActionRunner:
         name, cart = self._cart(state)
         line = next((x for x in cart if x.get("sku") == sku and not x.get("is_gift")), None)
         if line is None:
-            raise ActionRefused(action.name, f"{sku} is not in the cart")
+            raise ActionRefused(action.name, f"{excerpt(sku)} is not in the cart")
         if qty is None or qty >= line["qty"]:
             cart.remove(line)
         else:
@@ -218,7 +219,7 @@ class ActionRunner:
         reason = str(args.get("reason") or "explicit_request")
         allowed = action.options.get("reasons")
         if allowed and reason not in allowed:
-            raise ActionRefused(action.name, f"reason '{reason}' is not one of {allowed}")
+            raise ActionRefused(action.name, f"reason {excerpt(reason)} is not one of {allowed}")
         turn.handoff_requested = reason
 
     def _do_signal(self, action: ActionSpec, args: dict[str, Any], state: dict[str, Any],

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import _yaml
 from .errors import CatalogError, did_you_mean
+from .sanitize import excerpt
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class Catalog:
         try:
             return self.by_sku[sku]
         except KeyError:
-            raise KeyError(f"unknown SKU '{sku}'{did_you_mean(sku, self.by_sku)}") from None
+            raise KeyError(f"unknown SKU {excerpt(sku)}{did_you_mean(sku[:100], self.by_sku)}"
+                           ) from None
 
 
 def _num(value: Decimal) -> int | float:

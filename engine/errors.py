@@ -16,6 +16,7 @@ path or session), what was expected, and what to do about it::
     │   ├── SchemaOutdated      the table is behind the funnel: run `funnel migrate`
     │   └── ConcurrentUpdate    a stale save lost the race for a session
     └── PromptTooLarge          a prompt cannot fit the stage's token budget
+        └── MessageTooLong      only the customer's message keeps it over (ask to shorten)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "FunnelError",
     "FunnelInvalid",
     "InvalidInput",
+    "MessageTooLong",
     "ModelError",
     "PromptTooLarge",
     "SchemaOutdated",
@@ -170,3 +172,11 @@ class PromptTooLarge(FunnelError):
             f"summary, over its budget of {budget}; shorten the template or raise "
             f"`prompt_budget` for the stage"
         )
+
+
+class MessageTooLong(PromptTooLarge):
+    """The customer's message alone keeps the prompt over the stage's budget.
+
+    The turn answers with ``memory.too_long_reply`` (please shorten) instead of
+    the fallback; nothing else about the session is wrong.
+    """

@@ -12,23 +12,22 @@
    facts a sales funnel needs; recall over old messages would add an
    embedding model and pgvector for little gain here.
 
-Prompt budgets: when a stage's rendered prompt exceeds ``memory.prompt_budget``
-tokens, the oldest window messages are dropped first, then the summary; the
-state and the stage instructions never are. A prompt that still does not fit
-raises :class:`engine.errors.PromptTooLarge`.
+Prompt budgets (``memory.prompt_budget``) live in :mod:`engine.budget`: the
+window goes first, then the summary, the notices, and the state is compacted;
+the stage instructions never are cut. The summary, being customer-derived,
+reaches the model in a delimited data message, never in the system message.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from .chat import Message, chat_messages, estimate_tokens
-from .errors import PromptTooLarge
+from .chat import Message
 from .models import ModelRequest, make_model
+from .sanitize import printable
 from .spec import FunnelSpec, ModelSettings
 from .store import Store
 
@@ -98,54 +97,9 @@ class ModelSummarizer:
             text = str(json.loads(completion.text)["summary"])
         except (ValueError, KeyError, TypeError):
             text = completion.text
-        return _clip(text.strip(), budget)
-
-
-@dataclass
-class FittedPrompt:
-    messages: list[dict[str, str]]
-    tokens: int
-    dropped_messages: int
-    dropped_summary: bool
-
-
-def fit_prompt(
-    stage: str,
-    render: Callable[[str], str],
-    summary: str,
-    history: Sequence[Message],
-    text: str,
-    budget: int | None,
-    count: Callable[[list[dict[str, str]]], int] = estimate_tokens,
-) -> FittedPrompt:
-    """Build the chat within ``budget`` tokens: drop old window messages, then the summary.
-
-    ``render(summary)`` renders the stage prompt with the given summary.
-
-    Raises:
-        PromptTooLarge: even the stage prompt, the state and the message do not fit.
-    """
-    system = render(summary)
-    history = list(history)
-    messages = chat_messages(system, history, text)
-    tokens = count(messages)
-    if budget is None or tokens <= budget:
-        return FittedPrompt(messages, tokens, 0, False)
-    dropped = 0
-    while history and tokens > budget:
-        history.pop(0)
-        dropped += 1
-        messages = chat_messages(system, history, text)
-        tokens = count(messages)
-    dropped_summary = False
-    if tokens > budget and summary:
-        system = render("")
-        dropped_summary = True
-        messages = chat_messages(system, history, text)
-        tokens = count(messages)
-    if tokens > budget:
-        raise PromptTooLarge(stage, tokens, budget)
-    return FittedPrompt(messages, tokens, dropped, dropped_summary)
+        # The summary is stored as text and shown to the model: the model's own output,
+        # it crosses the same boundary (no NUL or control characters reach PostgreSQL).
+        return _clip(printable(text.strip()), budget)
 
 
 class RollingSummary:

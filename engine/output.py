@@ -9,19 +9,16 @@ declared fallback reply is sent and nothing of the bad output is applied.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from jsonschema.exceptions import best_match
+from referencing.exceptions import Unresolvable
 
 from .errors import ModelError
 from .funnel import CompiledStage
 from .models import Completion, Model, ModelRequest
-
-_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
+from .sanitize import Rejected, model_json, printable
 
 
 @dataclass
@@ -55,7 +52,7 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     if envelope is not None:
         return Answer(envelope, completions)
     repair = ModelRequest(
-        messages=[*messages, {"role": "assistant", "content": first.text[:4000]},
+        messages=[*messages, {"role": "assistant", "content": printable(first.text, 4000)},
                   {"role": "user", "content": (
                       f"Your last answer was rejected: {problem}. Answer again with one "
                       "JSON object that satisfies the output schema; keep the same meaning.")}],
@@ -77,28 +74,22 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
 def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None, str]:
     """Parse and validate a model output; return (envelope, "") or (None, the problem).
 
-    The problem names the JSON path and message of the most relevant
-    validation error (``jsonschema.exceptions.best_match``), for the repair call.
+    The text crosses the sanitizing boundary first (:mod:`engine.sanitize`: strict
+    JSON, bounded, clean strings, a usable envelope); then the stage schema. The
+    problem names the JSON path and message of the most relevant validation error
+    (``jsonschema.exceptions.best_match``), for the repair call. Never raises: a
+    schema that cannot be evaluated (a dangling ``$ref``) makes the output invalid,
+    so the turn ends in the fallback and the turn record names the schema's fault.
     """
-    fenced = _FENCE.match(text)
-    raw = fenced.group(1) if fenced else text.strip()
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:  # the standard library accepts a little more, and words its errors better
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            return None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    if not isinstance(data, dict):
-        return None, "the output must be a JSON object with `reply`"
-    error = best_match(stage.validator.iter_errors(data))
+        data = model_json(text)
+    except Rejected as exc:
+        return None, str(exc)
+    try:
+        error = best_match(stage.validator.iter_errors(data))
+    except (Unresolvable, RecursionError) as exc:
+        return None, (f"the output schema {stage.spec.schema.name} cannot be evaluated "
+                      f"({type(exc).__name__}: {str(exc)[:200]}); fix the schema")
     if error is not None:
-        return None, f"at {error.json_path}: {error.message}"
-    # The envelope's shape is checked here too: a schema that passes `funnel validate`
-    # need not type `updates` or `actions` items, and the turn must not crash on them.
-    if not isinstance(data.get("updates") or {}, dict):
-        return None, "at $.updates: must be an object of state fields"
-    actions = data.get("actions") or []
-    if not isinstance(actions, list) or not all(isinstance(a, dict) for a in actions):
-        return None, "at $.actions: must be a list of objects, each with a `type`"
+        return None, f"at {error.json_path}: {error.message[:300]}"
     return data, ""

@@ -1,9 +1,14 @@
-"""Prompts: the stage template rendered from compact state, plus a few recent messages.
+"""Prompts: the stage template rendered from compact state.
 
 The model sees what the stage needs and nothing else: the state as compact
 JSON (no nulls, no engine bookkeeping), presented products numbered in order
 with their SKUs (so "the first one" resolves to a SKU), thresholds as ready
-booleans, what the engine refused last turn, and the last few messages.
+booleans. The template is the system message, so it holds only what the
+funnel's author wrote and what the engine computed from validated state:
+customer and model text (recent messages, this message, the summary, the
+notices) reach the model in messages of their own (engine.budget), and the
+template variables ``messages``, ``customer_message``, ``summary`` and
+``notices`` are empty.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ from typing import Any
 
 from jinja2 import TemplateError, UndefinedError
 
+from .budget import bound_notices, compact, floor_tokens
 from .chat import Message
 from .errors import ConfigError
 from .expressions import compact_json, declared_view
 from .funnel import CompiledFunnel, CompiledStage
+from .state import defaults
 
 # Bookkeeping, not facts about the customer (the summary has its own `summary` slot).
 _HIDDEN = frozenset(
@@ -105,18 +112,22 @@ def build_context(
         iteration_limit_reached=bool(mi and iteration >= mi.limit),
         offer=mi.offer if mi and iteration >= mi.limit else None,
         state=view,
-        state_json=compact_json(compact_state(funnel, state, stage)),
+        state_json=compact_json(compact(compact_state(funnel, state, stage))),
         presented=presented,
         presented_skus=[p["sku"] for p in presented],
         catalog=funnel.catalog_view,
         currency=funnel.catalog.currency if funnel.catalog else "",
         thresholds=funnel.rules.thresholds(state),
-        messages=[{"role": m.role, "content": m.content} for m in messages],
-        summary=(state.get(spec.memory.summary) or "") if spec.memory.summary else "",
+        # The recent messages and this one reach the model as chat messages of their own
+        # roles; in the system message they would read as instructions.
+        messages=[],
+        # Customer- and model-derived text stays out of the system message: the engine
+        # sends the summary and the notices in a data message (engine.budget).
+        summary="",
         returning=returning,
         idle_for=_human(idle_seconds) if idle_seconds else "",
-        notices=list(engine_row.get("notices") or []),
-        customer_message=customer_message,
+        notices=[],
+        customer_message="",
         now=now,
         handoff={
             "reason": state.get(handoff.reason) if handoff and handoff.reason else None,
@@ -126,6 +137,44 @@ def build_context(
         turns=int(engine_row.get("turns") or 0),
     )
     return ctx
+
+
+def prompt_data(funnel: CompiledFunnel, state: Mapping[str, Any],
+                engine_row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """The summary and the notices, for the data message (never the system message)."""
+    field = funnel.spec.memory.summary
+    summary = str(state.get(field) or "") if field else ""
+    return summary, bound_notices(engine_row.get("notices") or [])
+
+
+def at_level(funnel: CompiledFunnel, stage: CompiledStage, state: Mapping[str, Any],
+             context: Mapping[str, Any], level: int) -> dict[str, Any]:
+    """``context`` with the state compacted to ``level`` (engine.budget.LEVELS): the
+    fields a template reads directly too, so that no loop over a field the customer
+    grows can outgrow the budget. The row keeps the full values."""
+    out = dict(context)
+    for name in funnel.spec.state:
+        if name in out:
+            out[name] = compact(out[name], level)
+    out["state"] = {k: compact(v, level) for k, v in context["state"].items()}
+    out["state_json"] = compact_json(compact(compact_state(funnel, state, stage), level))
+    return out
+
+
+def prompt_floor(funnel: CompiledFunnel, stage: CompiledStage) -> int:
+    """The smallest prompt of ``stage`` in estimated tokens: its template rendered for a
+    new session with the most compacted state, and an empty message. A
+    ``memory.prompt_budget`` under it can never be met (``funnel validate``, F204).
+
+    Raises:
+        ConfigError: the template fails to render.
+    """
+    state = defaults(funnel.spec)
+    row = {"stage_iteration": 0, "turns": 0, "notices": []}
+    context = build_context(funnel, stage, state, row, customer_message="", messages=[],
+                            returning=False, idle_seconds=None, now="2000-01-01T00:00:00+00:00")
+    return floor_tokens(lambda level: render(stage, at_level(funnel, stage, state, context,
+                                                              level)))
 
 
 def render(stage: CompiledStage, context: Mapping[str, Any]) -> str:

@@ -114,6 +114,9 @@ class MemorySettings:
     summary_budget: int = 200
     summarizer_model: str | None = None
     summary: str | None = None  # the state field that holds the rolling summary
+    # The reply to a message too long for the stage's prompt budget.
+    too_long_reply: str = ("Your message is too long for me to take in at once. Could you "
+                           "shorten it, or send it in a few parts?")
 
     def merged(self, override: dict[str, Any] | None) -> MemorySettings:
         if not override:

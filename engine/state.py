@@ -20,6 +20,7 @@ import jsonschema
 
 from .catalog import Catalog
 from .expressions import compile_condition_list
+from .sanitize import excerpt
 from .spec import FunnelSpec
 
 _PHONE_CHARS = re.compile(r"[\s\-().]")
@@ -72,23 +73,23 @@ def normalize_formats(value: Any, schema: Mapping[str, Any], path: str, notices:
     if isinstance(value, str) and fmt == "phone":
         phone = normalize_phone(value, schema.get("country_code"))
         if phone is None:
-            notices.append(f"'{value}' is not a valid phone number for {path}; it was not saved")
+            notices.append(f"{excerpt(value)} is not a valid phone number for {path}; it was not saved")
         return phone
     if isinstance(value, str) and fmt in ("date-time", "date"):
         try:
             parsed = datetime.fromisoformat(value.strip())
         except ValueError:
-            notices.append(f"'{value}' is not an ISO {fmt} for {path} (e.g. "
+            notices.append(f"{excerpt(value)} is not an ISO {fmt} for {path} (e.g. "
                            "2026-12-01T14:30:00+02:00); it was not saved")
             return None
         if fmt == "date-time" and parsed.tzinfo is None:
-            notices.append(f"'{value}' for {path} has no time zone; it was not saved")
+            notices.append(f"{excerpt(value)} for {path} has no time zone; it was not saved")
             return None
         return value.strip()
     if isinstance(value, str) and fmt == "email":
         email = value.strip().lower()
         if not _EMAIL.match(email):
-            notices.append(f"'{value}' is not a valid e-mail address for {path}; it was not saved")
+            notices.append(f"{excerpt(value)} is not a valid e-mail address for {path}; it was not saved")
             return None
         return email
     props = schema.get("properties")
@@ -135,9 +136,33 @@ class StateRules:
         self._all_rules = compile_condition_list([src for _, _, src in completeness]) \
             if completeness else None
         self.validators = {
-            name: jsonschema.Draft202012Validator(_nullable(f.schema, f.nullable))
+            name: jsonschema.Draft202012Validator(_storable(_nullable(f.schema, f.nullable),
+                                                            f.type))
             for name, f in spec.state.items()
         }
+
+    def invalid(self, name: str, value: Any) -> str | None:
+        """Why ``value`` cannot be stored in the field ``name`` (its declared schema and
+        its column), or None when it can."""
+        error = next(iter(self.validators[name].iter_errors(value)), None)
+        if error is None:
+            return None
+        where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in error.path)
+        # jsonschema quotes the whole value: a short excerpt is all the model needs.
+        message = error.message if len(error.message) <= 120 else \
+            f"{excerpt(error.instance)} breaks its `{error.validator}` rule"
+        return f"{name}{where}: {message}"
+
+    def guard(self, state: dict[str, Any], before: Mapping[str, Any], notices: list[str]
+              ) -> None:
+        """Put back every field an action or hook changed to a value its schema refuses,
+        so the state saved is always valid (a bad hook must not brick the session)."""
+        for name, value in list(state.items()):
+            if name in self.validators and value is not before.get(name):
+                problem = self.invalid(name, value)
+                if problem is not None:
+                    state[name] = before.get(name)
+                    notices.append(f"{problem}; the change was not saved")
 
     def apply_updates(
         self, state: dict[str, Any], updates: Mapping[str, Any], allowed: frozenset[str],
@@ -153,14 +178,13 @@ class StateRules:
         for name, patch in updates.items():
             field = self.spec.state.get(name)
             if field is None or name not in allowed:
-                notices.append(f"the field '{name}' cannot be updated at this stage")
+                notices.append(f"the field {excerpt(name)} cannot be updated at this stage")
                 continue
             patch = normalize_formats(patch, field.schema, name, notices)
             merged = merge_patch(state.get(name), patch) if field.type == "object" else patch
-            error = next(iter(self.validators[name].iter_errors(merged)), None)
-            if error is not None:
-                where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in error.path)
-                notices.append(f"{name}{where}: {error.message}; the update was not saved")
+            problem = self.invalid(name, merged)
+            if problem is not None:
+                notices.append(f"{problem}; the update was not saved")
                 continue
             if merged != state.get(name):
                 state[name] = merged
@@ -241,6 +265,13 @@ class StateRules:
             and total >= Decimal(str(cart.free_delivery_threshold)),
             "free_delivery_remaining": remaining(cart.free_delivery_threshold),
         }
+
+
+def _storable(schema: dict[str, Any], ftype: str) -> dict[str, Any]:
+    """The declared schema, plus what the column can hold (an integer column is int4)."""
+    if ftype == "integer":
+        return {"allOf": [schema, {"minimum": -(2**31), "maximum": 2**31 - 1}]}
+    return schema
 
 
 def _nullable(schema: dict[str, Any], nullable: bool) -> dict[str, Any]:

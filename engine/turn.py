@@ -31,20 +31,32 @@ from typing import Any
 
 from .actions import ActionOutcome, TurnScratch
 from .advance import Mover, Position, enter, handoff_payload, start_position
+from .budget import bound_notices, fit
 from .chat import Message
 from .customer import check_input
-from .errors import ConcurrentUpdate, FunnelError, PromptTooLarge, StoreUnavailable
+from .errors import (
+    ConcurrentUpdate,
+    ConfigError,
+    FunnelError,
+    MessageTooLong,
+    PromptTooLarge,
+    StoreUnavailable,
+)
 from .funnel import CompiledFunnel, load_funnel
 from .machine import Firing
-from .memory import RollingSummary, Summarizer, SummaryJob, fit_prompt
+from .memory import RollingSummary, Summarizer, SummaryJob
 from .models import Model, make_model
 from .notify import Notifier, dispatch, make_notifier
 from .output import Answer, ask
-from .prompts import build_context, render
+from .prompts import at_level, build_context, prompt_data, render
+from .sanitize import printable
 from .state import defaults, plain
 from .store import OutboxItem, SessionAccess, Store, TurnWrite, open_store
 
 log = logging.getLogger("funnel.engine")
+
+# The reply when not even the stage's fallback is at hand (the stage is unknown).
+TECHNICAL_REPLY = "Sorry, something went wrong on our side. Please send your message again."
 
 
 @dataclass
@@ -165,7 +177,12 @@ class Engine:
             try:
                 async with self.store.session(self.spec, session_id) as access:
                     turn = await self._load(access, inbound)
-                    result = await self._run(access, turn)
+                    try:
+                        result = await self._run(access, turn)
+                    except (ConcurrentUpdate, StoreUnavailable):
+                        raise
+                    except Exception as exc:  # every failure after the log ends in a reply
+                        result = await self._fail(access, turn, exc)
                 break
             except ConcurrentUpdate:
                 if attempt == 2:
@@ -216,12 +233,17 @@ class Engine:
 
     async def _load(self, access: SessionAccess, inbound: _Inbound) -> _Turn:
         """Log the message (once, however often the turn is retried) and read the row."""
-        spec, now = self.spec, self.clock()
         if inbound.message_id is None:
             message_id, row, recent = await access.load(3 * self._window, text=inbound.text)
             inbound.message_id = message_id
         else:
             _, row, recent = await access.load(3 * self._window, current_id=inbound.message_id)
+        return self._start(inbound, self.clock(), row, recent)
+
+    def _start(self, inbound: _Inbound, now: datetime, row: dict[str, Any] | None,
+               recent: list[Message]) -> _Turn:
+        """The turn in flight, from the row as read (a new session gets the defaults)."""
+        spec = self.spec
         if row is None:
             state, pos = defaults(spec), start_position(spec.initial, now)
             expected, last_seen = 0, None
@@ -276,11 +298,15 @@ class Engine:
                                 customer_message=turn.text, messages=history,
                                 returning=turn.mover.returning, idle_seconds=turn.idle,
                                 now=turn.now.isoformat())
+        summary, notices = prompt_data(self.funnel, turn.state, turn.pos)
         try:
-            fitted = fit_prompt(stage.spec.name,
-                                lambda summary: render(stage, {**context, "summary": summary}),
-                                context["summary"], history, turn.text,
-                                stage.spec.memory.prompt_budget)
+            fitted = fit(stage.spec.name, lambda level: render(
+                stage, at_level(self.funnel, stage, turn.state, context, level)),
+                summary, notices, history, turn.text, stage.spec.memory.prompt_budget)
+        except MessageTooLong as exc:
+            # Not the model's fault nor the session's: ask the customer to shorten it.
+            return Answer({"reply": stage.spec.memory.too_long_reply}, [], fallback=True,
+                          error=f"the message is too long for the stage: {exc}")
         except PromptTooLarge as exc:
             # The customer still gets an answer; the turn record keeps the sizes.
             return Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
@@ -296,8 +322,10 @@ class Engine:
             stage = funnel.stage(turn.pos["stage"])
             turn.updated = funnel.rules.apply_updates(state, env.get("updates") or {},
                                                       stage.allowed_updates, scratch.notices)
+            before = dict(state)
             turn.outcomes = [funnel.actions.run(call, state, scratch)
                              for call in env.get("actions") or []]
+            funnel.rules.guard(state, before, scratch.notices)
             lang = env.get("language")
             if isinstance(lang, str):
                 for name in (spec.language_detected, spec.language_response):
@@ -320,8 +348,10 @@ class Engine:
                 key=f"{spec.name}:{turn.session_id}:handoff", kind="handoff",
                 payload=handoff_payload(self.funnel, turn.session_id, state, turn.channel)))
         notices = turn.mover.scratch.notices
-        # A fallback turn applied nothing, so last turn's notices still stand.
-        pos["notices"] = list(pos["notices"] or []) + notices if answer.fallback else notices
+        # Notices are cleared once the model was shown them; a turn that never reached the
+        # model keeps them (bounded: they can never crowd the model out of the prompt).
+        pos["notices"] = bound_notices(
+            [*(pos["notices"] or []), *notices] if not answer.completions else notices)
         transitions = [{"from": f.source, "to": f.dest, "trigger": f.trigger,
                         "when": f.spec.when if f.spec else None} for f in turn.firings]
         reply = str(answer.envelope["reply"])
@@ -340,6 +370,30 @@ class Engine:
             fallback=answer.fallback, prompt_tokens=record["prompt_tokens"],
             completion_tokens=record["completion_tokens"], handoff=handoff,
             returning=turn.mover.returning, error=answer.error, backlog=turn.backlog)
+
+    async def _fail(self, access: SessionAccess, turn: _Turn, exc: Exception) -> TurnResult:
+        """A turn that failed after its message was logged still ends well: the stage's
+        fallback (or a technical reply when the stage is unknown), the state as it was
+        read, and a turn record naming the error. A failure that is not a
+        :class:`FunnelError` is a bug: logged with its traceback, and the record says so.
+        """
+        bug = not isinstance(exc, FunnelError)
+        if bug:
+            log.exception("session %r: the turn failed (a bug); answering with the fallback",
+                          turn.session_id)
+        else:
+            log.warning("session %r: the turn failed (%s); answering with the fallback",
+                        turn.session_id, exc)
+        fresh = self._start(turn.inbound, turn.now, turn.row, turn.recent)
+        try:
+            reply = self.funnel.stage(fresh.pos["stage"]).spec.fallback
+        except ConfigError:  # a stage neither declared nor mapped under removed_stages
+            reply = TECHNICAL_REPLY
+        error = f"{'bug: ' if bug else ''}the turn failed: {type(exc).__name__}: {exc}"
+        fresh.pos["turns"] += 1
+        fresh.handoff_before = self._handoff_time(fresh.state)  # nothing new to hand off
+        return await self._record(access, fresh, Answer({"reply": reply}, [], fallback=True,
+                                                        error=error))
 
     def _handoff_time(self, state: Mapping[str, Any]) -> Any:
         h = self.spec.handoff
@@ -411,5 +465,5 @@ def _turn_record(turn: _Turn, answer: Answer, transitions: list[dict[str, Any]],
         "prompt_tokens": sum(c.prompt_tokens for c in answer.completions),
         "completion_tokens": sum(c.completion_tokens for c in answer.completions),
         "cost": sum(costs) if costs else None,
-        "model": model, "error": answer.error,
+        "model": model, "error": printable(answer.error, 2000) if answer.error else None,
     }

@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+from engine.funnel import load_funnel
+from engine.invariants import check_funnel
+
 WORKER = Path(__file__).with_name("_concurrency_worker.py")
 
 
@@ -55,6 +58,7 @@ async def test_two_processes_two_messages_per_session(db_url: str, sql: Any) -> 
     counts = sql("SELECT role, COUNT(*) FROM funnel_messages GROUP BY role ORDER BY role")
     assert counts == [("assistant", 2 * n), ("user", 2 * n)]
     assert sql("SELECT COUNT(*) FROM funnel_turns") == [(2 * n,)]
+    await _invariants_hold(db_url)
 
 
 @pytest.mark.slow
@@ -68,3 +72,10 @@ async def test_duplicate_handoff_triggers_deliver_once(db_url: str, sql: Any) ->
     assert sql("SELECT COUNT(*), COUNT(delivered_at) FROM funnel_outbox") == [(1, 1)]
     assert sql("SELECT handoff_reason, turns FROM puramur_sessions_state") == [
         ("explicit_request", 50)]
+    await _invariants_hold(db_url)
+
+
+async def _invariants_hold(db_url: str) -> None:
+    funnel = load_funnel(Path(__file__).parent.parent / "funnels" / "puramur.yaml")
+    found = await check_funnel(funnel, db_url)
+    assert [str(v) for v in found if v.severity == "error"] == []

@@ -115,10 +115,13 @@ class RecordingModel:
         return [r for r in self.requests if r.session_id == session_id and r.attempt == 0]
 
     def prompt(self, session_id: str, turn: int) -> str:
-        """The system prompt of the session's N-th turn (1-based)."""
+        """The system prompt of the session's N-th turn (1-based), and the data message
+        (notices, summary) after it when there is one."""
         [request] = [r for r in self.first_calls(session_id) if r.turn == turn]
         assert request.messages[0]["role"] == "system"
-        return request.messages[0]["content"]
+        data = request.messages[1]["content"] if len(request.messages) > 2 else ""
+        return request.messages[0]["content"] + ("\n" + data if data.startswith("<data>")
+                                                 else "")
 
 
 @dataclasses.dataclass
@@ -482,7 +485,8 @@ async def test_an_unknown_sku_is_refused_and_the_model_is_told(make: Factory, sq
 
     assert "PR000000" not in h.model.prompt("s1", 4)
     told = h.model.prompt("s1", 5)
-    assert f"Last turn the shop refused: add_to_cart refused: {outcome.reason}" in told
+    assert f"<data>\nNotes from the shop (it refused these last turn):\n- add_to_cart " \
+        f"refused: {outcome.reason}" in told
     assert "PR000000" not in h.model.prompt("s1", 6)  # told once
     assert sql("SELECT actions, refused FROM funnel_turns ORDER BY id")[3] == (
         [], [{"type": "add_to_cart", "reason": outcome.reason}])
@@ -531,9 +535,9 @@ async def test_removing_a_sku_not_in_the_cart_is_refused(make: Factory) -> None:
     *_, result, _ = await h.say("s1", "Hi", "Sphynx", "The shampoo", "Drop the lotion", "Ok")
     [outcome] = result.actions
     assert (outcome.type, outcome.accepted) == ("remove_from_cart", False)
-    assert outcome.reason == "PR251020 is not in the cart"
+    assert outcome.reason == "'PR251020' is not in the cart"
     assert [x["sku"] for x in (await h.state("s1"))["cart"]] == ["PR251010"]
-    assert "remove_from_cart refused: PR251020 is not in the cart" in h.model.prompt("s1", 5)
+    assert "remove_from_cart refused: 'PR251020' is not in the cart" in h.model.prompt("s1", 5)
 
 
 async def test_the_gift_cannot_be_added_by_the_model(make: Factory) -> None:
@@ -933,13 +937,15 @@ async def test_the_longest_allowed_session_id_is_accepted(make: Factory, sql: An
     assert sql(f"SELECT length(session_id) FROM {TABLE}") == [(200,)]
 
 
-async def test_a_message_over_the_prompt_budget_gets_the_fallback(make: Factory,
-                                                                 sql: Any) -> None:
+async def test_a_message_over_the_prompt_budget_is_asked_to_be_shortened(make: Factory,
+                                                                        sql: Any) -> None:
     # 8000 characters are allowed, but do not fit puramur's 1000-token prompt budget:
-    # the customer still gets an answer, and the turn record names the stage and sizes.
+    # the customer is asked to shorten it (memory.too_long_reply), and the turn record
+    # names the stage and sizes.
     h = await make({"default": OK})
     result = await h.engine.handle("s1", "y" * 8000)
-    assert result.fallback and result.reply == h.engine.funnel.stage("greeting").spec.fallback
+    assert result.fallback and result.reply == h.engine.spec.memory.too_long_reply
+    assert "shorten" in result.reply and h.model.requests == []
     assert "stage 'greeting'" in (result.error or "") and "budget of 1000" in (result.error or "")
     assert sql("SELECT length(content) FROM funnel_messages WHERE role = 'user'") == [(8000,)]
     assert sql("SELECT fallback, error LIKE '%budget%' FROM funnel_turns") == [(True, True)]

@@ -22,6 +22,7 @@ import pytest
 from engine import Engine, ScriptedModel
 from engine.errors import StoreUnavailable
 from engine.funnel import CompiledFunnel
+from engine.invariants import check_funnel
 from engine.store import ddl, open_store
 
 TABLE = "puramur_sessions_state"
@@ -224,7 +225,7 @@ async def test_database_down_when_the_engine_opens(proxy: Proxy, puramur: Compil
 
 @pytest.mark.usefixtures("tables")
 async def test_database_down_for_a_while_then_back(proxy: Proxy, puramur: CompiledFunnel,
-                                                   sql: Any) -> None:
+                                                   sql: Any, db_url: str) -> None:
     async with engine_on(proxy, puramur, {"default": HELLO}) as engine:
         await engine.handle("warm", "Hi")
         proxy.down()
@@ -239,13 +240,14 @@ async def test_database_down_for_a_while_then_back(proxy: Proxy, puramur: Compil
         result = await engine.handle("back", "Hi")
         assert result.reply == HELLO["reply"]
     assert sql(f"SELECT session_id FROM {TABLE} ORDER BY 1") == [("back",), ("warm",)]
+    assert [str(v) for v in await check_funnel(puramur, db_url) if v.severity == "error"] == []
 
 
 # -- the database restarts between two turns ---------------------------------------------
 @pytest.mark.usefixtures("tables")
 @pytest.mark.parametrize("pause", [0.0, 2.5], ids=["at-once", "after-the-trust-window"])
 async def test_database_restart_between_two_turns(proxy: Proxy, puramur: CompiledFunnel,
-                                                  sql: Any, pause: float) -> None:
+                                                  sql: Any, pause: float, db_url: str) -> None:
     """Pooled connections that a restart broke are replaced: the next turn, or at the latest
     the one after it, succeeds. A connection idle for more than 2 s is checked before use
     (``_Health``), so after a pause even the first turn succeeds."""
@@ -279,6 +281,7 @@ async def test_database_restart_between_two_turns(proxy: Proxy, puramur: Compile
                                     "WHERE session_id = 'r1'")
     assert breed == "Sphynx" and turns == version == 3
     assert sql(f"SELECT COUNT(*) FROM {ddl.TURNS} WHERE session_id = 'r1'") == [(3,)]
+    assert [str(v) for v in await check_funnel(puramur, db_url) if v.severity == "error"] == []
 
 
 # -- the model fails ---------------------------------------------------------------------
@@ -307,5 +310,7 @@ async def test_a_failed_model_call_gets_the_fallback(db_url: str, puramur: Compi
         state = await engine.state("m1")
         assert state is not None and state["pet"]["breed"] == "Sphynx" and state["turns"] == 3
         assert sql(f"SELECT error FROM {ddl.TURNS} ORDER BY id")[2] == (None,)
+        found = await check_funnel(puramur, db_url)
+        assert [str(v) for v in found if v.severity == "error"] == []
     finally:
         await engine.close()

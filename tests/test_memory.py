@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 
 from engine import Engine, ModelRequest, ScriptedModel
-from engine.chat import Message, estimate_tokens
-from engine.errors import PromptTooLarge
-from engine.memory import ExtractiveSummarizer, fit_prompt
+from engine.budget import Cut, fit
+from engine.chat import Message
+from engine.errors import MessageTooLong, PromptTooLarge
+from engine.memory import ExtractiveSummarizer
 from engine.models import Completion
+from engine.prompts import prompt_floor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +59,8 @@ async def test_window_is_the_last_n_messages_in_order(puramur: Any, db_url: str)
     finally:
         await engine.close()
     last = model.requests[-1].messages
-    history = last[1:-1]
+    assert last[1]["content"].startswith("<data>")  # the summary, as data
+    history = last[2:-1]
     assert len(history) == window
     # The last `window` messages before "message 7", oldest first, alternating roles.
     expected_users = [f"message {i}" for i in range(7 - window // 2, 7)]
@@ -81,11 +84,15 @@ async def test_summary_folds_messages_that_leave_the_window(puramur: Any, db_url
         await engine.handle("sum", "and one more thing")
     finally:
         await engine.close()
-    system = model.requests[-1].messages[0]["content"]
-    assert "Earlier in this conversation:" in system
-    assert "my cat detail number 0" in system
+    messages = model.requests[-1].messages
+    # Customer-derived text never enters the system message: the summary travels in the
+    # delimited data message that follows it.
+    assert "my cat detail number 0" not in messages[0]["content"]
+    assert "<data>" in messages[0]["content"]  # the rule that explains the data block
+    assert messages[1]["role"] == "user" and messages[1]["content"].startswith("<data>")
+    assert "my cat detail number 0" in messages[1]["content"]
     # The message window still carries only recent messages.
-    assert all("number 0" not in m["content"] for m in model.requests[-1].messages[1:])
+    assert all("number 0" not in m["content"] for m in messages[2:])
 
 
 class Broken:
@@ -131,25 +138,37 @@ async def test_sessions_never_see_each_others_messages(puramur: Any, db_url: str
         assert other not in text.lower(), request.session_id
 
 
-def test_budget_trims_old_messages_then_the_summary() -> None:
+def test_budget_cuts_the_window_then_the_summary_then_the_notices_then_the_state() -> None:
     history = [Message("user", "x" * 400), Message("assistant", "y" * 400)]
 
-    def render(summary: str) -> str:
-        return "RULES " + summary
+    def render(level: int) -> str:
+        return "RULES " + "s" * (200 // (level + 1))
 
-    full = fit_prompt("s", render, "S" * 400, history, "hi", None)
-    assert full.dropped_messages == 0
-    budget = full.tokens - 50
-    fitted = fit_prompt("s", render, "S" * 400, history, "hi", budget)
-    assert fitted.dropped_messages == 1 and not fitted.dropped_summary
-    assert fitted.messages[1]["content"] == "y" * 400  # the oldest went first
-    tight = estimate_tokens([{"content": "RULES "}, {"content": "hi"}])
-    fitted = fit_prompt("s", render, "S" * 400, history, "hi", tight)
-    assert fitted.dropped_messages == 2 and fitted.dropped_summary
-    assert fitted.messages[0]["content"] == "RULES "  # the instructions are never dropped
+    def fitted_for(budget: int | None) -> Any:
+        return fit("s", render, "S" * 400, ["N" * 100], history, "hi", budget)
+
+    full = fitted_for(None)
+    assert full.dropped_messages == 0 and full.cut == Cut(0, True, True, 2)
+    assert fitted_for(full.tokens - 50).cut == Cut(0, True, True, 1)
+    assert fitted_for(full.tokens - 50).messages[2]["content"] == "y" * 400  # oldest first
+    no_window = fitted_for(full.tokens - 200).cut
+    assert no_window == Cut(0, True, True, 0)
+    assert fitted_for(full.tokens - 300).cut == Cut(0, True, False, 0)  # then the summary
+    assert fitted_for(full.tokens - 400).cut == Cut(0, False, False, 0)  # then the notices
+    smallest = fitted_for(30)
+    assert smallest.cut.level == 2 and smallest.messages[0]["content"] == render(2)
+    with pytest.raises(MessageTooLong):  # only the message is too long: ask to shorten
+        fit("discovery", render, "", [], [], "hi " * 500, 60)
     with pytest.raises(PromptTooLarge) as info:
-        fit_prompt("discovery", render, "", [], "hi", 3)
+        fit("discovery", render, "", [], [], "hi", 3)
     assert "discovery" in str(info.value) and "budget of 3" in str(info.value)
+    assert not isinstance(info.value, MessageTooLong)
+
+
+def test_the_floor_of_every_shipped_stage_fits_its_budget(puramur: Any) -> None:
+    for stage in puramur.stages.values():
+        floor = prompt_floor(puramur, stage)
+        assert 100 < floor <= (stage.spec.memory.prompt_budget or floor), stage.spec.name
 
 
 def test_validate_warns_when_a_template_alone_exceeds_its_budget(tmp_path: Path) -> None:

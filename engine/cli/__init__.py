@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--history", action="store_true", help="add the last messages")
     db_opts(st)
 
+    cs = sub.add_parser("check-state", help="check the invariants of every session: valid "
+                        "rows, replies paired with turn records, bounded notices")
+    cs.add_argument("funnel", metavar="FUNNEL")
+    cs.add_argument("--format", choices=["text", "json"], default="text")
+    db_opts(cs)
+
     d = sub.add_parser("demo", help="play a scripted Puramur conversation, offline")
     db_opts(d)
 
@@ -143,4 +149,5 @@ _COMMANDS = {
     "test": ("scenario", "cmd_test"),
     "serve": ("serve", "cmd_serve"),
     "report": ("report", "cmd_report"),
+    "check-state": ("check", "cmd_check_state"),
 }

@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +22,30 @@ DEMO_FUNNEL = Path(__file__).resolve().parent.parent.parent / "funnels" / "puram
 DEMO_SCRIPT = DEMO_FUNNEL.parent / "puramur" / "demo.yaml"
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    """Talk to a funnel; without a terminal, one message a line on stdin, one reply a line.
 
+    A line the engine refuses (a NUL, too long) is reported on stderr and the next
+    line is read; a line that is not UTF-8 is decoded with replacement characters,
+    with a warning. Exit code 1 when any line was refused.
+    """
     funnel = load_funnel(args.funnel)
     model = args.model or funnel.spec.model.name
     session = args.session or f"chat-{uuid.uuid4().hex[:12]}"
     interactive = sys.stdin.isatty()
+    refused = 0
     with SyncEngine(funnel, db=args.db, model=model, api_base=args.api_base) as engine:
         if interactive:
             print(f"funnel {funnel.name} v{funnel.spec.version}, session {session}. "
                   "Ctrl-D to quit.")
-        while True:
-            try:
-                line = input("you> " if interactive else "")
-            except EOFError:
-                break
+        for number, line in enumerate(_lines(interactive), start=1):
             if not line.strip():
                 continue
-            result = engine.handle(session, line, channel="cli")
+            try:
+                result = engine.handle(session, line, channel="cli")
+            except InvalidInput as exc:
+                refused += 1
+                print(f"funnel: line {number} refused: {exc}", file=sys.stderr)
+                continue
             if interactive:
                 print(f"bot> {result.reply}")
                 _describe(result)
@@ -45,7 +53,26 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 print(result.reply.replace("\n", " "), flush=True)
                 if result.fallback:  # stdout stays one reply per line; say why on stderr
                     print(f"funnel: warning: fallback reply ({result.error})", file=sys.stderr)
-    return 0
+    return 1 if refused else 0
+
+
+def _lines(interactive: bool) -> Iterator[str]:
+    """The customer's lines: ``input()`` on a terminal, else stdin's bytes decoded line by
+    line (a line that is not UTF-8 is decoded with replacement, with a warning)."""
+    if interactive:
+        while True:
+            try:
+                yield input("you> ")
+            except EOFError:
+                return
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            print(f"funnel: warning: line {number} is not UTF-8 ({exc.reason} at byte "
+                  f"{exc.start}); undecodable bytes were replaced with U+FFFD", file=sys.stderr)
+            text = raw.decode("utf-8", "replace")
+        yield text.rstrip("\r\n")
 
 
 def _describe(result: Any) -> None:

@@ -70,7 +70,10 @@ class ScenarioModel:
 
     async def complete(self, request: ModelRequest) -> Completion:
         if request.attempt == 0 and request.messages:
-            self.prompt = request.messages[0]["content"]
+            # The system message, and the data message after it (summary, notices).
+            data = request.messages[1]["content"] if len(request.messages) > 2 else ""
+            self.prompt = request.messages[0]["content"] + (
+                "\n" + data if data.startswith("<data>") else "")
         if self.script is None:
             raise ModelError("the scenario gives no `llm` output for this turn")
         return await self.script.complete(request)

@@ -8,7 +8,6 @@ own commit before anything else can fail.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..customer import MAX_MESSAGE_CHARS, MAX_SESSION_ID
+from ..sanitize import Rejected, loads_bounded
 
 # A JSON body of MAX_MESSAGE_CHARS characters, each escaped as \uXXXX, plus room.
 MAX_BODY_BYTES = MAX_MESSAGE_CHARS * 6 + 1024
@@ -60,9 +60,11 @@ async def read_json(request: Request, max_bytes: int = MAX_BODY_BYTES) -> Any:
         if len(body) > max_bytes:
             raise RequestRefused(413, "too_large", f"the body is over {max_bytes} bytes")
     try:
-        return json.loads(bytes(body))
-    except (ValueError, UnicodeDecodeError):
-        raise RequestRefused(400, "bad_request", "the body must be JSON") from None
+        # Strict and bounded (engine.sanitize): depth checked before parsing, no lone
+        # surrogates, no NaN; a refusal says why.
+        return loads_bounded(bytes(body), max_values=100_000, clean=False)
+    except Rejected as exc:
+        raise RequestRefused(400, "bad_request", f"the body must be JSON: {exc}") from None
 
 
 def message_text(body: Any) -> str:
