@@ -28,7 +28,7 @@ import jsonschema
 import psycopg
 import pytest
 import yaml
-from conftest import PURAMUR, ROOT, fresh_schema, sql_runner
+from conftest import PURAMUR, ROOT, sql_runner, temporary_schema
 from fake_openai import FakeOpenAI
 from hostile_corpus import CUSTOMER_INPUTS, MODEL_OUTPUTS, env
 from psycopg.rows import dict_row
@@ -49,7 +49,7 @@ NOT_CALLED = {"too-long-for-budget", "max-length"}  # asked to shorten: no model
 
 @pytest.fixture(scope="module")
 def url(server_dsn: str) -> Iterator[str]:
-    with fresh_schema(server_dsn, "hostile") as u:
+    with temporary_schema(server_dsn, "hostile") as u:
         yield u
 
 
