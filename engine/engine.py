@@ -35,7 +35,7 @@ from .notify import Notifier, dispatch, make_notifier
 from .output import Answer, ask
 from .prompts import build_context, full_view, render
 from .state import defaults, plain
-from .store import OutboxItem, SessionAccess, Store, TurnWrite, open_store
+from .store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
 
 log = logging.getLogger("funnel.engine")
 
@@ -149,30 +149,42 @@ class Engine:
         return await dispatch(self.store, {self.spec.name: self.notifier},
                               funnel=self.spec.name, session_id=session_id)
 
-    async def handle(self, session_id: str, text: str, *, channel: str = "api") -> TurnResult:
+    async def handle(self, session_id: str, text: str, *, channel: str = "api",
+                     key: str | None = None, reply_to: Mapping[str, Any] | None = None,
+                     message_id: int | None = None) -> TurnResult:
         """Run one turn for a customer message and return what to answer.
+
+        ``key`` is the message's delivery key (unique per funnel and channel): a
+        second delivery with it runs no turn. ``reply_to``, when given, makes the
+        reply an outbox row (kind ``reply``: these fields and ``text``) saved with
+        the turn, for a channel that delivers it (Telegram). ``message_id`` runs the
+        turn of a message logged before (accepted, not yet answered).
 
         Raises:
             FunnelError: a bad session id or message (nothing is written).
             StoreUnavailable: the database is down (the message is logged if it got that far).
+            DuplicateDelivery: ``key`` was received before (nothing is written).
         """
         _check_input(session_id, text)
         started = time.perf_counter()
-        logged: list[int] = []  # the message id, once the message is durable
+        # the message id, once the message is durable
+        logged: list[int] = [message_id] if message_id else []
+        inbound = Inbound(channel, key) if key else None
         job: list[SummaryJob] = []  # a summary to fold after the reply, if the turn plans one
         for attempt in range(3):
             try:
                 async with self.store.session(self.spec, session_id) as access:
                     job.clear()
                     result = await self._turn(access, session_id, text, logged, job, channel,
-                                              started)
+                                              started, inbound, reply_to)
                 break
             except ConcurrentUpdate:
                 if attempt == 2:
                     raise
             except StoreUnavailable:
-                if not logged:
-                    # No turn connection to be had: still try to keep the message.
+                if not logged and inbound is None:
+                    # No turn connection to be had: still try to keep the message (one
+                    # with a delivery key comes again with it, and is logged then).
                     with contextlib.suppress(StoreUnavailable):
                         await self.store.log_message(self.spec, session_id, "user", text)
                 raise
@@ -206,13 +218,17 @@ class Engine:
 
     # -- the turn ----------------------------------------------------------------------
     async def _turn(self, access: SessionAccess, session_id: str, text: str, logged: list[int],
-                    job: list[SummaryJob], channel: str, started: float) -> TurnResult:
+                    job: list[SummaryJob], channel: str, started: float,
+                    inbound: Inbound | None = None, reply_to: Mapping[str, Any] | None = None
+                    ) -> TurnResult:
         spec, funnel = self.spec, self.funnel
         now = self.clock()
         if logged:
-            _, row, recent = await access.load(3 * self._window, current_id=logged[0])
+            _, row, recent = await access.load(3 * self._window, current_id=logged[0],
+                                               inbound=inbound)
         else:
-            message_id, row, recent = await access.load(3 * self._window, text=text)
+            message_id, row, recent = await access.load(3 * self._window, text=text,
+                                                        inbound=inbound)
             logged.append(message_id)
         if row is None:
             state = defaults(spec)
@@ -325,6 +341,10 @@ class Engine:
             outbox.append(OutboxItem(
                 key=f"{spec.name}:{session_id}:handoff", kind="handoff",
                 payload=self._handoff_payload(session_id, state, channel)))
+        reply = str(answer.envelope["reply"])
+        if reply_to is not None:  # delivered by the outbox, after the save, with retries
+            outbox.insert(0, OutboxItem(key=f"{spec.name}:{session_id}:reply:{logged[0]}",
+                                        kind="reply", payload={**reply_to, "text": reply}))
         # A fallback turn applied nothing, so last turn's notices still stand.
         eng["notices"] = (list(eng.get("notices") or []) + scratch.notices) if answer.fallback \
             else scratch.notices
@@ -333,7 +353,6 @@ class Engine:
         costs = [c.cost for c in answer.completions if c.cost is not None]
         transitions = [{"from": f.source, "to": f.dest, "trigger": f.trigger,
                         "when": f.spec.when if f.spec else None} for f in firings]
-        reply = str(answer.envelope["reply"])
         values = {**state, **eng, "funnel_version": spec.version}
         write = TurnWrite(
             session_id=session_id, values=values, expected_version=expected, reply=reply,

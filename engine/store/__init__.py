@@ -15,7 +15,19 @@ from typing import Any, Protocol
 from ..prompts import Message
 from ..spec import FunnelSpec
 
-__all__ = ["Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite", "open_store"]
+__all__ = ["Inbound", "Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite",
+           "open_store"]
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A customer message's delivery key, unique per funnel and channel (a Telegram bot and
+    ``update_id``, an HTTP ``Idempotency-Key``): recorded with the message, it makes a
+    second delivery replay the first one's answer instead of running another turn
+    (engine.store.idempotency)."""
+
+    channel: str
+    key: str
 
 
 @dataclass
@@ -43,15 +55,24 @@ class TurnWrite:
     summary: str | None = None
     summary_upto: int | None = None
     holder: str | None = None  # the turn's lease on the session, released by the save
+    # The delivery key of the turn's message and the message's id: the save stores the
+    # turn's answer under the key (set by the session handle, like ``holder``).
+    inbound: Inbound | None = None
+    message_id: int = 0
 
 
 class SessionAccess(Protocol):
     """What :meth:`Store.session` yields."""
 
-    async def load(self, window: int, *, text: str | None = None, current_id: int = 0
+    async def load(self, window: int, *, text: str | None = None, current_id: int = 0,
+                   inbound: Inbound | None = None
                    ) -> tuple[int, dict[str, Any] | None, list[Message]]:
         """Log ``text`` (if given), take the lease, read the row and the last ``window``
-        messages: (message id, the row as JSON-friendly values or None, messages)."""
+        messages: (message id, the row as JSON-friendly values or None, messages).
+
+        Raises:
+            DuplicateDelivery: ``inbound``'s key was recorded before: nothing was logged.
+        """
 
     async def save(self, write: TurnWrite) -> int: ...
 
@@ -92,11 +113,21 @@ class Store(Protocol):
         processes and machines."""
 
     async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
-                           limit: int = 50) -> list[dict[str, Any]]:
-        """Undelivered outbox rows that are due."""
+                           limit: int = 50, kinds: list[str] | None = None
+                           ) -> list[dict[str, Any]]:
+        """Undelivered outbox rows that are due (of ``kinds``, when given); a session's
+        ``reply`` rows one at a time, in order."""
 
-    async def finish_outbox(self, item_id: int, error: str | None) -> None:
-        """Mark an outbox row delivered, or failed with a retry time."""
+    async def finish_outbox(self, item_id: int, error: str | None, *,
+                            retry_in: float | None = None, give_up: bool = False) -> None:
+        """Mark an outbox row delivered, or failed with a retry time (``retry_in`` s, else
+        a backoff), or given up on (``give_up``: never retried)."""
+
+    async def outbox_target_done(self, item_id: int, target: str) -> None:
+        """Record that ``target`` of an outbox row took it: it is not sent again."""
+
+    async def outbox_backlog(self) -> dict[str, tuple[int, float]]:
+        """Per funnel: undelivered rows still to try, and the oldest's overdue age (s)."""
 
     async def history(self, funnel: FunnelSpec, session_id: str, limit: int
                       ) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from ..errors import SchemaOutdated, StoreUnavailable
 from ..prompts import Message
 from ..spec import FunnelSpec
 from . import TurnWrite, ddl
+from .heartbeat import Heartbeat
 from .session import SessionHandle, save_turn_on
 from .statements import RECENT, Statements
 
@@ -146,11 +147,14 @@ class _Turn:
                 "running in this process; try again") from None
         key = f"{self.funnel.name}/{self.session_id}"
         self.handle = SessionHandle(store.table(self.funnel), store._conn, self.session_id,
-                                    wait=store.turn_wait, holder=store._orphans.pop(key, None))
+                                    wait=store.turn_wait, holder=store._orphans.pop(key, None),
+                                    renew=store.heartbeat.hold)
         return self.handle
 
     async def __aexit__(self, *exc: object) -> None:
         handle, store = self.handle, self.store
+        if handle is not None:
+            store.heartbeat.drop(handle.holder)
         try:
             if handle is not None and handle.locked and not await handle.release():
                 store._orphans[handle.key] = handle.holder
@@ -173,6 +177,7 @@ class PostgresStore:
         self.turn_wait = timeout * 24
         self.health = health or _Health()
         self._tables: dict[str, Statements] = {}
+        self.heartbeat = Heartbeat(self._conn)
 
     @classmethod
     async def open(cls, url: str, *, max_connections: int = 10, max_turns: int = 500,
@@ -206,6 +211,7 @@ class PostgresStore:
         return store
 
     async def close(self) -> None:
+        await self.heartbeat.close()
         await self.pool.close()
 
     def _conn(self) -> _Checkout:
@@ -302,33 +308,33 @@ class PostgresStore:
 
     # -- outbox ------------------------------------------------------------------------
     async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
-                           limit: int = 50) -> list[dict[str, Any]]:
-        # Claiming pushes next_attempt_at forward, so two dispatchers never send
-        # the same row at once; a crashed dispatcher's claim expires by itself.
-        q = sql.SQL(
-            "UPDATE {o} SET attempts = attempts + 1, next_attempt_at = NOW() + INTERVAL '60 s' "
-            "WHERE id IN (SELECT id FROM {o} WHERE delivered_at IS NULL "
-            "AND next_attempt_at <= NOW() AND (%(f)s::text IS NULL OR funnel = %(f)s) "
-            "AND (%(s)s::text IS NULL OR session_id = %(s)s) ORDER BY id LIMIT %(n)s "
-            "FOR UPDATE SKIP LOCKED) RETURNING id, idempotency_key, funnel, session_id, kind, "
-            "payload, attempts"
-        ).format(o=sql.Identifier(ddl.OUTBOX))
-        async with self._conn() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(q, {"f": funnel, "s": session_id, "n": limit})
-            return await cur.fetchall()
+                           limit: int = 50, kinds: list[str] | None = None
+                           ) -> list[dict[str, Any]]:
+        from . import outbox
 
-    async def finish_outbox(self, item_id: int, error: str | None) -> None:
-        o = sql.Identifier(ddl.OUTBOX)
         async with self._conn() as conn:
-            if error is None:
-                await conn.execute(sql.SQL("UPDATE {} SET delivered_at = NOW(), last_error = NULL "
-                                           "WHERE id = %s").format(o), (item_id,))
-            else:
-                await conn.execute(sql.SQL(
-                    "UPDATE {} SET last_error = %s, next_attempt_at = NOW() + "
-                    "LEAST(3600, 5 * POWER(2, attempts)) * INTERVAL '1 s' WHERE id = %s"
-                ).format(o), (error[:1000], item_id))
+            return await outbox.claim(conn, funnel, session_id, kinds, limit)
+
+    async def finish_outbox(self, item_id: int, error: str | None, *,
+                            retry_in: float | None = None, give_up: bool = False) -> None:
+        from . import outbox
+
+        async with self._conn() as conn:
+            await outbox.finish(conn, item_id, error, retry_in=retry_in, give_up=give_up)
+
+    async def outbox_target_done(self, item_id: int, target: str) -> None:
+        """Record that one target of an outbox row (a webhook, a hook) took it."""
+        from . import outbox
+
+        async with self._conn() as conn:
+            await conn.execute(outbox.TARGET_DONE, {"id": item_id, "t": target})
+
+    async def outbox_backlog(self) -> dict[str, tuple[int, float]]:
+        """Per funnel: undelivered outbox rows still to try, and the oldest's overdue age."""
+        from . import outbox
+
+        async with self._conn() as conn:
+            return await outbox.backlog(conn)
 
     async def purge(self, funnel: FunnelSpec, older_than: float, *, anonymize: bool = False,
                     batch: int = 1000) -> dict[str, int]:
