@@ -66,6 +66,8 @@ class TurnResult:
     returning: bool = False
     error: str | None = None
     backlog: int = 0  # messages that left the window and wait for the summary (at least)
+    message_id: int = 0  # the customer's message in the log: the turn's id in the API
+    model_seconds: float = 0.0  # time in model calls (first call, repair)
 
 
 class Engine:
@@ -151,14 +153,17 @@ class Engine:
 
     async def handle(self, session_id: str, text: str, *, channel: str = "api",
                      key: str | None = None, reply_to: Mapping[str, Any] | None = None,
-                     message_id: int | None = None) -> TurnResult:
+                     message_id: int | None = None, facts: Mapping[str, Any] | None = None
+                     ) -> TurnResult:
         """Run one turn for a customer message and return what to answer.
 
         ``key`` is the message's delivery key (unique per funnel and channel): a
         second delivery with it runs no turn. ``reply_to``, when given, makes the
         reply an outbox row (kind ``reply``: these fields and ``text``) saved with
         the turn, for a channel that delivers it (Telegram). ``message_id`` runs the
-        turn of a message logged before (accepted, not yet answered).
+        turn of a message logged before (accepted, not yet answered). ``facts`` are
+        values the channel knows (a deep link's attribution), written to declared state
+        fields that are still empty; the model never sees them as the customer's text.
 
         Raises:
             FunnelError: a bad session id or message (nothing is written).
@@ -176,7 +181,7 @@ class Engine:
                 async with self.store.session(self.spec, session_id) as access:
                     job.clear()
                     result = await self._turn(access, session_id, text, logged, job, channel,
-                                              started, inbound, reply_to)
+                                              started, inbound, reply_to, facts)
                 break
             except ConcurrentUpdate:
                 if attempt == 2:
@@ -219,8 +224,8 @@ class Engine:
     # -- the turn ----------------------------------------------------------------------
     async def _turn(self, access: SessionAccess, session_id: str, text: str, logged: list[int],
                     job: list[SummaryJob], channel: str, started: float,
-                    inbound: Inbound | None = None, reply_to: Mapping[str, Any] | None = None
-                    ) -> TurnResult:
+                    inbound: Inbound | None = None, reply_to: Mapping[str, Any] | None = None,
+                    facts: Mapping[str, Any] | None = None) -> TurnResult:
         spec, funnel = self.spec, self.funnel
         now = self.clock()
         if logged:
@@ -244,6 +249,9 @@ class Engine:
                                        "notices")}
             expected = int(row["row_version"])
             last_seen = datetime.fromisoformat(row["last_message_at"])
+        for fact, value in (facts or {}).items():  # kept, never overwritten
+            if fact in spec.state and not state.get(fact):
+                state[fact] = value
         # Messages outside the window not yet in the summary, once the reply is logged,
         # counted in what the turn read (three windows): when all of those are
         # unsummarized, there are at least that many, and the summary catches up.
@@ -383,7 +391,8 @@ class Engine:
             validation_failures=answer.failures,
             repaired=answer.failures > 0 and not answer.fallback, fallback=answer.fallback,
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, handoff=handoff,
-            returning=returning, error=answer.error, backlog=backlog,
+            returning=returning, error=answer.error, backlog=backlog, message_id=logged[0],
+            model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
         )
 
     def _cond_ctx(self, state: Mapping[str, Any], eng: Mapping[str, Any], accepted: list[str],

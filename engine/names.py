@@ -48,4 +48,6 @@ OUTBOX = "funnel_outbox"
 MIGRATIONS = "funnel_migrations"
 LEASES = "funnel_leases"
 INBOUND = "funnel_inbound"
-SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND)
+UNREACHABLE = "funnel_unreachable"
+SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
+                                  UNREACHABLE)

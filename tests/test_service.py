@@ -108,7 +108,10 @@ def user_messages(sql: Any, session: str) -> list[str]:
 def test_messages_round_trip_and_state(client: TestClient, sql: Any) -> None:
     r = client.post(f"{BASE}/sessions/s-1/messages", json={"text": "Hi!"}, headers=bearer(CONVERSE))
     assert r.status_code == 200, r.text
-    assert r.json() == {"reply": GREETING, "stage": "discovery", "handoff": False}
+    turn_id = sql("SELECT id FROM funnel_messages WHERE session_id = 's-1'")[0][0]
+    assert r.json() == {"reply": GREETING, "stage": "discovery", "handoff": False,
+                        "fallback": False, "replayed": False, "turn_id": turn_id}
+    assert "idempotent-replayed" not in r.headers
     r = client.post(f"{BASE}/sessions/s-1/messages", json={"text": "A Sphynx, dry skin"},
                     headers={"X-API-Key": CONVERSE})
     assert r.json()["stage"] == "presentation"

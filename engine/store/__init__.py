@@ -10,10 +10,13 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..prompts import Message
 from ..spec import FunnelSpec
+
+if TYPE_CHECKING:
+    from .idempotency import Pending
 
 __all__ = ["Inbound", "Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite",
            "open_store"]
@@ -83,6 +86,9 @@ class Store(Protocol):
     async def ensure_schema(self, funnel: FunnelSpec) -> None:
         """Create the shared tables; raise SchemaOutdated if the funnel's table is behind."""
 
+    async def check_schema(self, funnel: FunnelSpec) -> tuple[list[str], list[str]]:
+        """(declared columns the table lacks, table columns the funnel does not declare)."""
+
     async def migrate(self, funnel: FunnelSpec, *, drop: bool = False, check: bool = False
                       ) -> list[str]:
         """Bring the funnel's table to its declaration; return what was (or would be) done."""
@@ -144,6 +150,29 @@ class Store(Protocol):
     async def save_summary(self, funnel: FunnelSpec, session_id: str, summary: str,
                            old_upto: int, new_upto: int) -> bool:
         """Store a new summary if ``summary_upto`` is still ``old_upto``."""
+
+    async def accept_message(self, funnel: FunnelSpec, session_id: str, text: str,
+                             inbound: Inbound, holder: str,
+                             meta: dict[str, Any] | None = None) -> int | None:
+        """Log a message with its delivery key in one commit (its turn runs later); the
+        message id, or None when the key was seen before (nothing logged)."""
+
+    async def inbound_pending(self, funnel: str, channel: str, key: str) -> Pending | None:
+        """A delivery key's message and, once its turn is saved, the answer."""
+
+    async def claim_inbound(self, funnel: str, channel: str, holder: str, *,
+                            key: str | None = None, limit: int = 20
+                            ) -> list[tuple[str, Pending]]:
+        """Claim messages accepted and left unanswered (a dead worker's): (key, message)."""
+
+    async def record_delivery(self, funnel: str, channel: str, session_id: str,
+                              key: str | None, delivery: str, unreachable: str | None = None
+                              ) -> None:
+        """How a channel's reply went (on the message's key), and whether the channel can
+        reach the session at all (``unreachable``: why not)."""
+
+    async def add_outbox(self, funnel: str, session_id: str, items: list[OutboxItem]) -> int:
+        """Add outbox rows outside a turn; a key taken adds nothing. How many were added."""
 
     async def close(self) -> None: ...
 

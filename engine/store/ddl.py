@@ -12,6 +12,7 @@ from ..names import MESSAGES as MESSAGES
 from ..names import MIGRATIONS as MIGRATIONS
 from ..names import OUTBOX as OUTBOX
 from ..names import TURNS as TURNS
+from ..names import UNREACHABLE as UNREACHABLE
 from ..spec import COLUMN_TYPE, FieldSpec, FunnelSpec
 
 
@@ -182,11 +183,21 @@ SHARED_MIGRATIONS: list[str] = [
         response JSONB,
         created_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
         answered_at TIMESTAMPTZ,
+        delivery TEXT,
         PRIMARY KEY (funnel, channel, key)
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{INBOUND}_pending ON {INBOUND} (alive_until) "
     "WHERE response IS NULL",
     f"CREATE INDEX IF NOT EXISTS idx_{INBOUND}_session ON {INBOUND} (funnel, session_id)",
+    # A session its channel refuses to reach (Telegram 403: the customer blocked the bot).
+    f"""CREATE TABLE IF NOT EXISTS {UNREACHABLE} (
+        funnel TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        since TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        PRIMARY KEY (funnel, session_id, channel)
+    )""",
     # Per-target delivery state of an outbox row (engine.notify): a target that took
     # the row is never sent it again because another target failed.
     f"ALTER TABLE {OUTBOX} ADD COLUMN IF NOT EXISTS done_targets JSONB NOT NULL DEFAULT '[]'",

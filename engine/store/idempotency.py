@@ -121,3 +121,27 @@ _EXPIRE = sql.SQL("DELETE FROM {} WHERE funnel = %s AND created_at < NOW() - %s 
 async def expire(conn: psycopg.AsyncConnection[Any], funnel: str, older_than: float) -> int:
     """Forget the keys older than the retention period; how many."""
     return (await conn.execute(_EXPIRE, (funnel, older_than))).rowcount
+
+
+_DELIVERY = sql.SQL("UPDATE {} SET delivery = %s WHERE funnel = %s AND channel = %s AND key = %s"
+                    ).format(_I)
+_UNREACHABLE = sql.SQL(
+    "INSERT INTO {} (funnel, session_id, channel, reason) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (funnel, session_id, channel) DO UPDATE SET reason = EXCLUDED.reason, "
+    "since = NOW()").format(sql.Identifier(ddl.UNREACHABLE))
+_REACHED = sql.SQL("DELETE FROM {} WHERE funnel = %s AND session_id = %s AND channel = %s"
+                   ).format(sql.Identifier(ddl.UNREACHABLE))
+
+
+async def record_delivery(conn: psycopg.AsyncConnection[Any], funnel: str, channel: str,
+                          session_id: str, key: str | None, delivery: str,
+                          unreachable: str | None = None) -> None:
+    """Record how the reply to a message went (``delivered``, ``failed: ...``) on its key,
+    and whether the channel can reach the session (``unreachable``: why not)."""
+    async with conn.transaction():
+        if key is not None:
+            await conn.execute(_DELIVERY, (delivery[:500], funnel, channel, key))
+        if unreachable is not None:
+            await conn.execute(_UNREACHABLE, (funnel, session_id, channel, unreachable[:500]))
+        elif delivery == "delivered":
+            await conn.execute(_REACHED, (funnel, session_id, channel))

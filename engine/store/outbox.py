@@ -17,8 +17,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
-from . import ddl
+from . import OutboxItem, ddl
 
 _O = sql.Identifier(ddl.OUTBOX)
 
@@ -72,3 +73,17 @@ async def backlog(conn: psycopg.AsyncConnection[Any]) -> dict[str, tuple[int, fl
     """Per funnel: undelivered rows still to try, and how long the oldest is overdue (s)."""
     rows = await (await conn.execute(BACKLOG)).fetchall()
     return {r[0]: (int(r[1]), max(0.0, float(r[2]))) for r in rows}
+
+
+ADD = sql.SQL("INSERT INTO {} (idempotency_key, funnel, session_id, kind, payload) "
+              "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (idempotency_key) DO NOTHING").format(_O)
+
+
+async def add(conn: psycopg.AsyncConnection[Any], funnel: str, session_id: str,
+              items: list[OutboxItem]) -> int:
+    added = 0
+    for item in items:
+        cur = await conn.execute(ADD, (item.key, funnel, session_id, item.kind,
+                                       Jsonb(item.payload)))
+        added += cur.rowcount
+    return added

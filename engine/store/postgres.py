@@ -22,8 +22,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..errors import SchemaOutdated, StoreUnavailable
 from ..prompts import Message
 from ..spec import FunnelSpec
-from . import TurnWrite, ddl
+from . import Inbound, OutboxItem, TurnWrite, ddl
 from .heartbeat import Heartbeat
+from .idempotency import Pending
 from .session import SessionHandle, save_turn_on
 from .statements import RECENT, Statements
 
@@ -260,6 +261,16 @@ class PostgresStore:
                 )
             await ensure_turn_function(conn, funnel)
 
+    async def check_schema(self, funnel: FunnelSpec) -> tuple[list[str], list[str]]:
+        """(columns the funnel declares that its table lacks, columns the table has that
+        the funnel does not declare): the first blocks turns, the second does not."""
+        from .migrate import existing_columns
+
+        declared = [name for name, _ in ddl.column_defs(funnel)]
+        async with self._conn() as conn:
+            have = await existing_columns(conn, funnel.table)
+        return [c for c in declared if c not in have], [c for c in have if c not in declared]
+
     async def migrate(self, funnel: FunnelSpec, *, drop: bool = False, check: bool = False
                       ) -> list[str]:
         from .migrate import migrate_funnel
@@ -335,6 +346,54 @@ class PostgresStore:
 
         async with self._conn() as conn:
             return await outbox.backlog(conn)
+
+    # -- delivery keys (engine.store.idempotency) ------------------------------------
+    async def accept_message(self, funnel: FunnelSpec, session_id: str, text: str,
+                             inbound: Inbound, holder: str,
+                             meta: dict[str, Any] | None = None) -> int | None:
+        """Log a message with its delivery key in one commit, for a turn that runs after
+        the channel is answered; its id, or None when the key was seen before."""
+        from . import idempotency
+
+        async with self._conn() as conn:
+            return await idempotency.accept(conn, funnel, session_id, text, inbound.channel,
+                                            inbound.key, holder, meta)
+
+    async def inbound_pending(self, funnel: str, channel: str, key: str) -> Pending | None:
+        """A delivery key's message and, once its turn is saved, the answer."""
+        from . import idempotency
+
+        async with self._conn() as conn:
+            return await idempotency.pending(conn, funnel, channel, key)
+
+    async def claim_inbound(self, funnel: str, channel: str, holder: str, *,
+                            key: str | None = None, limit: int = 20
+                            ) -> list[tuple[str, Pending]]:
+        """Claim messages accepted and left unanswered (a dead worker's): (key, message)."""
+        from . import idempotency
+
+        async with self._conn() as conn:
+            return await idempotency.claim_orphans(conn, funnel, channel, holder, key=key,
+                                                   limit=limit)
+
+    async def record_delivery(self, funnel: str, channel: str, session_id: str,
+                              key: str | None, delivery: str, unreachable: str | None = None
+                              ) -> None:
+        """How a channel's reply went (on the message's key), and whether the channel can
+        reach the session at all (``unreachable``: why not)."""
+        from . import idempotency
+
+        async with self._conn() as conn:
+            await idempotency.record_delivery(conn, funnel, channel, session_id, key,
+                                              delivery, unreachable)
+
+    async def add_outbox(self, funnel: str, session_id: str, items: list[OutboxItem]) -> int:
+        """Add outbox rows outside a turn (a channel's note); a key taken adds nothing.
+        Returns how many were added."""
+        from . import outbox
+
+        async with self._conn() as conn:
+            return await outbox.add(conn, funnel, session_id, items)
 
     async def purge(self, funnel: FunnelSpec, older_than: float, *, anonymize: bool = False,
                     batch: int = 1000) -> dict[str, int]:
