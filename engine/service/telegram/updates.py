@@ -73,8 +73,10 @@ def _message_parts(message: dict[str, Any]) -> tuple[int | None, str | None, int
     chat = chat if isinstance(chat, dict) else {}
     sender = message.get("from")
     user = _int(sender.get("id")) if isinstance(sender, dict) else None
-    kind = chat.get("type")
-    return _int(chat.get("id")), kind if isinstance(kind, str) else None, user
+    cid, kind = _int(chat.get("id")), chat.get("type")
+    if kind is None and cid is not None and cid > 0:
+        kind = "private"  # older payloads (the Bot API docs' own samples) omit the type
+    return cid, kind if isinstance(kind, str) else None, user
 
 
 def parse(update: dict[str, Any], *, bot_id: int | None, username: str | None,
