@@ -20,14 +20,16 @@ import uvicorn
 
 
 @contextmanager
-def running(app: Any) -> Iterator[str]:
-    """Serve ``app`` with uvicorn in a thread on a free port; yield its base URL."""
+def running(app: Any, **options: Any) -> Iterator[str]:
+    """Serve ``app`` with uvicorn in a thread on a free port; yield its base URL.
+    ``options`` go to ``uvicorn.Config``."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     # log_config=None: uvicorn's records reach the root logger, so caplog sees them.
-    config = uvicorn.Config(app, log_config=None, ws="none", lifespan="on", access_log=True)
+    config = uvicorn.Config(app, log_config=None, ws="none", lifespan="on", access_log=True,
+                            **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
