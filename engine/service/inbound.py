@@ -40,23 +40,22 @@ REPLAY_HEADER = "Idempotent-Replayed"
 
 
 def delivery_key(request: Request, body: Any) -> str | None:
-    """The client's key of this message: ``Idempotency-Key``, else ``client_message_id``.
+    """The client's key of this message: ``Idempotency-Key``, else ``client_message_id``
+    (the header wins when both are given).
 
     Raises:
-        RequestRefused: 400 for a malformed key, or two keys that differ.
+        RequestRefused: 400 for a malformed key.
     """
     header = request.headers.get("idempotency-key")
-    field = body.get("client_message_id") if isinstance(body, dict) else None
-    if field is not None and not isinstance(field, str):
+    given = isinstance(body, dict) and "client_message_id" in body
+    field = body["client_message_id"] if given else None
+    if given and not isinstance(field, str):
         raise RequestRefused(400, "bad_request", "`client_message_id` must be a string")
     for value, name in ((header, "the Idempotency-Key header"),
                         (field, "`client_message_id`")):
         if value is not None and not _KEY.match(value):
             raise RequestRefused(400, "bad_request", f"{name} must be 1 to {MAX_KEY} printable "
                                  "ASCII characters without spaces (a UUID is a good key)")
-    if header is not None and field is not None and header != field:
-        raise RequestRefused(400, "bad_request", "the Idempotency-Key header and "
-                             "`client_message_id` differ; send one of them")
     return header if header is not None else field
 
 
