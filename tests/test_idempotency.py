@@ -176,3 +176,24 @@ def test_a_retry_after_a_503_that_followed_the_log_runs_the_turn_once(db_url: st
     record_fault("HTTP retry with the key after a 503 that followed the log", tried=1,
                  lost=0, duplicated=sql("SELECT COUNT(*) - 1 FROM funnel_turns")[0][0],
                  retries=len(statuses))
+
+
+async def test_a_claimed_message_answered_meanwhile_runs_no_second_turn(puramur: Any,
+                                                                       db_url: str,
+                                                                       sql: Any) -> None:
+    """A worker that stalled past its claim saves after all; the worker that claimed the
+    message finds the answer once it holds the lease, and runs nothing."""
+    from engine import Engine
+    from engine.errors import DuplicateDelivery
+
+    engine = await Engine.open(puramur, db=db_url, model=ScriptedModel.from_file(DEMO))
+    try:
+        first = await engine.handle("late", "Hi!", channel="telegram", key="1:5")
+        with pytest.raises(DuplicateDelivery) as dup:
+            await engine.handle("late", "Hi!", channel="telegram", key="1:5",
+                                message_id=first.message_id)
+    finally:
+        await engine.close()
+    assert dup.value.response is not None and dup.value.response["reply"] == first.reply
+    assert sql("SELECT COUNT(*) FROM funnel_turns") == [(1,)]
+    assert sql("SELECT COUNT(*) FROM funnel_leases WHERE holder <> ''") == [(0,)]

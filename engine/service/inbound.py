@@ -104,9 +104,14 @@ async def wait_for_answer(service: Service, funnel: str, channel: str, key: str
         if claimed is not None and claimed.message_id is not None and claimed.text is not None:
             # The first delivery was accepted and then left: its worker died, or the
             # database went away mid-turn. This delivery answers it, once.
-            result = await service.converse(funnel, claimed.session_id, claimed.text,
-                                            channel=channel, key=key,
-                                            message_id=claimed.message_id)
+            try:
+                result = await service.converse(funnel, claimed.session_id, claimed.text,
+                                                channel=channel, key=key,
+                                                message_id=claimed.message_id)
+            except DuplicateDelivery as dup:  # its first turn saved after all
+                if dup.response is not None:
+                    return {**dup.response, "replayed": True}
+                continue
             return body(result, claimed.message_id, replayed=True)
         if time.monotonic() >= deadline:
             raise RequestRefused(503, "in_progress", "the first delivery of this message is "

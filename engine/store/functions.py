@@ -47,6 +47,7 @@ def begin_function_name(table: str) -> str:
 _BODY = """
 DECLARE
     logged bigint;
+    answer jsonb;
 BEGIN
     replayed := FALSE;
     IF p_text IS NOT NULL AND p_ikey IS NOT NULL THEN
@@ -101,6 +102,21 @@ BEGIN
         state := NULL;
         RETURN NEXT;
         RETURN;
+    END IF;
+    IF p_text IS NULL AND p_ikey IS NOT NULL THEN
+        -- Answered meanwhile (a stalled worker's turn saved after all): the save gave
+        -- the lease back with the answer, so holding the lease, we would see it.
+        SELECT i.response INTO answer FROM {inbound} i
+        WHERE i.funnel = p_funnel AND i.channel = p_channel AND i.key = p_ikey;
+        IF answer IS NOT NULL THEN
+            UPDATE {leases} SET holder = '', expires_at = '-infinity'
+            WHERE lock_key = p_key AND holder = p_holder;
+            leased := FALSE;
+            replayed := TRUE;
+            state := answer;
+            RETURN NEXT;
+            RETURN;
+        END IF;
     END IF;
     -- Replies logged after the current message (a turn that finished while this
     -- message waited for the lease) still belong to its window.

@@ -292,7 +292,9 @@ class PostgresStore:
     async def load(self, funnel: FunnelSpec, session_id: str) -> dict[str, Any] | None:
         async with self._conn() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(self.table(funnel).select_row, (session_id,))
+            # Not prepared: its columns change when a migration adds one (a prepared
+            # `SELECT *` would then fail with "cached plan must not change result type").
+            await cur.execute(self.table(funnel).select_row, (session_id,), prepare=False)
             return await cur.fetchone()
 
     async def recent_messages(self, funnel: FunnelSpec, session_id: str, limit: int,

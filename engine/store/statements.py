@@ -130,10 +130,10 @@ class Statements:
         self.saves = {(new, out, key): whole_turn(upsert if new else update, out, key)
                       for new in (False, True) for out in (False, True) for key in (False, True)}
         # The row alone, as `funnel state` and Engine.state show it.
-        # Its columns named, not `*`: after `funnel migrate` adds a column under a running
-        # server, a prepared `SELECT *` fails ("cached plan must not change result type").
-        self.select_row = sql.SQL("SELECT {} FROM {} WHERE session_id = %s").format(
-            sql.SQL(", ").join(sql.Identifier(n) for n, _ in ddl.column_defs(spec)),
+        # Never prepared (see PostgresStore.load): after `funnel migrate` adds a column
+        # under a running server, a prepared `SELECT *` fails ("cached plan must not
+        # change result type").
+        self.select_row = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(
             t).as_string()
         # A turn's first round trip (engine.store.functions).
         self.begin = functions.call(spec)
