@@ -281,3 +281,17 @@ def test_a_message_acknowledged_by_a_dead_worker_is_answered_by_another(
     assert sql("SELECT COUNT(*) FROM funnel_turns") == [(1,)]
     record_fault("Telegram message acknowledged, worker died before the turn", tried=1,
                  lost=1 - len(sent), duplicated=len(telegram.sent()) - 1)
+
+
+def test_bot_options_come_from_the_environment() -> None:
+    config = ServiceConfig.from_env({
+        "FUNNEL_SERVE_FUNNELS": str(PURAMUR), "FUNNEL_TELEGRAM_TOKEN_PURAMUR": TOKEN,
+        "FUNNEL_TELEGRAM_SECRET_PURAMUR": SECRET, "FUNNEL_TELEGRAM_GROUPS_PURAMUR": "1",
+        "FUNNEL_TELEGRAM_USERNAME_PURAMUR": "@puramur_shop_bot",
+        "FUNNEL_TELEGRAM_START_FIELD_PURAMUR": "utm_source"})
+    assert config.telegram_bot("puramur") == TelegramBot(
+        TOKEN, SECRET, groups=True, username="puramur_shop_bot", start_field="utm_source")
+    plain = ServiceConfig.from_env({
+        "FUNNEL_SERVE_FUNNELS": str(PURAMUR), "FUNNEL_TELEGRAM_TOKEN_PURAMUR": TOKEN,
+        "FUNNEL_TELEGRAM_SECRET_PURAMUR": SECRET})
+    assert plain.telegram_bot("puramur") == TelegramBot(TOKEN, SECRET)
