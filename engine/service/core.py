@@ -79,6 +79,7 @@ class Service:
         self._open_lock = asyncio.Lock()
         self._down_until = 0.0
         self._dispatcher: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self._metrics_writer: asyncio.Task[None] | None = None
 
     # -- life cycle --------------------------------------------------------------------
@@ -94,6 +95,12 @@ class Service:
             self._metrics_writer = loop.create_task(self._write_metrics())
 
     async def close(self) -> None:
+        # The dispatcher finishes the delivery it is in (a reply sent but not yet marked
+        # would be sent again by the next process): stop it between rounds.
+        self._stopping.set()
+        if self._dispatcher is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._dispatcher), timeout=15)
         for task in (self._dispatcher, self._metrics_writer):
             if task is not None:
                 task.cancel()
@@ -117,8 +124,11 @@ class Service:
         and replies whose delivery failed, after their backoff, or that a crashed process
         left), and answer the Telegram messages a dead worker accepted. Every worker runs
         one; a claimed row is invisible to the others."""
-        while True:
-            await asyncio.sleep(self.config.dispatch_interval)
+        while not self._stopping.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.config.dispatch_interval)
+            if self._stopping.is_set():
+                return
             for name in list(self.engines):
                 try:
                     await self.telegram.sweep(name)
