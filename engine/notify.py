@@ -150,7 +150,8 @@ async def dispatch(store: Store, notifiers: Mapping[str, Notifier], *,
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:
-                errors.append(f"{name}: {type(exc).__name__}: {exc}")
+                problem = f"{type(exc).__name__}: {exc}"
+                errors.append(f"{name}: {problem}" if len(targets) > 1 else problem)
                 continue
             if len(targets) > 1:
                 await store.outbox_target_done(row["id"], name)
