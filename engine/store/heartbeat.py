@@ -32,11 +32,14 @@ log = logging.getLogger("funnel.store.heartbeat")
 LEASE_SECONDS = 6.0
 RENEW_EVERY = 2.0
 
+# By lease key (the primary key), and the delivery keys' claims among the unanswered
+# rows (the partial index): both stay cheap however many sessions the tables hold.
 _RENEW = (
     f"WITH l AS (UPDATE {ddl.LEASES} SET expires_at = NOW() + %(s)s * INTERVAL '1 second' "
-    "WHERE holder = ANY(%(h)s)) "
+    "WHERE lock_key = ANY(%(k)s) AND holder = ANY(%(h)s)) "
     f"UPDATE {ddl.INBOUND} SET alive_until = NOW() + %(s)s * INTERVAL '1 second' "
-    "WHERE holder = ANY(%(h)s) AND response IS NULL"
+    "WHERE response IS NULL AND alive_until > NOW() - INTERVAL '1 hour' "
+    "AND holder = ANY(%(h)s)"
 )
 
 
@@ -49,18 +52,18 @@ class Heartbeat:
         self.connect = connect
         self.seconds = seconds
         self.every = every
-        self.holders: set[str] = set()
+        self.holders: dict[str, str] = {}  # holder -> the lease key it holds
         self.renewals = 0  # statements run, for tests and metrics
         self._task: asyncio.Task[None] | None = None
 
-    def hold(self, holder: str) -> None:
-        """Renew ``holder``'s leases from now on (until :meth:`drop`)."""
-        self.holders.add(holder)
+    def hold(self, holder: str, key: str) -> None:
+        """Renew ``holder``'s lease on ``key`` (and its claims) until :meth:`drop`."""
+        self.holders[holder] = key
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     def drop(self, holder: str) -> None:
-        self.holders.discard(holder)
+        self.holders.pop(holder, None)
 
     async def _run(self) -> None:
         while self.holders:
@@ -69,7 +72,8 @@ class Heartbeat:
                 return
             try:
                 async with self.connect() as conn:
-                    await conn.execute(_RENEW, {"s": self.seconds, "h": list(self.holders)})
+                    await conn.execute(_RENEW, {"s": self.seconds, "h": list(self.holders),
+                                                "k": list(self.holders.values())})
                 self.renewals += 1
             except (StoreUnavailable, psycopg.Error) as exc:
                 # The leases run out by themselves if this goes on; the turns' saves

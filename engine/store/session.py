@@ -62,7 +62,7 @@ class SessionHandle:
 
     def __init__(self, table: Statements, connect: Connect, session_id: str,
                  wait: float, holder: str | None = None,
-                 renew: Callable[[str], None] | None = None) -> None:
+                 renew: Callable[[str, str], None] | None = None) -> None:
         self.table = table
         self.connect = connect
         self.session_id = session_id
@@ -95,7 +95,7 @@ class SessionHandle:
         """
         self.inbound = inbound
         if self.renew is not None:
-            self.renew(self.holder)
+            self.renew(self.holder, self.key)
         deadline = time.monotonic() + self.wait
         delay = 0.005
         waiting = False  # after the first try, a waiting turn holds its place in line
