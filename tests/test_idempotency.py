@@ -197,3 +197,22 @@ async def test_a_claimed_message_answered_meanwhile_runs_no_second_turn(puramur:
     assert dup.value.response is not None and dup.value.response["reply"] == first.reply
     assert sql("SELECT COUNT(*) FROM funnel_turns") == [(1,)]
     assert sql("SELECT COUNT(*) FROM funnel_leases WHERE holder <> ''") == [(0,)]
+
+
+async def test_keys_expire_with_retention(puramur: Any, db_url: str, sql: Any) -> None:
+    from engine import Engine
+
+    engine = await Engine.open(puramur, db=db_url, model=ScriptedModel.from_file(DEMO))
+    try:
+        await engine.handle("old", "Hi!", key="api/old/k-1")
+        await engine.store.log_message(puramur.spec, "left", "user", "no turn")
+        sql("INSERT INTO funnel_inbound (funnel, channel, key, session_id, created_at) VALUES "
+            "('puramur', 'api', 'stale', 'left', NOW() - INTERVAL '2 days')")
+        assert sql("SELECT COUNT(*) FROM funnel_inbound") == [(2,)]
+        await engine.store.purge(puramur.spec, 86400)  # a day: only the stale key goes
+        assert sql("SELECT key FROM funnel_inbound") == [("api/old/k-1",)]
+        sql("UPDATE puramur_sessions_state SET last_message_at = NOW() - INTERVAL '2 days'")
+        await engine.store.purge(puramur.spec, 86400)  # the session goes, with its keys
+    finally:
+        await engine.close()
+    assert sql("SELECT COUNT(*) FROM funnel_inbound") == [(0,)]
