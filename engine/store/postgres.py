@@ -22,9 +22,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..errors import SchemaOutdated, StoreUnavailable
 from ..prompts import Message
 from ..spec import FunnelSpec
-from . import Inbound, OutboxItem, TurnWrite, ddl
+from . import TurnWrite, ddl
+from .delivery import DeliveryMixin
 from .heartbeat import Heartbeat
-from .idempotency import Pending
 from .session import SessionHandle, save_turn_on
 from .statements import RECENT, Statements
 
@@ -163,7 +163,7 @@ class _Turn:
             store._turns.release()
 
 
-class PostgresStore:
+class PostgresStore(DeliveryMixin):
     """A :class:`engine.store.Store` on PostgreSQL."""
 
     def __init__(self, url: str, pool: AsyncConnectionPool, timeout: float,
@@ -318,84 +318,6 @@ class PostgresStore:
         process are in flight at once; a turn past that waits for a slot.
         """
         return _Turn(self, funnel, session_id)
-
-    # -- outbox ------------------------------------------------------------------------
-    async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
-                           limit: int = 50, kinds: list[str] | None = None
-                           ) -> list[dict[str, Any]]:
-        from . import outbox
-
-        async with self._conn() as conn:
-            return await outbox.claim(conn, funnel, session_id, kinds, limit)
-
-    async def finish_outbox(self, item_id: int, error: str | None, *,
-                            retry_in: float | None = None, give_up: bool = False) -> None:
-        from . import outbox
-
-        async with self._conn() as conn:
-            await outbox.finish(conn, item_id, error, retry_in=retry_in, give_up=give_up)
-
-    async def outbox_target_done(self, item_id: int, target: str) -> None:
-        """Record that one target of an outbox row (a webhook, a hook) took it."""
-        from . import outbox
-
-        async with self._conn() as conn:
-            await conn.execute(outbox.TARGET_DONE, {"id": item_id, "t": target})
-
-    async def outbox_backlog(self) -> dict[str, tuple[int, float]]:
-        """Per funnel: undelivered outbox rows still to try, and the oldest's overdue age."""
-        from . import outbox
-
-        async with self._conn() as conn:
-            return await outbox.backlog(conn)
-
-    # -- delivery keys (engine.store.idempotency) ------------------------------------
-    async def accept_message(self, funnel: FunnelSpec, session_id: str, text: str,
-                             inbound: Inbound, holder: str,
-                             meta: dict[str, Any] | None = None) -> int | None:
-        """Log a message with its delivery key in one commit, for a turn that runs after
-        the channel is answered; its id, or None when the key was seen before."""
-        from . import idempotency
-
-        async with self._conn() as conn:
-            return await idempotency.accept(conn, funnel, session_id, text, inbound.channel,
-                                            inbound.key, holder, meta)
-
-    async def inbound_pending(self, funnel: str, channel: str, key: str) -> Pending | None:
-        """A delivery key's message and, once its turn is saved, the answer."""
-        from . import idempotency
-
-        async with self._conn() as conn:
-            return await idempotency.pending(conn, funnel, channel, key)
-
-    async def claim_inbound(self, funnel: str, channel: str, holder: str, *,
-                            key: str | None = None, limit: int = 20
-                            ) -> list[tuple[str, Pending]]:
-        """Claim messages accepted and left unanswered (a dead worker's): (key, message)."""
-        from . import idempotency
-
-        async with self._conn() as conn:
-            return await idempotency.claim_orphans(conn, funnel, channel, holder, key=key,
-                                                   limit=limit)
-
-    async def record_delivery(self, funnel: str, channel: str, session_id: str,
-                              key: str | None, delivery: str, unreachable: str | None = None
-                              ) -> None:
-        """How a channel's reply went (on the message's key), and whether the channel can
-        reach the session at all (``unreachable``: why not)."""
-        from . import idempotency
-
-        async with self._conn() as conn:
-            await idempotency.record_delivery(conn, funnel, channel, session_id, key,
-                                              delivery, unreachable)
-
-    async def add_outbox(self, funnel: str, session_id: str, items: list[OutboxItem]) -> int:
-        """Add outbox rows outside a turn (a channel's note); a key taken adds nothing.
-        Returns how many were added."""
-        from . import outbox
-
-        async with self._conn() as conn:
-            return await outbox.add(conn, funnel, session_id, items)
 
     async def purge(self, funnel: FunnelSpec, older_than: float, *, anonymize: bool = False,
                     batch: int = 1000) -> dict[str, int]:
