@@ -14,7 +14,8 @@ path or session), what was expected, and what to do about it::
     ├── StoreError              the database failed or is unreachable
     │   ├── StoreUnavailable    cannot connect (down, wrong URL)
     │   ├── SchemaOutdated      the table is behind the funnel: run `funnel migrate`
-    │   └── ConcurrentUpdate    a stale save lost the race for a session
+    │   ├── ConcurrentUpdate    a stale save lost the race for a session
+    │   └── DuplicateDelivery   a message's delivery key was seen before: no second turn
     └── PromptTooLarge          a prompt cannot fit the stage's token budget
         └── MessageTooLong      only the customer's message keeps it over (ask to shorten)
 """
@@ -34,6 +35,7 @@ __all__ = [
     "CatalogError",
     "ConcurrentUpdate",
     "ConfigError",
+    "DuplicateDelivery",
     "FunnelError",
     "FunnelInvalid",
     "InvalidInput",
@@ -158,6 +160,27 @@ class ConcurrentUpdate(StoreError):
             f"session {session_id!r} changed while this turn ran (loaded version {expected}, "
             f"found {found}); the turn was not saved and will be retried"
         )
+
+
+class DuplicateDelivery(StoreError):
+    """A customer message came again with a delivery key already recorded (a Telegram
+    re-delivery, an HTTP client's retry): nothing was logged and no turn runs.
+
+    Attributes:
+        session_id: the session of the first delivery.
+        message_id: the first delivery's message id (None if its turn never logged it).
+        response: the first delivery's answer, or None while its turn still runs.
+    """
+
+    def __init__(self, session_id: str, key: str, message_id: int | None,
+                 response: dict[str, Any] | None) -> None:
+        self.session_id = session_id
+        self.key = key
+        self.message_id = message_id
+        self.response = response
+        super().__init__(
+            f"session {session_id!r}: the message with delivery key {key[:80]!r} was received "
+            "before; its first turn's answer is replayed, no second turn runs")
 
 
 class PromptTooLarge(FunnelError):

@@ -47,4 +47,7 @@ TURNS = "funnel_turns"
 OUTBOX = "funnel_outbox"
 MIGRATIONS = "funnel_migrations"
 LEASES = "funnel_leases"
-SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES)
+INBOUND = "funnel_inbound"
+UNREACHABLE = "funnel_unreachable"
+SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
+                                  UNREACHABLE)

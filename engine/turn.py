@@ -51,7 +51,7 @@ from .output import Answer, ask
 from .prompts import at_level, build_context, prompt_data, render
 from .sanitize import printable
 from .state import defaults, plain
-from .store import OutboxItem, SessionAccess, Store, TurnWrite, open_store
+from .store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
 
 log = logging.getLogger("funnel.engine")
 
@@ -81,6 +81,8 @@ class TurnResult:
     returning: bool = False
     error: str | None = None
     backlog: int = 0  # messages that left the window and wait for the summary (at least)
+    message_id: int = 0  # the customer's message in the log: the turn's id in the API
+    model_seconds: float = 0.0  # time in model calls (first call, repair)
 
 
 class Engine:
@@ -164,15 +166,30 @@ class Engine:
         return await dispatch(self.store, {self.spec.name: self.notifier},
                               funnel=self.spec.name, session_id=session_id)
 
-    async def handle(self, session_id: str, text: str, *, channel: str = "api") -> TurnResult:
+    async def handle(self, session_id: str, text: str, *, channel: str = "api",
+                     key: str | None = None, reply_to: Mapping[str, Any] | None = None,
+                     message_id: int | None = None, facts: Mapping[str, Any] | None = None
+                     ) -> TurnResult:
         """Run one turn for a customer message and return what to answer.
+
+        ``key`` is the message's delivery key (unique per funnel and channel): a
+        second delivery with it runs no turn. ``reply_to``, when given, makes the
+        reply an outbox row (kind ``reply``: these fields and ``text``) saved with
+        the turn, for a channel that delivers it (Telegram). ``message_id`` runs the
+        turn of a message logged before (accepted, not yet answered). ``facts`` are
+        values the channel knows (a deep link's attribution), written to declared state
+        fields that are still empty; the model never sees them as the customer's text.
 
         Raises:
             InvalidInput: a bad session id or message (nothing is written).
             StoreUnavailable: the database is down (the message is logged if it got that far).
+            DuplicateDelivery: ``key`` was received before (nothing is written).
         """
         check_input(session_id, text)
-        inbound = _Inbound(session_id, text, channel, time.perf_counter())
+        inbound = _Incoming(session_id, text, channel, time.perf_counter(),
+                            message_id=message_id or None,
+                            delivery=Inbound(channel, key) if key else None,
+                            reply_to=reply_to, facts=facts or {})
         for attempt in range(3):
             try:
                 async with self.store.session(self.spec, session_id) as access:
@@ -188,8 +205,9 @@ class Engine:
                 if attempt == 2:
                     raise
             except StoreUnavailable:
-                if inbound.message_id is None:
-                    # No turn connection to be had: still try to keep the message.
+                if inbound.message_id is None and inbound.delivery is None:
+                    # No turn connection to be had: still try to keep the message (one
+                    # with a delivery key comes again with it, and is logged then).
                     with contextlib.suppress(StoreUnavailable):
                         await self.store.log_message(self.spec, session_id, "user", text)
                 raise
@@ -231,16 +249,18 @@ class Engine:
         turn.firings += turn.mover.advance(turn.state)
         return await self._record(access, turn, answer)
 
-    async def _load(self, access: SessionAccess, inbound: _Inbound) -> _Turn:
+    async def _load(self, access: SessionAccess, inbound: _Incoming) -> _Turn:
         """Log the message (once, however often the turn is retried) and read the row."""
         if inbound.message_id is None:
-            message_id, row, recent = await access.load(3 * self._window, text=inbound.text)
+            message_id, row, recent = await access.load(3 * self._window, text=inbound.text,
+                                                        inbound=inbound.delivery)
             inbound.message_id = message_id
         else:
-            _, row, recent = await access.load(3 * self._window, current_id=inbound.message_id)
+            _, row, recent = await access.load(3 * self._window, current_id=inbound.message_id,
+                                               inbound=inbound.delivery)
         return self._start(inbound, self.clock(), row, recent)
 
-    def _start(self, inbound: _Inbound, now: datetime, row: dict[str, Any] | None,
+    def _start(self, inbound: _Incoming, now: datetime, row: dict[str, Any] | None,
                recent: list[Message]) -> _Turn:
         """The turn in flight, from the row as read (a new session gets the defaults)."""
         spec = self.spec
@@ -255,6 +275,9 @@ class Engine:
                            notices=row["notices"])
             expected, last_seen = int(row["row_version"]), \
                 datetime.fromisoformat(row["last_message_at"])
+        for fact, value in inbound.facts.items():  # kept, never overwritten
+            if fact in spec.state and not state.get(fact):
+                state[fact] = value
         scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now)
         return _Turn(inbound, now, row, recent, state, pos, expected, last_seen,
                      stage_before=pos["stage"], mover=Mover(self.funnel, pos, now, scratch))
@@ -347,6 +370,11 @@ class Engine:
             outbox.append(OutboxItem(
                 key=f"{spec.name}:{turn.session_id}:handoff", kind="handoff",
                 payload=handoff_payload(self.funnel, turn.session_id, state, turn.channel)))
+        reply = str(answer.envelope["reply"])
+        if turn.inbound.reply_to is not None:  # delivered by the outbox, with retries
+            outbox.insert(0, OutboxItem(
+                key=f"{spec.name}:{turn.session_id}:reply:{turn.inbound.message_id}",
+                kind="reply", payload={**turn.inbound.reply_to, "text": reply}))
         notices = turn.mover.scratch.notices
         # Notices are cleared once the model was shown them; a turn that never reached the
         # model keeps them (bounded: they can never crowd the model out of the prompt).
@@ -354,7 +382,6 @@ class Engine:
             [*(pos["notices"] or []), *notices] if not answer.completions else notices)
         transitions = [{"from": f.source, "to": f.dest, "trigger": f.trigger,
                         "when": f.spec.when if f.spec else None} for f in turn.firings]
-        reply = str(answer.envelope["reply"])
         values = {**state, **pos, "funnel_version": spec.version}
         record = _turn_record(turn, answer, transitions, getattr(self.model, "name", None))
         await access.save(TurnWrite(
@@ -369,7 +396,9 @@ class Engine:
             validation_failures=answer.failures, repaired=record["repaired"],
             fallback=answer.fallback, prompt_tokens=record["prompt_tokens"],
             completion_tokens=record["completion_tokens"], handoff=handoff,
-            returning=turn.mover.returning, error=answer.error, backlog=turn.backlog)
+            returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
+            message_id=turn.inbound.message_id or 0,
+            model_seconds=sum(c.latency_ms for c in answer.completions) / 1000)
 
     async def _fail(self, access: SessionAccess, turn: _Turn, exc: Exception) -> TurnResult:
         """A turn that failed after its message was logged still ends well: the stage's
@@ -401,7 +430,7 @@ class Engine:
 
 
 @dataclass
-class _Inbound:
+class _Incoming:
     """The message a turn answers; ``message_id`` once it is durable (kept across retries)."""
 
     session_id: str
@@ -409,13 +438,16 @@ class _Inbound:
     channel: str
     started: float
     message_id: int | None = None
+    delivery: Inbound | None = None  # the delivery key, recorded with the message
+    reply_to: Mapping[str, Any] | None = None  # where the outbox sends the reply
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class _Turn:
     """One turn in flight: what the steps read and write (one per attempt)."""
 
-    inbound: _Inbound
+    inbound: _Incoming
     now: datetime
     row: dict[str, Any] | None
     recent: list[Message]

@@ -20,14 +20,16 @@ import uvicorn
 
 
 @contextmanager
-def running(app: Any) -> Iterator[str]:
-    """Serve ``app`` with uvicorn in a thread on a free port; yield its base URL."""
+def running(app: Any, **options: Any) -> Iterator[str]:
+    """Serve ``app`` with uvicorn in a thread on a free port; yield its base URL.
+    ``options`` go to ``uvicorn.Config``."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     # log_config=None: uvicorn's records reach the root logger, so caplog sees them.
-    config = uvicorn.Config(app, log_config=None, ws="none", lifespan="on", access_log=True)
+    config = uvicorn.Config(app, log_config=None, ws="none", lifespan="on", access_log=True,
+                            **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -44,31 +46,74 @@ def running(app: Any) -> Iterator[str]:
         sock.close()
 
 
+# The Bot API methods the service calls: required and optional parameters with their
+# types (https://core.telegram.org/bots/api). Anything else is a contract violation.
+BOT_API: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]]]] = {
+    "sendMessage": ({"chat_id": (int, str), "text": (str,)},
+                    {"message_thread_id": (int,), "reply_parameters": (dict,),
+                     "parse_mode": (str,), "disable_notification": (bool,)}),
+    "answerCallbackQuery": ({"callback_query_id": (str,)},
+                            {"text": (str,), "show_alert": (bool,), "cache_time": (int,)}),
+    "getMe": ({}, {}),
+}
+
+
+def bot_api_violations(method: str, body: Any) -> list[str]:
+    """What is wrong with a Bot API call, by the contract above (empty: nothing)."""
+    if method not in BOT_API:
+        return [f"unknown method {method!r}"]
+    if not isinstance(body, dict):
+        return ["the body is not a JSON object"]
+    required, optional = BOT_API[method]
+    problems = [f"{method}: missing {k}" for k in required if k not in body]
+    for k, v in body.items():
+        types = required.get(k) or optional.get(k)
+        if types is None:
+            problems.append(f"{method}: unknown parameter {k}")
+        elif type(v) not in types:
+            problems.append(f"{method}: {k} has type {type(v).__name__}")
+    text = body.get("text")
+    if method == "sendMessage" and isinstance(text, str) and not text.strip():
+        problems.append("sendMessage: text is empty")
+    if method == "sendMessage" and isinstance(text, str) and len(text) > 4096:
+        problems.append(f"sendMessage: text has {len(text)} characters, over 4096")
+    reply = body.get("reply_parameters")
+    if isinstance(reply, dict) and type(reply.get("message_id")) is not int:
+        problems.append("sendMessage: reply_parameters.message_id must be an integer")
+    return problems
+
+
 class FakeTelegram:
     """A Bot API on 127.0.0.1: records ``POST /bot<token>/<method>`` calls in ``calls``.
 
-    ``fail = True`` makes it answer HTTP 500.
+    Every call is checked against :data:`BOT_API` (a violation is recorded in
+    ``violations`` and answered 400). ``fail = True`` makes it answer HTTP 500;
+    ``script`` is a list of (status, body) answers given to the next sendMessage
+    calls, in order (then 200). ``blocked`` chat ids get 403 "bot was blocked".
     """
 
-    def __init__(self) -> None:
+    def __init__(self, username: str = "puramur_shop_bot") -> None:
         self.calls: list[dict[str, Any]] = []
+        self.violations: list[str] = []
         self.fail = False
+        self.script: list[tuple[int, dict[str, Any]]] = []
+        self.blocked: set[int] = set()
+        self.username = username
+        self._lock = threading.Lock()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 token, _, method = self.path.removeprefix("/bot").partition("/")
-                fake.calls.append({"token": token, "method": method,
-                                   "body": json.loads(body or b"{}")})
-                status = 500 if fake.fail else 200
-                payload = {"ok": not fake.fail, "result": {"message_id": len(fake.calls)}}
-                data = json.dumps(payload).encode()
+                data = json.loads(body or b"{}")
+                status, payload = fake.answer(token, method, data)
+                out = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", str(len(out)))
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(out)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -76,12 +121,52 @@ class FakeTelegram:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
+    def answer(self, token: str, method: str, data: Any) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            problems = bot_api_violations(method, data)
+            call = {"token": token, "method": method, "body": data, "status": 200}
+            self.calls.append(call)
+            if problems:
+                self.violations += problems
+                call["status"] = 400
+                return 400, {"ok": False, "error_code": 400,
+                             "description": f"Bad Request: {problems[0]}"}
+            if method == "getMe":
+                return 200, {"ok": True, "result": {"id": int(token.partition(":")[0] or 0),
+                                                    "is_bot": True, "first_name": "Shop",
+                                                    "username": self.username}}
+            if method == "sendMessage" and data.get("chat_id") in self.blocked:
+                call["status"] = 403
+                return 403, {"ok": False, "error_code": 403,
+                             "description": "Forbidden: bot was blocked by the user"}
+            if method == "sendMessage" and self.script:
+                status, payload = self.script.pop(0)
+                call["status"] = status
+                return status, payload
+            if self.fail:
+                call["status"] = 500
+                return 500, {"ok": False, "error_code": 500,
+                             "description": "Internal Server Error"}
+            return 200, {"ok": True, "result": {"message_id": len(self.calls)}}
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
     def sent(self, method: str = "sendMessage") -> list[dict[str, Any]]:
-        return [c["body"] for c in self.calls if c["method"] == method]
+        """The calls of ``method`` the fake accepted (answered 200)."""
+        return [c["body"] for c in self.calls if c["method"] == method and c["status"] == 200]
+
+    def attempts(self, method: str = "sendMessage") -> list[dict[str, Any]]:
+        return [c for c in self.calls if c["method"] == method]
+
+    def wait_sent(self, count: int, timeout: float = 20, method: str = "sendMessage"
+                  ) -> list[dict[str, Any]]:
+        """Wait until ``count`` calls of ``method`` were accepted; return them all."""
+        deadline = time.monotonic() + timeout
+        while len(self.sent(method)) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.sent(method)
 
     def start(self) -> FakeTelegram:
         self._thread.start()
@@ -192,3 +277,15 @@ def wait_ready(url: str, proc: subprocess.Popen[Any], log: Any, seconds: float =
             pass
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.2)
+
+
+def record_fault(case: str, *, tried: int, lost: int, duplicated: int, **figures: Any) -> None:
+    """Count one fault case for bench/fault_suite.py: how many messages (or alerts) were
+    tried, lost and duplicated. Written only when FUNNEL_FAULT_REPORT names a file."""
+    path = os.environ.get("FUNNEL_FAULT_REPORT")
+    if not path:
+        return
+    line = json.dumps({"case": case, "tried": tried, "lost": lost, "duplicated": duplicated,
+                       **figures})
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(line + "\n")

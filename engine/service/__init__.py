@@ -4,7 +4,10 @@
 - ``core``: ``Service``, the funnels' engines on one shared store, a turn and its limits;
 - ``config``: ``ServiceConfig`` from ``FUNNEL_*`` environment variables;
 - ``auth``: API keys with scopes, signed widget session tokens;
-- ``limits``: 413 / 429 / 503 refusals; ``metrics``: Prometheus text; ``telegram``: the webhook;
+- ``limits``: 413 / 429 / 503 refusals; ``metrics``: Prometheus text;
+- ``inbound``: delivery keys (``Idempotency-Key``) and the replay of a message seen before;
+- ``telegram/``: the Telegram channel (updates, Bot API calls, the webhook and its outbox);
+- ``readiness``: what ``/readyz`` checks and says;
 - ``openapi``: the API document; ``server``: the command; ``static/``: the web widget.
 
 The engine core never imports this package; it needs the ``serve`` extra

@@ -31,12 +31,14 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import StoreUnavailable
-from ..turn import TurnResult
+from . import inbound
 from .auth import WidgetSession
 from .config import ServiceConfig
 from .core import Service
+from .inbound import REPLAY_HEADER, delivery_key
 from .limits import RequestRefused, error, message_text, read_json
 from .openapi import SESSION_PATTERN, document
+from .readiness import readiness
 
 log = logging.getLogger("funnel.service")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -53,8 +55,11 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
-def _turn(result: TurnResult) -> Response:
-    return _json({"reply": result.reply, "stage": result.stage_after, "handoff": result.handoff})
+def _turn(turn: dict[str, Any]) -> Response:
+    response = _json(turn)
+    if turn.get("replayed"):
+        response.headers[REPLAY_HEADER] = "true"
+    return response
 
 
 def _session_param(request: Request) -> str:
@@ -88,8 +93,13 @@ async def post_message(request: Request, service: Service, funnel: str) -> Respo
     client = service.client(request, "converse")
     service.limiter.check(client.name)
     session = _session_param(request)
-    text = message_text(await read_json(request))
-    return _turn(await service.converse(funnel, session, text, channel="api"))
+    data = await read_json(request)
+    text = message_text(data)
+    key = delivery_key(request, data)
+    # Keys are the client's: scoped by its API key and the session, so nobody replays
+    # another client's answers.
+    scoped = f"{client.name}/{session}/{key}" if key else None
+    return _turn(await inbound.turn(service, funnel, session, text, channel="api", key=scoped))
 
 
 async def get_session(request: Request, service: Service, funnel: str) -> Response:
@@ -120,8 +130,12 @@ async def widget_session(request: Request, service: Service, funnel: str) -> Res
 async def widget_message(request: Request, service: Service, funnel: str) -> Response:
     session = service.widget(request, funnel)
     service.limiter.check(f"widget:{session.session_id}")
-    text = message_text(await read_json(request))
-    return _turn(await service.converse(funnel, session.session_id, text, channel="web"))
+    data = await read_json(request)
+    text = message_text(data)
+    key = delivery_key(request, data)
+    scoped = f"{session.session_id}/{key}" if key else None
+    return _turn(await inbound.turn(service, funnel, session.session_id, text, channel="web",
+                                    key=scoped))
 
 
 async def widget_messages(request: Request, service: Service, funnel: str) -> Response:
@@ -150,23 +164,7 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     service = _service(request)
-    funnels: dict[str, str] = {}
-    try:
-        await service.open_engines()
-        for name, engine in service.engines.items():
-            await engine.store.load(engine.spec, "readyz-probe")  # the table answers
-            funnels[name] = "ok"
-        database = "ok"
-        service.recovered()  # the database answers again: stop refusing turns
-    except StoreUnavailable as exc:
-        database = f"unreachable: {exc}"
-    except Exception as exc:  # readiness reports a failure, it does not raise one
-        database = f"error: {type(exc).__name__}"
-    funnels.update({n: f"schema outdated: {p}" for n, p in service.problems.items()})
-    for name in service.funnels:
-        funnels.setdefault(name, "not open")
-    ready = database == "ok" and all(v == "ok" for v in funnels.values())
-    body = {"ready": ready, "database": database, "funnels": funnels}
+    ready, body = await readiness(service)
     if ready:
         return _json(body)
     response = _json(body, 503)
@@ -263,7 +261,8 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
     ]
     middleware = [Middleware(
         CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
-        allow_headers=["Authorization", "Content-Type", "X-API-Key"], max_age=600)]
+        allow_headers=["Authorization", "Content-Type", "X-API-Key", "Idempotency-Key"],
+        expose_headers=[REPLAY_HEADER], max_age=600)]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error, Exception: _crash})
     app.state.service = service

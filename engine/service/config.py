@@ -28,6 +28,11 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_TELEGRAM_API`` | Bot API base URL | ``https://api.telegram.org`` |
 | ``FUNNEL_TELEGRAM_TOKEN_<NAME>`` | bot token of funnel NAME (upper case) | none |
 | ``FUNNEL_TELEGRAM_SECRET_<NAME>`` | its webhook secret token | none |
+| ``FUNNEL_TELEGRAM_GROUPS_<NAME>`` | ``1``: answer in groups (one session per member) | 0 |
+| ``FUNNEL_TELEGRAM_USERNAME_<NAME>`` | the bot's @username, for mentions in groups | ``getMe`` |
+| ``FUNNEL_TELEGRAM_START_FIELD_<NAME>`` | state field that keeps ``/start PAYLOAD`` | ``source`` |
+| ``FUNNEL_TRUSTED_PROXIES`` | proxies whose ``X-Forwarded-For`` is believed (IPs) | none |
+| ``FUNNEL_REPLAY_WAIT`` | seconds a retry waits for its first delivery's turn | 120 |
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from ..errors import ConfigError
 from ..funnel import CompiledFunnel
 from ..models import Model
 
+_TRUE = ("1", "true", "yes")
 SCOPES = frozenset({"converse", "read_state", "metrics", "admin"})
 DEFAULT_TELEGRAM_API = "https://api.telegram.org"
 
@@ -51,6 +57,9 @@ DEFAULT_TELEGRAM_API = "https://api.telegram.org"
 class TelegramBot:
     token: str
     secret: str
+    groups: bool = False  # answer in groups and supergroups (only when addressed)
+    username: str | None = None  # without "@"; None: asked with getMe when needed
+    start_field: str | None = "source"  # where `/start PAYLOAD` is kept, if declared
 
 
 @dataclass
@@ -80,6 +89,8 @@ class ServiceConfig:
     handoff_webhooks: dict[str, str] = field(default_factory=dict)  # NAME suffix -> URL
     public_url: str | None = None  # base of the conversation link in handoff alerts
     dispatch_interval: float = 5.0
+    trusted_proxies: list[str] = field(default_factory=list)  # empty: X-Forwarded-For ignored
+    replay_wait: float = 120.0
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -116,7 +127,12 @@ class ServiceConfig:
                 if not secret:
                     raise ConfigError(f"{name} is set but FUNNEL_TELEGRAM_SECRET_{suffix} is not: "
                                       "the webhook needs a secret token")
-                telegram[suffix] = TelegramBot(token, secret)
+                telegram[suffix] = TelegramBot(
+                    token, secret,
+                    groups=env.get(f"FUNNEL_TELEGRAM_GROUPS_{suffix}", "0") in _TRUE,
+                    username=env.get(f"FUNNEL_TELEGRAM_USERNAME_{suffix}", "").lstrip("@")
+                    or None,
+                    start_field=env.get(f"FUNNEL_TELEGRAM_START_FIELD_{suffix}") or "source")
         secret = env.get("FUNNEL_SECRET", "")
         hooks_prefix = "FUNNEL_HANDOFF_WEBHOOK_"
         hooks = {name.removeprefix(hooks_prefix): url for name, url in env.items()
@@ -145,6 +161,9 @@ class ServiceConfig:
             handoff_webhooks=hooks,
             public_url=(env.get("FUNNEL_PUBLIC_URL") or "").rstrip("/") or None,
             dispatch_interval=_number(env, "FUNNEL_DISPATCH_INTERVAL", 5),
+            trusted_proxies=[p.strip() for p in env.get("FUNNEL_TRUSTED_PROXIES", "").split(",")
+                             if p.strip()],
+            replay_wait=_number(env, "FUNNEL_REPLAY_WAIT", 120),
         )
 
     def telegram_bot(self, funnel: str) -> TelegramBot | None:

@@ -14,6 +14,7 @@ import logging
 import math
 import time
 import urllib.parse
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from ..errors import (
     ConcurrentUpdate,
     ConfigError,
+    DuplicateDelivery,
     FunnelError,
     InvalidInput,
     SchemaOutdated,
@@ -58,6 +60,10 @@ class Service:
         self.queue = SessionQueue(config.session_queue)
         self.metrics = Metrics(config.metrics_dir)
         self.telegram = TelegramChannel(self, config.telegram_api)
+        self.metrics.queued = self.telegram.queued
+        for name, compiled in self.funnels.items():
+            self.metrics.declare(name, compiled.spec.stages,
+                                 telegram=config.telegram_bot(name) is not None)
         self.models: dict[str, Model] = {}
         for name, compiled in self.funnels.items():
             model = config.model or compiled.spec.model.name
@@ -70,9 +76,12 @@ class Service:
             name: make_notifier(compiled.spec, webhook=config.webhook(name),
                                 link=self._link if config.public_url else None)
             for name, compiled in self.funnels.items()}
+        # Claims this process makes on messages a dead worker left (engine.store.idempotency).
+        self.holder = f"svc-{uuid.uuid4().hex[:16]}"
         self._open_lock = asyncio.Lock()
         self._down_until = 0.0
         self._dispatcher: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self._metrics_writer: asyncio.Task[None] | None = None
 
     # -- life cycle --------------------------------------------------------------------
@@ -88,6 +97,12 @@ class Service:
             self._metrics_writer = loop.create_task(self._write_metrics())
 
     async def close(self) -> None:
+        # The dispatcher finishes the delivery it is in (a reply sent but not yet marked
+        # would be sent again by the next process): stop it between rounds.
+        self._stopping.set()
+        if self._dispatcher is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._dispatcher), timeout=15)
         for task in (self._dispatcher, self._metrics_writer):
             if task is not None:
                 task.cancel()
@@ -107,18 +122,33 @@ class Service:
             self.metrics.flush()
 
     async def _dispatch_loop(self) -> None:
-        """Every ``dispatch_interval`` seconds, deliver the outbox rows that are due: alerts
-        whose delivery failed (after their backoff) or that a crashed process left.
-        Every worker runs one; a claimed row is invisible to the others."""
-        while True:
-            await asyncio.sleep(self.config.dispatch_interval)
-            for name, engine in list(self.engines.items()):
+        """Every ``dispatch_interval`` seconds, deliver the outbox rows that are due (alerts
+        and replies whose delivery failed, after their backoff, or that a crashed process
+        left), and answer the Telegram messages a dead worker accepted. Every worker runs
+        one; a claimed row is invisible to the others."""
+        while not self._stopping.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.config.dispatch_interval)
+            if self._stopping.is_set():
+                return
+            for name in list(self.engines):
                 try:
-                    await engine.dispatch()
+                    await self.telegram.sweep(name)
+                    await self.telegram.deliver_due(name)
+                    await self._measure_outbox()
                 except StoreUnavailable as exc:
                     log.warning("outbox of %s: %s", name, exc)
                 except Exception:
                     log.exception("outbox of %s: the dispatch failed", name)
+
+    async def _measure_outbox(self) -> None:
+        if self.store is None:
+            return
+        backlog = await self.store.outbox_backlog()
+        for name in self.funnels:
+            count, age = backlog.get(name, (0, 0.0))
+            self.metrics.gauge("funnel_outbox_backlog", count, funnel=name)
+            self.metrics.gauge("funnel_outbox_oldest_due_seconds", age, funnel=name)
 
     def _link(self, payload: Mapping[str, Any]) -> str:
         session = urllib.parse.quote(str(payload.get("session_id", "")), safe="@:")
@@ -178,17 +208,28 @@ class Service:
         return engine
 
     # -- a turn ------------------------------------------------------------------------
-    async def converse(self, funnel: str, session_id: str, text: str, *, channel: str
+    async def converse(self, funnel: str, session_id: str, text: str, *, channel: str,
+                       key: str | None = None, reply_to: Mapping[str, Any] | None = None,
+                       message_id: int | None = None, facts: Mapping[str, Any] | None = None
                        ) -> TurnResult:
-        """Run one turn, within the per-session queue; refusals are :class:`RequestRefused`."""
+        """Run one turn, within the per-session queue; refusals are :class:`RequestRefused`.
+
+        ``key`` is the message's delivery key; a second delivery raises
+        :class:`DuplicateDelivery` (engine.service.inbound replays it). See
+        :meth:`engine.turn.Engine.handle` for the other arguments.
+        """
         if time.monotonic() < self._down_until:
             raise self._down()
         engine = await self.engine(funnel)
-        key = f"{funnel}/{session_id}"
-        self.queue.enter(key)
+        queue_key = f"{funnel}/{session_id}"
+        self.queue.enter(queue_key)
         started = time.perf_counter()
+        self.metrics.turns_in_flight += 1
         try:
-            result = await engine.handle(session_id, text, channel=channel)
+            result = await engine.handle(session_id, text, channel=channel, key=key,
+                                         reply_to=reply_to, message_id=message_id, facts=facts)
+        except DuplicateDelivery:
+            raise
         except StoreUnavailable as exc:
             log.warning("funnel %s: %s", funnel, exc)
             raise self.trip() from None
@@ -201,7 +242,8 @@ class Service:
             log.exception("funnel %s: the turn failed", funnel)
             raise RequestRefused(500, "internal", "the turn failed; see the service log") from None
         finally:
-            self.queue.leave(key)
+            self.queue.leave(queue_key)
+            self.metrics.turns_in_flight -= 1
         self.metrics.turn(funnel, result, time.perf_counter() - started)
         return result
 

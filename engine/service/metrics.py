@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,27 @@ HELP = {
     "funnel_requests_refused_total": ("counter", "Requests refused before a turn, by reason."),
     "funnel_telegram_updates_total": ("counter", "Telegram updates received, by kind."),
     "funnel_telegram_send_errors_total": ("counter", "Bot API sendMessage calls that failed."),
+    "funnel_telegram_replies_delivered_total": ("counter", "Replies the Bot API accepted."),
+    "funnel_telegram_unreachable_total": ("counter", "Replies given up: the chat refused "
+                                          "the bot (403 blocked, chat not found)."),
+    "funnel_telegram_start_payloads_dropped_total": ("counter", "/start payloads with no "
+                                                     "declared field to keep them."),
+    "funnel_replays_total": ("counter", "Deliveries of a message seen before: no second turn."),
+    "funnel_inbound_recovered_total": ("counter", "Accepted messages a dead worker left, "
+                                       "answered by another."),
+    "funnel_model_seconds": ("histogram", "Model time of a turn (all its calls), in seconds."),
+    "funnel_tokens_total": ("counter", "Model tokens, by kind (prompt, completion)."),
+    "funnel_turns_in_flight": ("gauge", "Turns running (or waiting for their session)."),
+    "funnel_turns_queued": ("gauge", "Accepted Telegram messages waiting behind an earlier "
+                            "message of the same session."),
+    "funnel_outbox_backlog": ("gauge", "Outbox rows not delivered yet (given-up rows aside)."),
+    "funnel_outbox_oldest_due_seconds": ("gauge", "How long the oldest undelivered outbox "
+                                         "row has been due, in seconds."),
 }
+# Gauges that measure the shared database: every worker sees the same value.
+_SHARED_GAUGES = ("funnel_outbox_backlog", "funnel_outbox_oldest_due_seconds")
+_REFUSALS = ("unauthorized", "forbidden", "rate_limited", "too_large", "bad_request",
+             "unavailable", "session_busy", "busy", "internal")
 
 
 def _labels(**labels: str) -> Labels:
@@ -52,6 +72,39 @@ class Metrics:
         self._file = (self.directory / f"metrics-{os.getpid()}-{secrets.token_hex(4)}.json"
                       if self.directory else None)
         self.dirty = False  # counted since the last save
+        self.gauges: dict[tuple[str, Labels], float] = {}
+        self.turns_in_flight = 0
+        self.queued: Callable[[], int] = lambda: 0  # set by the service
+
+    def declare(self, funnel: str, stages: Iterable[str], telegram: bool) -> None:
+        """Make the funnel's counters exist from the start, at zero (a rate over a series
+        that appears at its first event misses that event)."""
+        for stage in stages:
+            for name in ("funnel_turns_total", "funnel_fallbacks_total",
+                         "funnel_model_errors_total", "funnel_validation_failures_total"):
+                self.counters.setdefault((name, _labels(funnel=funnel, stage=stage)), 0.0)
+        for reason in _REFUSALS:
+            self.counters.setdefault(("funnel_requests_refused_total",
+                                      _labels(funnel=funnel, reason=reason)), 0.0)
+        for kind in ("prompt", "completion"):
+            self.counters.setdefault(("funnel_tokens_total", _labels(funnel=funnel, kind=kind)),
+                                     0.0)
+        for channel in ("api", "web", *(("telegram",) if telegram else ())):
+            self.counters.setdefault(("funnel_replays_total",
+                                      _labels(funnel=funnel, channel=channel)), 0.0)
+        if telegram:
+            for name in ("funnel_telegram_send_errors_total",
+                         "funnel_telegram_replies_delivered_total",
+                         "funnel_telegram_unreachable_total"):
+                self.counters.setdefault((name, _labels(funnel=funnel)), 0.0)
+            self.counters.setdefault(("funnel_inbound_recovered_total",
+                                      _labels(funnel=funnel, channel="telegram")), 0.0)
+        for name in _SHARED_GAUGES:
+            self.gauges.setdefault((name, _labels(funnel=funnel)), 0.0)
+
+    def gauge(self, name: str, value: float, **labels: str) -> None:
+        self.gauges[(name, _labels(**labels))] = float(value)
+        self.dirty = True
 
     # -- recording ---------------------------------------------------------------------
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
@@ -84,6 +137,12 @@ class Metrics:
                 self.inc("funnel_model_errors_total", funnel=funnel, stage=stage)
         if result.handoff:
             self.inc("funnel_handoffs_total", funnel=funnel, stage=result.stage_after)
+        if result.model_seconds:
+            self.observe("funnel_model_seconds", result.model_seconds, funnel=funnel,
+                         stage=stage)
+        self.inc("funnel_tokens_total", result.prompt_tokens, funnel=funnel, kind="prompt")
+        self.inc("funnel_tokens_total", result.completion_tokens, funnel=funnel,
+                 kind="completion")
         for t in result.transitions:
             self.inc("funnel_stage_transitions_total", funnel=funnel,
                      from_stage=str(t["from"]), to_stage=str(t["to"]))
@@ -101,7 +160,14 @@ class Metrics:
     def snapshot(self) -> dict[str, Any]:
         return {"counters": [[n, list(map(list, lb)), v] for (n, lb), v in self.counters.items()],
                 "histograms": [[n, list(map(list, lb)), h]
-                               for (n, lb), h in self.histograms.items()]}
+                               for (n, lb), h in self.histograms.items()],
+                "gauges": [[n, list(map(list, lb)), v] for (n, lb), v in self._gauges().items()]}
+
+    def _gauges(self) -> dict[tuple[str, Labels], float]:
+        gauges = dict(self.gauges)
+        gauges[("funnel_turns_in_flight", ())] = float(self.turns_in_flight)
+        gauges[("funnel_turns_queued", ())] = float(self.queued())
+        return gauges
 
     def flush(self) -> None:
         """Write this worker's counts for the others, if anything changed."""
@@ -135,7 +201,14 @@ class Metrics:
         """All counters of all workers, in the Prometheus text exposition format 0.0.4."""
         counters = dict(self.counters)
         histograms = {k: list(v) for k, v in self.histograms.items()}
+        gauges = self._gauges()
         for snap in self._others():
+            for name, labels, value in snap.get("gauges", []):
+                key = (name, tuple((str(a), str(b)) for a, b in labels))
+                if name in _SHARED_GAUGES:  # the same database, seen by every worker
+                    gauges[key] = max(gauges.get(key, 0.0), float(value))
+                else:
+                    gauges[key] = gauges.get(key, 0.0) + float(value)
             for name, labels, value in snap.get("counters", []):
                 key = (name, tuple((str(a), str(b)) for a, b in labels))
                 counters[key] = counters.get(key, 0.0) + float(value)
@@ -147,8 +220,9 @@ class Metrics:
         lines: list[str] = []
         for name, (kind, text) in HELP.items():
             lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-            if kind == "counter":
-                for (n, labels), value in sorted(counters.items()):
+            if kind in ("counter", "gauge"):
+                for (n, labels), value in sorted((counters if kind == "counter"
+                                                  else gauges).items()):
                     if n == name:
                         lines.append(f"{name}{_fmt(labels)} {_num(value)}")
                 continue

@@ -25,6 +25,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "No valid credential (API key, widget token or webhook secret).",
         403: "The API key lacks the scope, or the browser origin is not allowed.",
         404: "No such funnel or session.",
+        409: "The Idempotency-Key's message is gone (purged by retention): use a new key.",
         413: f"The message is over {MAX_MESSAGE_CHARS} characters (or the body too large).",
         429: "Too many requests from this client; retry after `Retry-After` seconds.",
         503: "The database is unreachable, the table is behind the funnel, or this session "
@@ -48,6 +49,11 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                "description": "Your id for the conversation (one customer, one session).",
                "schema": {"type": "string", "pattern": SESSION_PATTERN}}
     message_body = {"required": True, "content": {"application/json": {"schema": _ref("Message")}}}
+    idempotency = {"name": "Idempotency-Key", "in": "header", "required": False,
+                   "description": "The message's key (a UUID): a retry with the same key runs no "
+                   "second turn and gets the first turn's answer (`replayed`).",
+                   "schema": {"type": "string", "minLength": 1, "maxLength": 200,
+                              "pattern": "^[!-~]+$"}}
     api_key: list[dict[str, list[str]]] = [{"apiKey": []}, {"apiKeyHeader": []}]
     return {
         "openapi": "3.0.3",
@@ -59,10 +65,10 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
             "/v1/funnels/{funnel}/sessions/{session}/messages": {"post": {
                 "operationId": "sendMessage", "summary": "Answer one customer message (a turn).",
                 "description": "Needs the `converse` scope.",
-                "parameters": [funnel, session], "requestBody": message_body,
+                "parameters": [funnel, session, idempotency], "requestBody": message_body,
                 "security": api_key,
                 "responses": {"200": _json(_ref("Turn"), "The reply and where the session is."),
-                              **_errors(400, 401, 403, 404, 413, 429, 503)}}},
+                              **_errors(400, 401, 403, 404, 409, 413, 429, 503)}}},
             "/v1/funnels/{funnel}/sessions/{session}": {"get": {
                 "operationId": "getSession", "summary": "The session's state row.",
                 "description": "Needs the `read_state` scope.",
@@ -80,10 +86,10 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
             "/v1/funnels/{funnel}/widget/messages": {
                 "post": {
                     "operationId": "widgetMessage", "summary": "Send a message as the widget.",
-                    "parameters": [funnel], "requestBody": message_body,
+                    "parameters": [funnel, idempotency], "requestBody": message_body,
                     "security": [{"widgetToken": []}],
                     "responses": {"200": _json(_ref("Turn"), "The reply."),
-                                  **_errors(400, 401, 404, 413, 429, 503)}},
+                                  **_errors(400, 401, 404, 409, 413, 429, 503)}},
                 "get": {
                     "operationId": "widgetHistory",
                     "summary": "The last messages of the widget's own session.",
@@ -127,10 +133,16 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
             "schemas": {
                 "Message": {"type": "object", "required": ["text"], "properties": {
                     "text": {"type": "string", "minLength": 1, "maxLength": MAX_MESSAGE_CHARS,
-                             "pattern": TEXT_PATTERN}}},
-                "Turn": {"type": "object", "required": ["reply", "stage", "handoff"],
+                             "pattern": TEXT_PATTERN},
+                    "client_message_id": {"type": "string", "minLength": 1, "maxLength": 200,
+                                          "pattern": "^[!-~]+$"}}},
+                "Turn": {"type": "object", "required": ["reply", "stage", "handoff", "fallback",
+                                                        "replayed", "turn_id"],
                          "properties": {"reply": {"type": "string"}, "stage": {"type": "string"},
-                                        "handoff": {"type": "boolean"}}},
+                                        "handoff": {"type": "boolean"},
+                                        "fallback": {"type": "boolean"},
+                                        "replayed": {"type": "boolean"},
+                                        "turn_id": {"type": "integer"}}},
                 "Error": {"type": "object", "required": ["error", "message"], "properties": {
                     "error": {"type": "string"}, "message": {"type": "string"}}},
                 "WidgetSession": {"type": "object", "required": ["token", "expires_at"],
@@ -145,13 +157,17 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                 "TelegramUpdate": {"type": "object", "required": ["update_id"],
                                    "properties": {"update_id": {"type": "integer"},
                                                   "message": {"type": "object"},
-                                                  "edited_message": {"type": "object"}}},
+                                                  "edited_message": {"type": "object"},
+                                                  "callback_query": {"type": "object"},
+                                                  "my_chat_member": {"type": "object"}}},
                 "Health": {"type": "object", "required": ["status"],
                            "properties": {"status": {"type": "string"}}},
                 "Ready": {"type": "object", "required": ["ready"], "properties": {
                     "ready": {"type": "boolean"}, "database": {"type": "string"},
                     "funnels": {"type": "object",
-                                "additionalProperties": {"type": "string"}}}},
+                                "additionalProperties": {"type": "string"}},
+                    "notes": {"type": "object",
+                              "additionalProperties": {"type": "string"}}}},
             },
         },
     }

@@ -15,11 +15,21 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, InvalidInput
 from ..funnel import load_funnel
 from ..store.embedded import embedded_url
 from .config import ServiceConfig
+
+
+def proxy_options(trusted: list[str]) -> dict[str, Any]:
+    """uvicorn's proxy settings: ``X-Forwarded-For`` is believed only from the proxies in
+    ``FUNNEL_TRUSTED_PROXIES`` (none by default; uvicorn's own default trusts loopback, so
+    any local process could choose its client address and escape the rate limit)."""
+    if not trusted:
+        return {"proxy_headers": False}
+    return {"proxy_headers": True, "forwarded_allow_ips": ",".join(trusted)}
 
 
 def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: int,
@@ -64,7 +74,8 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
           f"({workers} worker{'s' if workers > 1 else ''})", file=sys.stderr)
     try:
         uvicorn.run("engine.service.app:create_app", factory=True, host=host, port=port,
-                    workers=workers, ws="none", log_level=env.get("FUNNEL_LOG_LEVEL", "info"))
+                    workers=workers, ws="none", log_level=env.get("FUNNEL_LOG_LEVEL", "info"),
+                    **proxy_options(config.trusted_proxies))
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..chat import Message
-from .base import OutboxItem, SessionAccess, Store, TurnWrite
+from .base import Inbound, OutboxItem, SessionAccess, Store, TurnWrite
 
-__all__ = ["Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite", "open_store"]
+__all__ = ["Inbound", "Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite",
+           "open_store"]
 
 
 async def open_store(url: str | None = None, **options: Any) -> Store:

@@ -9,12 +9,26 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..chat import Message
 from ..spec import FunnelSpec
 
-__all__ = ["OutboxItem", "SessionAccess", "Store", "TurnWrite"]
+if TYPE_CHECKING:
+    from .idempotency import Pending
+
+__all__ = ["Inbound", "OutboxItem", "SessionAccess", "Store", "TurnWrite"]
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A customer message's delivery key, unique per funnel and channel (a Telegram bot and
+    ``update_id``, an HTTP ``Idempotency-Key``): recorded with the message, it makes a
+    second delivery replay the first one's answer instead of running another turn
+    (engine.store.idempotency)."""
+
+    channel: str
+    key: str
 
 
 @dataclass
@@ -42,15 +56,24 @@ class TurnWrite:
     summary: str | None = None
     summary_upto: int | None = None
     holder: str | None = None  # the turn's lease on the session, released by the save
+    # The delivery key of the turn's message and the message's id: the save stores the
+    # turn's answer under the key (set by the session handle, like ``holder``).
+    inbound: Inbound | None = None
+    message_id: int = 0
 
 
 class SessionAccess(Protocol):
     """What :meth:`Store.session` yields."""
 
-    async def load(self, window: int, *, text: str | None = None, current_id: int = 0
+    async def load(self, window: int, *, text: str | None = None, current_id: int = 0,
+                   inbound: Inbound | None = None
                    ) -> tuple[int, dict[str, Any] | None, list[Message]]:
         """Log ``text`` (if given), take the lease, read the row and the last ``window``
-        messages: (message id, the row as JSON-friendly values or None, messages)."""
+        messages: (message id, the row as JSON-friendly values or None, messages).
+
+        Raises:
+            DuplicateDelivery: ``inbound``'s key was recorded before: nothing was logged.
+        """
 
     async def save(self, write: TurnWrite) -> int: ...
 
@@ -60,6 +83,9 @@ class Store(Protocol):
 
     async def ensure_schema(self, funnel: FunnelSpec) -> None:
         """Create the shared tables; raise SchemaOutdated if the funnel's table is behind."""
+
+    async def check_schema(self, funnel: FunnelSpec) -> tuple[list[str], list[str]]:
+        """(declared columns the table lacks, table columns the funnel does not declare)."""
 
     async def migrate(self, funnel: FunnelSpec, *, drop: bool = False, check: bool = False
                       ) -> list[str]:
@@ -87,11 +113,21 @@ class Store(Protocol):
         processes and machines."""
 
     async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
-                           limit: int = 50) -> list[dict[str, Any]]:
-        """Undelivered outbox rows that are due."""
+                           limit: int = 50, kinds: list[str] | None = None
+                           ) -> list[dict[str, Any]]:
+        """Undelivered outbox rows that are due (of ``kinds``, when given); a session's
+        ``reply`` rows one at a time, in order."""
 
-    async def finish_outbox(self, item_id: int, error: str | None) -> None:
-        """Mark an outbox row delivered, or failed with a retry time."""
+    async def finish_outbox(self, item_id: int, error: str | None, *,
+                            retry_in: float | None = None, give_up: bool = False) -> None:
+        """Mark an outbox row delivered, or failed with a retry time (``retry_in`` s, else
+        a backoff), or given up on (``give_up``: never retried)."""
+
+    async def outbox_target_done(self, item_id: int, target: str) -> None:
+        """Record that ``target`` of an outbox row took it: it is not sent again."""
+
+    async def outbox_backlog(self) -> dict[str, tuple[int, float]]:
+        """Per funnel: undelivered rows still to try, and the oldest's overdue age (s)."""
 
     async def history(self, funnel: FunnelSpec, session_id: str, limit: int
                       ) -> list[dict[str, Any]]:
@@ -108,5 +144,28 @@ class Store(Protocol):
     async def save_summary(self, funnel: FunnelSpec, session_id: str, summary: str,
                            old_upto: int, new_upto: int) -> bool:
         """Store a new summary if ``summary_upto`` is still ``old_upto``."""
+
+    async def accept_message(self, funnel: FunnelSpec, session_id: str, text: str,
+                             inbound: Inbound, holder: str,
+                             meta: dict[str, Any] | None = None) -> int | None:
+        """Log a message with its delivery key in one commit (its turn runs later); the
+        message id, or None when the key was seen before (nothing logged)."""
+
+    async def inbound_pending(self, funnel: str, channel: str, key: str) -> Pending | None:
+        """A delivery key's message and, once its turn is saved, the answer."""
+
+    async def claim_inbound(self, funnel: str, channel: str, holder: str, *,
+                            key: str | None = None, limit: int = 20
+                            ) -> list[tuple[str, Pending]]:
+        """Claim messages accepted and left unanswered (a dead worker's): (key, message)."""
+
+    async def record_delivery(self, funnel: str, channel: str, session_id: str,
+                              key: str | None, delivery: str, unreachable: str | None = None
+                              ) -> None:
+        """How a channel's reply went (on the message's key), and whether the channel can
+        reach the session at all (``unreachable``: why not)."""
+
+    async def add_outbox(self, funnel: str, session_id: str, items: list[OutboxItem]) -> int:
+        """Add outbox rows outside a turn; a key taken adds nothing. How many were added."""
 
     async def close(self) -> None: ...

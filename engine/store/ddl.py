@@ -6,11 +6,13 @@ import json
 
 from psycopg import sql
 
+from ..names import INBOUND as INBOUND
 from ..names import LEASES as LEASES  # the shared tables' names, re-exported
 from ..names import MESSAGES as MESSAGES
 from ..names import MIGRATIONS as MIGRATIONS
 from ..names import OUTBOX as OUTBOX
 from ..names import TURNS as TURNS
+from ..names import UNREACHABLE as UNREACHABLE
 from ..spec import COLUMN_TYPE, FieldSpec, FunnelSpec
 
 
@@ -164,4 +166,39 @@ SHARED_MIGRATIONS: list[str] = [
     # a crash of the database (which empties an unlogged table) every lease is free,
     # which is right, since the turns that held them lost their connections too.
     f"ALTER TABLE {LEASES} SET UNLOGGED",
+    # Inbound idempotency (engine.store.idempotency): one row per delivery key of a
+    # customer message (Telegram bot + update_id, an HTTP Idempotency-Key), written with
+    # the message in the turn's first round trip; the turn's save stores its answer here,
+    # so a second delivery of the key replays it instead of running another turn.
+    f"""CREATE TABLE IF NOT EXISTS {INBOUND} (
+        funnel TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        key TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        message_id BIGINT,
+        holder TEXT NOT NULL DEFAULT '',
+        alive_until TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        attempts INT NOT NULL DEFAULT 0,
+        meta JSONB,
+        response JSONB,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        answered_at TIMESTAMPTZ,
+        delivery TEXT,
+        PRIMARY KEY (funnel, channel, key)
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{INBOUND}_pending ON {INBOUND} (alive_until) "
+    "WHERE response IS NULL",
+    f"CREATE INDEX IF NOT EXISTS idx_{INBOUND}_session ON {INBOUND} (funnel, session_id)",
+    # A session its channel refuses to reach (Telegram 403: the customer blocked the bot).
+    f"""CREATE TABLE IF NOT EXISTS {UNREACHABLE} (
+        funnel TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        since TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        PRIMARY KEY (funnel, session_id, channel)
+    )""",
+    # Per-target delivery state of an outbox row (engine.notify): a target that took
+    # the row is never sent it again because another target failed.
+    f"ALTER TABLE {OUTBOX} ADD COLUMN IF NOT EXISTS done_targets JSONB NOT NULL DEFAULT '[]'",
 ]

@@ -3,7 +3,11 @@
 A turn's first round trip is one call: take the session's lease (or queue for
 it), log the user's message with the stage it arrived in, and, when the lease
 is ours, read the row (as one JSON object, decoded once) and the message
-window. It is one statement and one commit. Inside it, each statement sees
+window. With a delivery key (``p_ikey``: a Telegram update, an HTTP
+``Idempotency-Key``) it first records the key in ``funnel_inbound``; a key
+seen before logs nothing and takes no lease, and returns the first delivery's
+stored answer instead (``replayed``; see engine.store.idempotency). It is one
+statement and one commit. Inside it, each statement sees
 what committed before it ran, so the row and the window include the previous
 turn's save even if that committed while this call waited on the lease.
 
@@ -24,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 from ..spec import FunnelSpec
-from .ddl import LEASES, MESSAGES
+from .ddl import INBOUND, LEASES, MESSAGES
 
 FUNCTION_COMMENT = "funnel turn function "
 _MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
@@ -41,7 +45,27 @@ def begin_function_name(table: str) -> str:
 
 
 _BODY = """
+DECLARE
+    logged bigint;
+    answer jsonb;
 BEGIN
+    replayed := FALSE;
+    IF p_text IS NOT NULL AND p_ikey IS NOT NULL THEN
+        -- A delivery key seen before: no message, no lease, no turn; the first
+        -- delivery's answer (NULL while its turn runs) goes back instead.
+        INSERT INTO {inbound} AS i (funnel, channel, key, session_id, holder, alive_until)
+        VALUES (p_funnel, p_channel, p_ikey, p_session, p_holder,
+                NOW() + p_seconds * INTERVAL '1 second')
+        ON CONFLICT (funnel, channel, key) DO NOTHING;
+        IF NOT FOUND THEN
+            SELECT i.message_id, i.response INTO message_id, state FROM {inbound} i
+            WHERE i.funnel = p_funnel AND i.channel = p_channel AND i.key = p_ikey;
+            leased := FALSE;
+            replayed := TRUE;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
     INSERT INTO {leases} AS l (lock_key, holder, expires_at)
     VALUES (p_key, p_holder, NOW() + p_seconds * INTERVAL '1 second')
     ON CONFLICT (lock_key) DO UPDATE SET holder = EXCLUDED.holder,
@@ -49,6 +73,14 @@ BEGIN
     WHERE l.holder = EXCLUDED.holder OR (l.expires_at < NOW() AND (l.next_holder IS NULL
         OR l.next_holder = EXCLUDED.holder OR l.next_at < NOW() - INTERVAL '1 second'));
     leased := FOUND;
+    IF p_text IS NULL AND p_ikey IS NOT NULL THEN
+        -- the turn of a message accepted before (maybe by a process that died): this
+        -- turn's holder keeps the key's claim alive from now on (engine.store.heartbeat)
+        UPDATE {inbound} AS i SET holder = p_holder,
+            alive_until = NOW() + p_seconds * INTERVAL '1 second'
+        WHERE i.funnel = p_funnel AND i.channel = p_channel AND i.key = p_ikey
+            AND i.response IS NULL;
+    END IF;
     IF NOT leased AND p_queue THEN  -- waiting already: hold our place in line
         UPDATE {leases} AS l SET next_holder = p_holder, next_at = NOW()
         WHERE l.lock_key = p_key AND l.holder <> p_holder AND (l.next_holder IS NULL
@@ -59,12 +91,32 @@ BEGIN
     IF p_text IS NOT NULL THEN
         INSERT INTO {messages} (funnel, session_id, role, content, stage)
         VALUES (p_funnel, p_session, 'user', p_text, COALESCE(state->>'stage', p_initial))
-        RETURNING id INTO message_id;
+        RETURNING id INTO logged;
+        message_id := logged;
+        IF p_ikey IS NOT NULL THEN
+            UPDATE {inbound} AS i SET message_id = logged
+            WHERE i.funnel = p_funnel AND i.channel = p_channel AND i.key = p_ikey;
+        END IF;
     END IF;
     IF NOT leased THEN
         state := NULL;
         RETURN NEXT;
         RETURN;
+    END IF;
+    IF p_text IS NULL AND p_ikey IS NOT NULL THEN
+        -- Answered meanwhile (a stalled worker's turn saved after all): the save gave
+        -- the lease back with the answer, so holding the lease, we would see it.
+        SELECT i.response INTO answer FROM {inbound} i
+        WHERE i.funnel = p_funnel AND i.channel = p_channel AND i.key = p_ikey;
+        IF answer IS NOT NULL THEN
+            UPDATE {leases} SET holder = '', expires_at = '-infinity'
+            WHERE lock_key = p_key AND holder = p_holder;
+            leased := FALSE;
+            replayed := TRUE;
+            state := answer;
+            RETURN NEXT;
+            RETURN;
+        END IF;
     END IF;
     -- Replies logged after the current message (a turn that finished while this
     -- message waited for the lease) still belong to its window.
@@ -79,8 +131,10 @@ END
 
 _SIGNATURE = (
     "p_funnel text, p_session text, p_text text, p_initial text, p_key text, p_holder text, "
-    "p_seconds float8, p_window int, p_current bigint, p_queue boolean"
+    "p_seconds float8, p_window int, p_current bigint, p_queue boolean, p_channel text, "
+    "p_ikey text"
 )
+_RESULT = "message_id bigint, leased boolean, state jsonb, recent jsonb, replayed boolean"
 
 
 def begin_function(spec: FunnelSpec) -> tuple[str, list[sql.Composed], str]:
@@ -88,12 +142,14 @@ def begin_function(spec: FunnelSpec) -> tuple[str, list[sql.Composed], str]:
     name = sql.Identifier(begin_function_name(spec.table))
     body = _BODY.format(leases=sql.Identifier(LEASES).as_string(),
                         messages=sql.Identifier(MESSAGES).as_string(),
+                        inbound=sql.Identifier(INBOUND).as_string(),
                         table=sql.Identifier(spec.table).as_string())
     comment = FUNCTION_COMMENT + hashlib.sha1((_SIGNATURE + body).encode()).hexdigest()[:16]
     create = sql.SQL(
-        "CREATE OR REPLACE FUNCTION {name}({signature}) RETURNS TABLE (message_id bigint, "
-        "leased boolean, state jsonb, recent jsonb) LANGUAGE plpgsql AS {body}"
-    ).format(name=name, signature=sql.SQL(_SIGNATURE), body=sql.Literal(body))
+        "CREATE OR REPLACE FUNCTION {name}({signature}) RETURNS TABLE ({result}) "
+        "LANGUAGE plpgsql AS {body}"
+    ).format(name=name, signature=sql.SQL(_SIGNATURE), result=sql.SQL(_RESULT),
+             body=sql.Literal(body))
     describe = sql.SQL("COMMENT ON FUNCTION {name}({signature}) IS {comment}").format(
         name=name, signature=sql.SQL(_SIGNATURE), comment=sql.Literal(comment))
     return begin_function_name(spec.table), [create, describe], comment
@@ -101,7 +157,7 @@ def begin_function(spec: FunnelSpec) -> tuple[str, list[sql.Composed], str]:
 
 def call(spec: FunnelSpec) -> str:
     """The turn's first statement: positional parameters in the order of the signature."""
-    return sql.SQL("SELECT message_id, leased, state, recent FROM {}({})").format(
+    return sql.SQL("SELECT message_id, leased, state, recent, replayed FROM {}({})").format(
         sql.Identifier(begin_function_name(spec.table)),
         sql.SQL(", ").join(sql.Placeholder() for _ in _SIGNATURE.split(", "))).as_string()
 
@@ -110,10 +166,12 @@ async def function_changes(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec
                            ) -> list[tuple[str, sql.Composed]]:
     """What must run for the turn function to match this engine: nothing when it does."""
     name, statements, comment = begin_function(spec)
-    row = await (await conn.execute(
+    # Overloads of other engine versions (another signature) stay: a server still
+    # running the previous version keeps calling its own during a rolling deploy.
+    rows = await (await conn.execute(
         "SELECT obj_description(p.oid, 'pg_proc') FROM pg_proc p WHERE p.proname = %s "
-        "AND p.pronamespace = current_schema()::regnamespace", (name,))).fetchone()
-    if row is not None and row[0] == comment:
+        "AND p.pronamespace = current_schema()::regnamespace", (name,))).fetchall()
+    if any(r[0] == comment for r in rows):
         return []
-    what = f"{'create' if row is None else 'replace'} function {name}"
+    what = f"{'create' if not rows else 'replace'} function {name}"
     return [(what, stmt) for stmt in statements]

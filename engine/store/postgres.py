@@ -25,6 +25,8 @@ from ..spec import FunnelSpec
 from . import ddl, retention
 from .base import TurnWrite
 from .connect import safe_url
+from .delivery import DeliveryMixin
+from .heartbeat import Heartbeat
 from .migrate import (
     apply_shared,
     ensure_turn_function,
@@ -145,11 +147,14 @@ class _Turn:
                 "running in this process; try again") from None
         key = f"{self.funnel.name}/{self.session_id}"
         self.handle = SessionHandle(store.table(self.funnel), store._conn, self.session_id,
-                                    wait=store.turn_wait, holder=store._orphans.pop(key, None))
+                                    wait=store.turn_wait, holder=store._orphans.pop(key, None),
+                                    renew=store.heartbeat.hold)
         return self.handle
 
     async def __aexit__(self, *exc: object) -> None:
         handle, store = self.handle, self.store
+        if handle is not None:
+            store.heartbeat.drop(handle.holder)
         try:
             if handle is not None and handle.locked and not await handle.release():
                 store._orphans[handle.key] = handle.holder
@@ -157,7 +162,7 @@ class _Turn:
             store._turns.release()
 
 
-class PostgresStore:
+class PostgresStore(DeliveryMixin):
     """A :class:`engine.store.Store` on PostgreSQL."""
 
     def __init__(self, url: str, pool: AsyncConnectionPool, timeout: float,
@@ -172,6 +177,7 @@ class PostgresStore:
         self.turn_wait = timeout * 24
         self.health = health or _Health()
         self._tables: dict[str, Statements] = {}
+        self.heartbeat = Heartbeat(self._conn)
 
     @classmethod
     async def open(cls, url: str, *, max_connections: int = 10, max_turns: int = 500,
@@ -205,6 +211,7 @@ class PostgresStore:
         return store
 
     async def close(self) -> None:
+        await self.heartbeat.close()
         await self.pool.close()
 
     def _conn(self) -> _Checkout:
@@ -245,6 +252,14 @@ class PostgresStore:
                 )
             await ensure_turn_function(conn, funnel)
 
+    async def check_schema(self, funnel: FunnelSpec) -> tuple[list[str], list[str]]:
+        """(columns the funnel declares that its table lacks, columns the table has that
+        the funnel does not declare): the first blocks turns, the second does not."""
+        declared = [name for name, _ in ddl.column_defs(funnel)]
+        async with self._conn() as conn:
+            have = await existing_columns(conn, funnel.table)
+        return [c for c in declared if c not in have], [c for c in have if c not in declared]
+
     async def migrate(self, funnel: FunnelSpec, *, drop: bool = False, check: bool = False
                       ) -> list[str]:
         async with self._conn() as conn:
@@ -264,7 +279,9 @@ class PostgresStore:
     async def load(self, funnel: FunnelSpec, session_id: str) -> dict[str, Any] | None:
         async with self._conn() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(self.table(funnel).select_row, (session_id,))
+            # Not prepared: its columns change when a migration adds one (a prepared
+            # `SELECT *` would then fail with "cached plan must not change result type").
+            await cur.execute(self.table(funnel).select_row, (session_id,), prepare=False)
             return await cur.fetchone()
 
     async def save_turn(self, funnel: FunnelSpec, write: TurnWrite) -> int:
@@ -279,36 +296,6 @@ class PostgresStore:
         process are in flight at once; a turn past that waits for a slot.
         """
         return _Turn(self, funnel, session_id)
-
-    # -- outbox ------------------------------------------------------------------------
-    async def claim_outbox(self, funnel: str | None = None, session_id: str | None = None,
-                           limit: int = 50) -> list[dict[str, Any]]:
-        # Claiming pushes next_attempt_at forward, so two dispatchers never send
-        # the same row at once; a crashed dispatcher's claim expires by itself.
-        q = sql.SQL(
-            "UPDATE {o} SET attempts = attempts + 1, next_attempt_at = NOW() + INTERVAL '60 s' "
-            "WHERE id IN (SELECT id FROM {o} WHERE delivered_at IS NULL "
-            "AND next_attempt_at <= NOW() AND (%(f)s::text IS NULL OR funnel = %(f)s) "
-            "AND (%(s)s::text IS NULL OR session_id = %(s)s) ORDER BY id LIMIT %(n)s "
-            "FOR UPDATE SKIP LOCKED) RETURNING id, idempotency_key, funnel, session_id, kind, "
-            "payload, attempts"
-        ).format(o=sql.Identifier(ddl.OUTBOX))
-        async with self._conn() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(q, {"f": funnel, "s": session_id, "n": limit})
-            return await cur.fetchall()
-
-    async def finish_outbox(self, item_id: int, error: str | None) -> None:
-        o = sql.Identifier(ddl.OUTBOX)
-        async with self._conn() as conn:
-            if error is None:
-                await conn.execute(sql.SQL("UPDATE {} SET delivered_at = NOW(), last_error = NULL "
-                                           "WHERE id = %s").format(o), (item_id,))
-            else:
-                await conn.execute(sql.SQL(
-                    "UPDATE {} SET last_error = %s, next_attempt_at = NOW() + "
-                    "LEAST(3600, 5 * POWER(2, attempts)) * INTERVAL '1 s' WHERE id = %s"
-                ).format(o), (error[:1000], item_id))
 
     async def purge(self, funnel: FunnelSpec, older_than: float, *, anonymize: bool = False,
                     batch: int = 1000) -> dict[str, int]:

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from ..spec import FunnelSpec
-from . import ddl
+from . import ddl, idempotency
 from .session import Connect
 from .statements import default_literal
 
@@ -26,7 +26,8 @@ ANONYMIZED = "[anonymized]"
 async def purge(connect: Connect, funnel: FunnelSpec, older_than: float, *,
                 anonymize: bool = False, batch: int = 1000) -> dict[str, int]:
     """Delete (or anonymize) sessions idle for more than ``older_than`` seconds, with
-    their messages, turn records and outbox rows; return what was done, counted."""
+    their messages, turn records, outbox rows and delivery keys; return what was done,
+    counted."""
     counts = {"sessions": 0, "messages": 0, "turns": 0}
     while True:
         async with connect() as conn, conn.transaction():
@@ -39,8 +40,11 @@ async def purge(connect: Connect, funnel: FunnelSpec, older_than: float, *,
         async with connect() as conn, conn.transaction():
             done = await _orphan_messages(conn, funnel, older_than, batch, anonymize)
         if not done:
-            return counts
+            break
         counts["messages"] += done
+    async with connect() as conn:  # delivery keys expire with the retention period
+        await idempotency.expire(conn, funnel.name, older_than)
+    return counts
 
 
 def _pick(funnel: FunnelSpec, extra: sql.Composable | None = None) -> sql.Composed:
@@ -56,7 +60,8 @@ async def _delete_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpe
                                 ).fetchall()]
     if not ids:
         return 0
-    for table, key in ((ddl.MESSAGES, "messages"), (ddl.TURNS, "turns"), (ddl.OUTBOX, None)):
+    for table, key in ((ddl.MESSAGES, "messages"), (ddl.TURNS, "turns"), (ddl.OUTBOX, None),
+                       (ddl.INBOUND, None)):
         cur = await conn.execute(sql.SQL(
             "DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)").format(
                 sql.Identifier(table)), (funnel.name, ids))
@@ -107,6 +112,9 @@ async def _anonymize_sessions(conn: psycopg.AsyncConnection[Any], funnel: Funnel
         "UPDATE {} SET content = %s WHERE funnel = %s AND session_id = ANY(%s)").format(
             sql.Identifier(ddl.MESSAGES)), (ANONYMIZED, funnel.name, ids))
     counts["messages"] += cur.rowcount
+    # Delivery keys keep the answer they replay.
+    await conn.execute(sql.SQL("DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)")
+                       .format(sql.Identifier(ddl.INBOUND)), (funnel.name, ids))
     # A turn's error may quote the model's output, and so the customer.
     await conn.execute(sql.SQL(
         "UPDATE {} SET error = %s WHERE funnel = %s AND session_id = ANY(%s) "

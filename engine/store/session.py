@@ -6,9 +6,10 @@ function, ``engine.store.functions``), and gives it back in the statement that
 saves the turn. No connection is held while the model thinks, so the number of
 turns in flight is not bounded by PostgreSQL's connections. A turn that finds
 the session leased waits (polling with backoff, queued next in line) and then
-reads the state the other turn saved. A lease outlives a crashed process by at
-most its length; a turn that outlives its lease cannot overwrite newer state
-(the row-version check). See docs/persistence.md.
+reads the state the other turn saved. A lease is short and renewed while the
+turn runs (``engine.store.heartbeat``), so it outlives a crashed process by a
+few seconds; a turn that outlives its lease cannot overwrite newer state (the
+row-version check). See docs/persistence.md.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import Any
 import psycopg
 
 from ..chat import Message
-from ..errors import ConcurrentUpdate, StoreUnavailable
-from .base import TurnWrite
+from ..errors import ConcurrentUpdate, DuplicateDelivery, StoreUnavailable
+from .base import Inbound, TurnWrite
 from .statements import RELEASE, Statements
 
 Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
@@ -60,7 +61,8 @@ class SessionHandle:
     """One turn's view of a session: ``load`` takes the lease, ``save`` gives it back."""
 
     def __init__(self, table: Statements, connect: Connect, session_id: str,
-                 wait: float, holder: str | None = None) -> None:
+                 wait: float, holder: str | None = None,
+                 renew: Callable[[str, str], None] | None = None) -> None:
         self.table = table
         self.connect = connect
         self.session_id = session_id
@@ -70,8 +72,12 @@ class SessionHandle:
         self.holder = holder or f"{_PROCESS}-{next(_TURNS)}"
         self.locked = False
         self.wait = wait
+        self.renew = renew  # the heartbeat: keeps this turn's lease and key claim alive
+        self.inbound: Inbound | None = None
+        self.message_id = 0
 
-    async def load(self, window: int, *, text: str | None = None, current_id: int = 0
+    async def load(self, window: int, *, text: str | None = None, current_id: int = 0,
+                   inbound: Inbound | None = None
                    ) -> tuple[int, dict[str, Any] | None, list[Message]]:
         """Log the user's message (when ``text`` is given), take the session's lease, and
         read its row and last ``window`` messages: one round trip when the session is free.
@@ -80,9 +86,16 @@ class SessionHandle:
         lease is free or not, so it is durable whatever happens to the turn. Returns
         (message id, the row as JSON-friendly values or None, messages oldest first).
 
+        With ``inbound``, the message's delivery key is recorded with it (or, for a
+        message logged before, ``current_id``, only remembered for the save).
+
         Raises:
             StoreUnavailable: the session stayed leased by another turn for ``wait`` s.
+            DuplicateDelivery: the key was recorded before; nothing was logged.
         """
+        self.inbound = inbound
+        if self.renew is not None:
+            self.renew(self.holder, self.key)
         deadline = time.monotonic() + self.wait
         delay = 0.005
         waiting = False  # after the first try, a waiting turn holds its place in line
@@ -91,6 +104,7 @@ class SessionHandle:
             if logged is not None:
                 current_id, text = logged, None  # logged once, whatever happens next
             if self.locked:
+                self.message_id = current_id
                 return current_id, row, messages
             if time.monotonic() >= deadline:
                 raise StoreUnavailable(
@@ -104,13 +118,18 @@ class SessionHandle:
                    ) -> tuple[int | None, dict[str, Any] | None, list[Message]]:
         table = self.table
         spec = table.spec
+        inbound = self.inbound
         async with self.connect() as conn:
             cur = await conn.execute(table.begin, (
                 spec.name, self.session_id, text, spec.initial, self.key, self.holder,
-                table.lease_seconds, window, current_id, queue))
+                table.lease_seconds, window, current_id, queue,
+                inbound.channel if inbound else None, inbound.key if inbound else None))
             found = await cur.fetchone()
         assert found is not None
-        message_id, self.locked, state, recent = found
+        message_id, self.locked, state, recent, replayed = found
+        if replayed:
+            assert inbound is not None
+            raise DuplicateDelivery(self.session_id, inbound.key, message_id, state)
         logged = int(message_id) if text is not None else None
         if not self.locked:
             return logged, None, []
@@ -120,6 +139,7 @@ class SessionHandle:
     async def save(self, write: TurnWrite) -> int:
         """Save the turn and give the lease back, in one statement and one commit."""
         write.holder = self.holder
+        write.inbound, write.message_id = self.inbound, self.message_id
         async with self.connect() as conn:
             try:
                 version = await save_turn_on(conn, self.table, write)

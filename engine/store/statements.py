@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 from ..spec import FunnelSpec
 from . import ddl, functions
 from .base import TurnWrite
+from .heartbeat import LEASE_SECONDS
 
 
 def dumps(value: Any) -> bytes:
@@ -93,7 +94,7 @@ class Statements:
         # One statement saves the whole turn: the state (if the version still
         # matches), the reply, the turn record and the outbox rows. Atomic, one
         # round trip, one commit; nothing but the state is written on a mismatch.
-        def whole_turn(write: sql.Composable, outbox: bool) -> str:
+        def whole_turn(write: sql.Composable, outbox: bool, inbound: bool) -> str:
             # Most turns notify no one: they skip the outbox's part of the plan.
             return sql.SQL(
                 "WITH s AS ({write}), "
@@ -104,8 +105,8 @@ class Statements:
                 "SELECT %(__funnel)s, %(session_id)s, %(__stage_after)s, {turn_values} "
                 "FROM s, jsonb_populate_record(NULL::{turns}, %(__turn)s) x), "
                 "lease AS (UPDATE {leases} SET holder = '', expires_at = '-infinity' "
-                "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s){outbox_part} "
-                "SELECT row_version FROM s"
+                "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s){outbox_part}"
+                "{inbound_part} SELECT row_version FROM s"
             ).format(write=write, messages=sql.Identifier(ddl.MESSAGES),
                      outbox_part=sql.SQL(
                          ", o AS (INSERT INTO {} (idempotency_key, funnel, session_id, kind, "
@@ -113,19 +114,26 @@ class Statements:
                          "FROM s, jsonb_to_recordset(%(__outbox)s::jsonb) AS x(key text, "
                          "kind text, payload jsonb) ON CONFLICT (idempotency_key) DO NOTHING)"
                      ).format(sql.Identifier(ddl.OUTBOX)) if outbox else sql.SQL(""),
+                     # The answer a second delivery of the message's key replays.
+                     inbound_part=sql.SQL(
+                         ", i AS (UPDATE {} SET response = %(__response)s, answered_at = "
+                         "%(__now)s FROM s WHERE funnel = %(__funnel)s AND channel = "
+                         "%(__channel)s AND key = %(__key)s)"
+                     ).format(sql.Identifier(ddl.INBOUND)) if inbound else sql.SQL(""),
                      leases=sql.Identifier(ddl.LEASES), turn_columns=turn_columns,
                      turn_values=turn_values,
                      turns=sql.Identifier(ddl.TURNS)).as_string()
 
-        # How long a turn may hold its session before another may take it over: the
-        # slowest model call the funnel allows (first call and repair, with retries).
-        self.lease_seconds = 30 + max(
-            (2 * st.model.timeout * (st.model.retries + 1) for st in spec.stages.values()),
-            default=60)
-        # [new session?][anything for the outbox?]
-        self.saves = ((whole_turn(update, False), whole_turn(update, True)),
-                      (whole_turn(upsert, False), whole_turn(upsert, True)))
+        # How long a lease lasts unless renewed: the turn's process renews it while the
+        # turn runs (engine.store.heartbeat), so a crashed process frees it in seconds.
+        self.lease_seconds = LEASE_SECONDS
+        # (new session?, anything for the outbox?, a delivery key?) -> the statement
+        self.saves = {(new, out, key): whole_turn(upsert if new else update, out, key)
+                      for new in (False, True) for out in (False, True) for key in (False, True)}
         # The row alone, as `funnel state` and Engine.state show it.
+        # Never prepared (see PostgresStore.load): after `funnel migrate` adds a column
+        # under a running server, a prepared `SELECT *` fails ("cached plan must not
+        # change result type").
         self.select_row = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(
             t).as_string()
         # A turn's first round trip (engine.store.functions).
@@ -158,7 +166,8 @@ class Statements:
 
     def statement(self, write: TurnWrite) -> str:
         """INSERT-or-update for a new session, UPDATE for one the turn loaded."""
-        return self.saves[write.expected_version == 0][bool(write.outbox)]
+        return self.saves[write.expected_version == 0, bool(write.outbox),
+                          write.inbound is not None]
 
     def params(self, write: TurnWrite) -> dict[str, Any]:
         # Timestamps come from the engine's clock (tests and scenarios move it);
@@ -176,9 +185,19 @@ class Statements:
         if write.outbox:
             out["__outbox"] = Jsonb([{"key": o.key, "kind": o.kind, "payload": o.payload}
                                      for o in write.outbox], dumps=dumps)
+        if write.inbound is not None:
+            out["__channel"], out["__key"] = write.inbound.channel, write.inbound.key
+            out["__response"] = Jsonb(response(write), dumps=dumps)
         if self.spec.memory.summary:
             out["__summary"] = write.summary
         return out
+
+
+def response(write: TurnWrite) -> dict[str, Any]:
+    """What a replay of the turn's message answers (the API's ``Turn``, but ``replayed``)."""
+    return {"reply": write.reply, "stage": write.stage_after,
+            "handoff": any(o.kind == "handoff" for o in write.outbox),
+            "fallback": bool(write.turn.get("fallback")), "turn_id": write.message_id}
 
 
 def default_literal(field: Any) -> sql.Composable:

@@ -151,9 +151,18 @@
     launcher.innerHTML = ICON_CHAT;
   }
   var busy = false;
+  // A key per message, reused when the same text is sent again after a failure: the
+  // service then answers the first delivery instead of running a second turn.
+  var unsent = null;
+  function newKey() {
+    if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+    return "w" + Date.now().toString(36) + Math.random().toString(36).slice(2, 12);
+  }
   function submit() {
     var text = input.value.trim();
     if (!text || busy) return;
+    var key = unsent && unsent.text === text ? unsent.key : newKey();
+    unsent = { text: text, key: key };
     busy = true;
     send.disabled = true;
     input.value = "";
@@ -163,9 +172,12 @@
     log.scrollTop = log.scrollHeight;
     (ready || start()).then(function () {
       if (!token) throw new Error("no session");
-      return call("POST", "/widget/messages", { text: text });
+      return call("POST", "/widget/messages", { text: text, client_message_id: key });
     }).then(function (r) {
-      if (r.ok) return r.json().then(function (body) { bubble("bot", body.reply); });
+      if (r.ok) {
+        unsent = null;
+        return r.json().then(function (body) { bubble("bot", body.reply); });
+      }
       var wait = r.headers.get("Retry-After");
       if (r.status === 429 || r.status === 503) {
         notice("We're a little busy. Please send that again" + (wait ? " in " + wait + " s." : " shortly."));
