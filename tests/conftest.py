@@ -43,8 +43,8 @@ class CliResult:
     stderr: str
 
 
-def run_funnel(*args: str, env: Mapping[str, str | None] | None = None, stdin: str = ""
-               ) -> CliResult:
+def run_funnel(*args: str, env: Mapping[str, str | None] | None = None,
+               stdin: str | bytes = "") -> CliResult:
     """Run `funnel ARGS` in this process, from the repository's root, with ``env`` set
     (``None`` unsets) and ``stdin`` as its input.
 
@@ -70,7 +70,9 @@ def run_funnel(*args: str, env: Mapping[str, str | None] | None = None, stdin: s
             else:
                 os.environ[k] = v
         os.chdir(ROOT)
-        sys.stdin = io.StringIO(stdin)
+        # bytes underneath, like a real stdin (`funnel chat` reads sys.stdin.buffer)
+        raw = stdin if isinstance(stdin, bytes) else stdin.encode("utf-8")
+        sys.stdin = io.TextIOWrapper(io.BytesIO(raw))
         with redirect_stdout(out), redirect_stderr(err), ThreadPoolExecutor(1) as pool:
             code = pool.submit(call).result()
     finally:
