@@ -350,8 +350,11 @@ class Engine:
                 "llm_ms": round(sum(c.latency_ms for c in answer.completions)),
                 "turn_ms": round((time.perf_counter() - started) * 1000),
                 "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "cost": sum(costs) if costs else None,
-                "model": getattr(self.model, "name", None), "error": answer.error,
+                # One completion of unknown cost makes the turn's cost unknown.
+                "cost": sum(costs) if costs and len(costs) == len(answer.completions)
+                else None,
+                "model": answer.model or getattr(self.model, "name", None),
+                "attempts": answer.attempts, "error": answer.error,
             },
             outbox=outbox, message_time=now,
             summary=folded[0] if folded else None, summary_upto=folded[1] if folded else None,

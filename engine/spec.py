@@ -98,11 +98,17 @@ class ModelSettings:
     timeout: float = 30.0
     retries: int = 2
     api_base: str | None = None
+    structured_output: str = "auto"  # engine.llm.strategy: auto or one strategy
+    deadline: float = 20.0  # seconds for a turn's model calls: first, repair, retries
+    fallbacks: tuple[str, ...] = ()  # litellm model strings tried in order
 
     def merged(self, override: dict[str, Any] | None) -> ModelSettings:
         if not override:
             return self
-        return ModelSettings(**{**self.__dict__, **override})
+        values = dict(override)
+        if "fallbacks" in values:
+            values["fallbacks"] = tuple(values["fallbacks"] or ())
+        return ModelSettings(**{**self.__dict__, **values})
 
 
 @dataclass(frozen=True)

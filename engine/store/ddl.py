@@ -164,4 +164,7 @@ SHARED_MIGRATIONS: list[str] = [
     # a crash of the database (which empties an unlogged table) every lease is free,
     # which is right, since the turns that held them lost their connections too.
     f"ALTER TABLE {LEASES} SET UNLOGGED",
+    # HTTP calls a turn's model answer took (retries, repair and fallback models
+    # included); NULL for turns recorded before it was counted.
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS attempts INT",
 ]
