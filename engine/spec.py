@@ -91,6 +91,22 @@ class MaxIterations:
 
 
 @dataclass(frozen=True)
+class FallbackModel:
+    """One of ``model.fallbacks``: a litellm model string and, optionally, its endpoint."""
+
+    name: str
+    api_base: str | None = None
+
+    @classmethod
+    def of(cls, raw: Any) -> FallbackModel:
+        if isinstance(raw, FallbackModel):
+            return raw
+        if isinstance(raw, dict):
+            return cls(str(raw.get("name") or ""), raw.get("api_base"))
+        return cls(str(raw))
+
+
+@dataclass(frozen=True)
 class ModelSettings:
     name: str = "scripted"
     temperature: float | None = None
@@ -100,14 +116,15 @@ class ModelSettings:
     api_base: str | None = None
     structured_output: str = "auto"  # engine.llm.strategy: auto or one strategy
     deadline: float = 20.0  # seconds for a turn's model calls: first, repair, retries
-    fallbacks: tuple[str, ...] = ()  # litellm model strings tried in order
+    # Models tried in order when this one fails or runs past its share of the deadline.
+    fallbacks: tuple[FallbackModel, ...] = ()
 
     def merged(self, override: dict[str, Any] | None) -> ModelSettings:
         if not override:
             return self
         values = dict(override)
         if "fallbacks" in values:
-            values["fallbacks"] = tuple(values["fallbacks"] or ())
+            values["fallbacks"] = tuple(FallbackModel.of(x) for x in values["fallbacks"] or ())
         return ModelSettings(**{**self.__dict__, **values})
 
 

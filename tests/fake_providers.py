@@ -53,9 +53,10 @@ class Behaviour:
 class FakeProvider:
     """A fake server for one wire format; ``start()``/``stop()``, ``api_base`` for clients."""
 
-    def __init__(self, wire: str, *, require_key: bool = True) -> None:
+    def __init__(self, wire: str, *, key: str | None = None, require_key: bool = True) -> None:
         assert wire in WIRES, wire
         self.wire = wire
+        self.key = key  # when set, only this key is accepted (401 otherwise)
         self.require_key = require_key
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
@@ -164,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         behaviour = self.fake._next(body, path, headers)
         refusal = _refusal(wire, body)
-        if self.fake.require_key and not _has_key(wire, headers, self.path):
+        if self.fake.require_key and not _has_key(wire, headers, self.path, self.fake.key):
             refusal = 401, {}
         if refusal is not None:
             if behaviour is not None:  # a refused request does not use up the programme
@@ -234,17 +235,19 @@ def _route_ok(wire: str, path: str) -> bool:
     return path.endswith(":generateContent")
 
 
-def _has_key(wire: str, headers: dict[str, str], full_path: str) -> bool:
-    if wire == "anthropic":
-        return bool(headers.get("x-api-key"))
-    if wire == "azure":
-        return bool(headers.get("api-key") or headers.get("authorization"))
-    if wire == "gemini":
-        return "key=" in full_path or bool(headers.get("x-goog-api-key"))
+def _has_key(wire: str, headers: dict[str, str], full_path: str, key: str | None) -> bool:
     if wire == "ollama":
         return True  # a local Ollama has no keys
-    auth = headers.get("authorization", "")
-    return auth.startswith("Bearer ") and len(auth) > len("Bearer ")
+    if wire == "anthropic":
+        given = headers.get("x-api-key", "")
+    elif wire == "azure":
+        given = headers.get("api-key") or headers.get("authorization", "").removeprefix("Bearer ")
+    elif wire == "gemini":
+        given = headers.get("x-goog-api-key") or (
+            full_path.split("key=", 1)[1].split("&", 1)[0] if "key=" in full_path else "")
+    else:
+        given = headers.get("authorization", "").removeprefix("Bearer ")
+    return given == key if key is not None else bool(given)
 
 
 def _refusal(wire: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:

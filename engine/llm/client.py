@@ -62,9 +62,11 @@ class Caller:
         primary_base = self.api_base or s.api_base
         candidates = [(self.name, primary_base)]
         for other in s.fallbacks:
-            if other != self.name:
-                candidates.append((other, primary_base if _prefix(other) == _prefix(self.name)
-                                   else None))
+            # A fallback of the primary's provider shares its endpoint unless it names one.
+            base = other.api_base or (primary_base if _prefix(other.name) == _prefix(self.name)
+                                      else None)
+            if (other.name, base) not in candidates:
+                candidates.append((other.name, base))
         count = _Count()
         problems: list[str] = []
         for i, (model, base) in enumerate(candidates):
@@ -106,7 +108,7 @@ class Caller:
             except Exception as exc:
                 status = _retry.status_of(exc)
                 if len(chain) > 1 and _strategy.is_refusal(exc, status):
-                    if _strategy.step_down(model, api_base, chain, strategy, _short(exc)):
+                    if _strategy.step_down(model, api_base, chain, strategy, _detail(exc)):
                         continue
                 if _retry.is_retryable(exc) and retries < s.retries:
                     retries += 1
@@ -162,14 +164,15 @@ class Caller:
         if isinstance(exc, asyncio.TimeoutError | TimeoutError):
             kind, text = "Timeout", "the turn's deadline passed during the call"
         else:
-            text = _short(exc)
+            text = _detail(exc)
         message = f"model {model!r} failed ({kind}): {text}"
         if retries:
             message += f" (after {retries} {'retry' if retries == 1 else 'retries'})"
-        if "Authentication" in kind or _retry.status_of(exc) == 401:
+        if ("Authentication" in kind or _retry.status_of(exc) in (401, 403)
+                or "api key" in text.lower() or "api_key" in text.lower()):
             missing = self._missing_keys(model)
             if missing:
-                message += f"; set {', '.join(missing)} in the environment"
+                message += f"; set {' or '.join(missing)} in the environment"
         return message
 
     def _completion(self, model: str, response: Any, strategy: str,
@@ -213,6 +216,16 @@ class Caller:
 
 def _prefix(model: str) -> str:
     return model.split("/", 1)[0] if "/" in model else ""
+
+
+def _detail(exc: BaseException) -> str:
+    """The exception's first line, with the server's error body when the line lacks it."""
+    first = _short(exc)
+    full = _strategy.error_text(exc)
+    body = full[len(str(exc)):].strip()
+    if body and body[:40] not in first:
+        first = f"{first}: {' '.join(body.split())[:300]}"
+    return first
 
 
 def _short(exc: BaseException) -> str:

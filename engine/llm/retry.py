@@ -8,7 +8,7 @@ the same policy:
 - retried: HTTP 429, 408, 409, 5xx, timeouts and connection errors;
 - never retried: authentication, permission, bad request (400/404/422) and
   anything else a second identical call cannot fix;
-- the wait is exponential with full jitter (0.25 s, 0.5 s, 1 s ... capped at 8 s),
+- the wait is exponential with jitter (0.25 s, 0.5 s, 1 s ... capped at 8 s),
   or the server's ``Retry-After`` when it sends one, and never past the turn's
   deadline: a retry that could not finish in time is not made.
 """
@@ -16,6 +16,7 @@ the same policy:
 from __future__ import annotations
 
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
@@ -29,6 +30,9 @@ MIN_CALL_SECONDS = 0.2
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 _RETRY_NAMES = ("Timeout", "APIConnectionError", "ServiceUnavailableError", "RateLimitError",
                 "InternalServerError", "BadGatewayError", "APITimeoutError")
+
+
+_KEY_PROBLEM = re.compile(r"api[ _-]?key", re.IGNORECASE)
 
 
 @dataclass
@@ -64,6 +68,8 @@ def is_retryable(exc: BaseException) -> bool:
     """Whether the same call could succeed if made again a little later."""
     if isinstance(exc, TimeoutError):
         return True
+    if _KEY_PROBLEM.search(str(exc)):  # some clients say so as a "connection error"
+        return False
     names = {cls.__name__ for cls in type(exc).__mro__}
     if names & {"AuthenticationError", "PermissionDeniedError", "BadRequestError",
                 "NotFoundError", "UnprocessableEntityError", "ContextWindowExceededError"}:
