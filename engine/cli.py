@@ -38,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sql", help="print the DDL of the funnel's session table")
     s.add_argument("funnel", metavar="FUNNEL")
 
+    def structured_opt(q: argparse.ArgumentParser) -> None:
+        from .llm.strategy import CHOICES
+
+        q.add_argument("--structured-output", default=None, choices=CHOICES,
+                       help="how the stage schema is sent (default: the funnel's "
+                       "model.structured_output, auto)")
+
     def db_opts(q: argparse.ArgumentParser) -> None:
         q.add_argument("--db", default=os.environ.get("FUNNEL_DB"), metavar="URL",
                        help="PostgreSQL URL (default: $FUNNEL_DB, else the embedded server)")
@@ -49,7 +56,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="litellm model string, or scripted:PATH (default: $FUNNEL_MODEL, "
                    "else the funnel's model)")
     c.add_argument("--api-base", default=None, metavar="URL")
+    structured_opt(c)
     db_opts(c)
+
+    dr = sub.add_parser("doctor", help="probe a model endpoint: what structured output it "
+                        "accepts, latency, cost, whether each stage schema compiles")
+    dr.add_argument("funnel", metavar="FUNNEL")
+    dr.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
+                    help="litellm model string (default: $FUNNEL_MODEL, else the funnel's)")
+    dr.add_argument("--api-base", default=None, metavar="URL")
+    structured_opt(dr)
 
     st = sub.add_parser("state", help="print a session's state row as JSON")
     st.add_argument("funnel", metavar="FUNNEL")
@@ -174,6 +190,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     model = args.model or funnel.spec.model.name
     session = args.session or f"chat-{uuid.uuid4().hex[:12]}"
     interactive = sys.stdin.isatty()
+    if args.structured_output and not model.startswith("scripted"):
+        from .models import make_model
+
+        model = make_model(model, api_base=args.api_base,
+                           structured_output=args.structured_output)
     with SyncEngine(funnel, db=args.db, model=model, api_base=args.api_base) as engine:
         if interactive:
             print(f"funnel {funnel.name} v{funnel.spec.version}, session {session}. "
@@ -357,6 +378,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
                  model=args.model, api_base=args.api_base)
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .funnel import load_funnel
+    from .llm.doctor import diagnose, healthy, render
+
+    funnel = load_funnel(args.funnel)
+    model = args.model or funnel.spec.model.name
+    if model.startswith("scripted"):
+        print("funnel: error: the scripted model has no endpoint to probe; give --model",
+              file=sys.stderr)
+        return 2
+    report = asyncio.run(diagnose(funnel, model, api_base=args.api_base,
+                                  structured_output=args.structured_output))
+    sys.stdout.write(render(report))
+    return 0 if healthy(report) else 1
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .analytics import build_report, render_json, render_table
     from .funnel import load_funnel
@@ -389,6 +426,7 @@ _COMMANDS = {
     "test": cmd_test,
     "serve": cmd_serve,
     "report": cmd_report,
+    "doctor": cmd_doctor,
 }
 
 if __name__ == "__main__":

@@ -125,7 +125,8 @@ class Engine:
             raise
         engine = cls(compiled, store, model, notifier=notifier, clock=clock)
         engine._owns_store = owns
-        engine.summary = RollingSummary(compiled.spec, store, engine._window, summarizer)
+        engine.summary = RollingSummary(compiled.spec, store, engine._window, summarizer,
+                                        api_base=api_base)
         return engine
 
     async def close(self) -> None:

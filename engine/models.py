@@ -213,11 +213,6 @@ class LiteLLMModel:
         return await self.caller.complete(request)
 
 
-def _short(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
-
-
 def make_model(name: str, *, api_base: str | None = None,
                structured_output: str | None = None) -> Model:
     """``scripted:PATH`` for the offline model, otherwise a litellm model string."""

@@ -136,6 +136,7 @@ class MemorySettings:
     prompt_budget: int | None = None
     summary_budget: int = 200
     summarizer_model: str | None = None
+    summarizer_api_base: str | None = None  # default: the funnel's model endpoint
     summary: str | None = None  # the state field that holds the rolling summary
 
     def merged(self, override: dict[str, Any] | None) -> MemorySettings:

@@ -416,3 +416,85 @@ async def test_a_hanging_primary_leaves_time_for_the_fallback(
     assert [b["model"] for b in fake.requests] == ["gpt-4o-mini", "gpt-4o"]
     [row] = turn_rows(sql)
     assert row["model"] == "openai/gpt-4o" and row["attempts"] == 2
+
+
+# -- cost ---------------------------------------------------------------------------------
+
+
+async def test_report_counts_the_turns_without_cost(db_url: str, keys: None) -> None:
+    """One priced turn (gpt-4o-mini) and two of a self-hosted model litellm has no price for:
+    the report sums the one and says two had none, rather than costing them at 0."""
+    from engine.analytics import build_report, render_table
+
+    with FakeProvider("openai") as fake:
+        for model, session, turns in (("openai/gpt-4o-mini", "priced", 1),
+                                      ("openai/local-model", "free", 2)):
+            engine = await open_engine(PURAMUR, db_url, model, fake.api_base)
+            try:
+                for text, output in happy_turns(turns):
+                    fake.reply(json.dumps(output), prompt_tokens=1000, completion_tokens=100)
+                    assert not (await engine.handle(session, text)).fallback
+            finally:
+                await engine.close()
+    report = await build_report(PURAMUR, db=db_url)
+    costs = report["costs"]["conversations"]
+    assert costs["turns"] == 3 and costs["turns_without_cost"] == 2
+    assert costs["cost"] is not None and float(costs["cost"]) > 0
+    assert "2 of 3 turns had no cost" in render_table(report)
+
+
+# -- funnel doctor, summarizer endpoint ---------------------------------------------------
+
+
+def test_doctor_reports_what_the_endpoint_accepts(keys: None,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A llama-cpp-python-like server: json_schema refused (422), the rest accepted; every
+    stage's portable schema is sent once with the chosen json_object_schema."""
+    from engine.cli import main
+
+    with FakeProvider("llamacpp") as fake:
+        fake.reply('{"ok": true}')  # json_object_schema
+        fake.reply('{"ok": true}')  # tool
+        fake.reply('{"ok": true}')  # json_object
+        fake.reply("Sure! ok")  # prompt: not JSON
+        stages = len(yaml.safe_load(PURAMUR.read_text("utf-8"))["stages"])
+        for _ in range(stages):
+            fake.reply('{"reply": "hi"}')
+        code = main(["doctor", str(PURAMUR), "--model", "openai/smollm2",
+                     "--api-base", fake.api_base])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert fake.pending == 0 and fake.calls == 5 + stages
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert lines["json_schema"].split()[1] == "no" and "422" in lines["json_schema"]
+    assert lines["json_object_schema"].split()[1:3] == ["yes", "valid"]
+    assert lines["prompt"].split()[1:3] == ["yes", "invalid"]
+    assert "chosen strategy: json_object_schema" in out
+    assert "cost: unknown" in out
+    assert lines["presentation"].split()[1] == "compiles"
+    stage_bodies = fake.requests[-stages:]
+    assert all(b["response_format"]["type"] == "json_object" for b in stage_bodies)
+    assert all("maxLength" not in json.dumps(b) for b in stage_bodies)
+
+
+async def test_the_summarizer_uses_the_funnels_endpoint(db_url: str, keys: None,
+                                                        tmp_path: Path) -> None:
+    data = yaml.safe_load(PURAMUR.read_text("utf-8"))
+    data["memory"]["summarizer_model"] = "openai/summarizer"
+    data["model"]["api_base"] = "http://127.0.0.1:9/v1"
+    for key in ("prompts", "schemas"):
+        data[key] = str(ROOT / key / "puramur")
+    data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
+    funnel = tmp_path / "summarized.yaml"
+    funnel.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
+    from engine.engine import Engine
+
+    for given, expected in ((None, "http://127.0.0.1:9/v1"),
+                            ("http://127.0.0.1:8/v1", "http://127.0.0.1:8/v1")):
+        engine = await Engine.open(funnel, db=db_url, model="openai/main", api_base=given)
+        try:
+            summarizer: Any = engine.summary.summarizer
+            assert summarizer.model.name == "openai/summarizer"
+            assert summarizer.model.api_base == expected
+        finally:
+            await engine.close()

@@ -20,6 +20,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from collections.abc import Callable
 from typing import Any
 
 BASE_DELAY = 0.25
@@ -40,7 +41,7 @@ class Deadline:
     """A point on the monotonic clock that a whole turn's model calls must end by."""
 
     at: float
-    clock: Any = field(default=time.monotonic, repr=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     @classmethod
     def after(cls, seconds: float) -> Deadline:
