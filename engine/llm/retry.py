@@ -18,9 +18,9 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from collections.abc import Callable
 from typing import Any
 
 BASE_DELAY = 0.25
