@@ -12,7 +12,8 @@ One class, :class:`FakeProvider`, speaks one wire format chosen at start:
 ``lmstudio`` OpenAI's, but ``response_format: json_object`` is a 400 (LM Studio's
              wording: ``'response_format.type' must be 'json_schema' or 'text'``)
 ``llamacpp`` OpenAI's, but ``response_format.type`` other than ``text`` and
-             ``json_object`` is a 422 (llama-cpp-python's FastAPI validation)
+             ``json_object`` is a 500 naming ``response_format`` (llama-cpp-python
+             turns its request validation error into a 500)
 ============ ===============================================================
 
 As in tests/fake_openai.py, each request takes the next queued behaviour
@@ -256,10 +257,13 @@ def _refusal(wire: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]] | No
     if wire == "lmstudio" and kind == "json_object":
         return 400, {"error": "'response_format.type' must be 'json_schema' or 'text'"}
     if wire == "llamacpp" and kind not in (None, "text", "json_object"):
-        return 422, {"detail": [{"type": "literal_error", "loc": ["body", "response_format",
-                                                                   "type"],
-                                 "msg": "Input should be 'text' or 'json_object'",
-                                 "input": kind}]}
+        # llama-cpp-python's route handler turns FastAPI's validation error into a 500
+        # (llama_cpp/server/errors.py), worded as pydantic words it.
+        return 500, {"error": {"message": (
+            "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', "
+            "'response_format', 'type'), 'msg': \"Input should be 'text' or 'json_object'\", "
+            f"'input': '{kind}', 'ctx': {{'expected': \"'text' or 'json_object'\"}}}}"),
+            "type": "internal_server_error", "param": None, "code": None}}
     return None
 
 

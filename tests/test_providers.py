@@ -198,7 +198,8 @@ async def test_conversation_on_every_wire(name: str, db_url: str, sql: Any, keys
 async def test_the_step_down_is_logged_once_per_process(db_url: str, keys: None,
                                                         caplog: pytest.LogCaptureFixture
                                                         ) -> None:
-    """llama-cpp-python's server refuses ``json_schema`` (422): one refused call, a warning
+    """llama-cpp-python's server refuses ``json_schema`` (a 500 naming response_format): one
+    refused call, a warning
     naming the reason, then ``json_object`` with the schema for the rest of the process."""
     with FakeProvider("llamacpp") as fake:
         engine = await open_engine(PURAMUR, db_url, "openai/smollm2", fake.api_base)
@@ -448,7 +449,7 @@ async def test_report_counts_the_turns_without_cost(db_url: str, keys: None) -> 
 
 def test_doctor_reports_what_the_endpoint_accepts(keys: None,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """A llama-cpp-python-like server: json_schema refused (422), the rest accepted; every
+    """A llama-cpp-python-like server: json_schema refused (a 500), the rest accepted; every
     stage's portable schema is sent once with the chosen json_object_schema."""
     from engine.cli import main
 
@@ -466,7 +467,7 @@ def test_doctor_reports_what_the_endpoint_accepts(keys: None,
     assert code == 0, out
     assert fake.pending == 0 and fake.calls == 5 + stages
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
-    assert lines["json_schema"].split()[1] == "no" and "422" in lines["json_schema"]
+    assert lines["json_schema"].split()[1] == "no" and "response_format" in lines["json_schema"]
     assert lines["json_object_schema"].split()[1:3] == ["yes", "valid"]
     assert lines["prompt"].split()[1:3] == ["yes", "invalid"]
     assert "chosen strategy: json_object_schema" in out

@@ -13,6 +13,7 @@ carries the count and the model that answered.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -214,13 +215,18 @@ class Caller:
                 or info.get("output_cost_per_token") is not None)
 
 
+_PREFIX = re.compile(r"^(?:litellm\.\w+: |\w+Error: |\w+Exception - )+")
+
+
 def _prefix(model: str) -> str:
     return model.split("/", 1)[0] if "/" in model else ""
 
 
 def _detail(exc: BaseException) -> str:
     """The exception's first line, with the server's error body when the line lacks it."""
-    first = _short(exc)
+    # litellm prefixes its class and the provider's ("litellm.BadRequestError:
+    # AnthropicException - "); the kind is said once by the caller already.
+    first = _PREFIX.sub("", _short(exc))
     full = _strategy.error_text(exc)
     body = full[len(str(exc)):].strip()
     if body and body[:40] not in first:

@@ -44,6 +44,10 @@ _OLD_CLAUDE = re.compile(r"claude-(?:3|instant|2)", re.IGNORECASE)
 _REFUSAL = re.compile(r"response_format|output_format|json_schema|json_object|tool_choice|"
                       r"\btools?\b|schema|grammar|\bformat\b", re.IGNORECASE)
 
+_NAMED = re.compile(r"response_format|output_format|json_schema", re.IGNORECASE)
+_INVALID = re.compile(r"validation error|invalid|not supported|unsupported|must be|should be|"
+                      r"not allowed|unknown", re.IGNORECASE)
+
 # (model, api_base) -> index in its chain, for the life of the process.
 _chosen: dict[tuple[str, str], int] = {}
 
@@ -112,12 +116,17 @@ def forget() -> None:
 
 
 def is_refusal(exc: BaseException, status: int | None) -> bool:
-    """Whether ``exc`` is a server refusing the structured-output parameter itself."""
-    if status not in (400, 422):
-        names = {cls.__name__ for cls in type(exc).__mro__}
-        if not names & {"BadRequestError", "UnprocessableEntityError"}:
-            return False
-    return bool(_REFUSAL.search(error_text(exc)))
+    """Whether ``exc`` is a server refusing the structured-output parameter itself.
+
+    A 400 or 422 that mentions it counts; so does any other error that names the
+    parameter while saying the request was invalid: llama-cpp-python answers a
+    ``response_format`` it does not know with a 500 carrying the validation error.
+    """
+    text = error_text(exc)
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if status in (400, 422) or names & {"BadRequestError", "UnprocessableEntityError"}:
+        return bool(_REFUSAL.search(text))
+    return bool(_NAMED.search(text) and _INVALID.search(text))
 
 
 def error_text(exc: BaseException) -> str:
