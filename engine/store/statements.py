@@ -119,8 +119,8 @@ class Statements:
         # How long a turn may hold its session before another may take it over: the
         # slowest model call the funnel allows (first call and repair, with retries).
         self.lease_seconds = 30 + max(
-            (2 * st.model.timeout * (st.model.retries + 1) for st in spec.stages.values()),
-            default=60)
+            (max(st.model.deadline, 2 * st.model.timeout * (st.model.retries + 1))
+             for st in spec.stages.values()), default=60)
         # [new session?][anything for the outbox?]
         self.saves = ((whole_turn(update, False), whole_turn(update, True)),
                       (whole_turn(upsert, False), whole_turn(upsert, True)))
