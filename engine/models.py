@@ -39,7 +39,7 @@ class ModelRequest:
     deadline: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Completion:
     text: str
     prompt_tokens: int

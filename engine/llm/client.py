@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ModelError
@@ -77,8 +77,7 @@ class Caller:
             except _Failed as exc:
                 problems.append(str(exc))
                 continue
-            completion.attempts = count.attempts
-            return completion
+            return replace(completion, attempts=count.attempts)
         raise ModelError("; then ".join(problems), attempts=count.attempts)
 
     def describe(self, model: str, api_base: str | None, setting: str) -> tuple[str, ...]:
@@ -98,7 +97,7 @@ class Caller:
             if remaining < _retry.MIN_CALL_SECONDS:
                 raise _Failed(f"model {model!r}: no time left in the turn's deadline "
                               f"({s.deadline:g} s)")
-            kwargs = self._kwargs(model, api_base, request, strategy, schema,
+            kwargs = self.request_kwargs(model, api_base, request, strategy, schema,
                                   min(s.timeout, remaining))
             count.attempts += 1
             started = time.perf_counter()
@@ -109,7 +108,7 @@ class Caller:
             except Exception as exc:
                 status = _retry.status_of(exc)
                 if len(chain) > 1 and _strategy.is_refusal(exc, status):
-                    if _strategy.step_down(model, api_base, chain, strategy, _detail(exc)):
+                    if _strategy.step_down(model, api_base, chain, strategy, error_detail(exc)):
                         continue
                 if _retry.is_retryable(exc) and retries < s.retries:
                     retries += 1
@@ -121,8 +120,10 @@ class Caller:
             latency = (time.perf_counter() - started) * 1000
             return self._completion(model, response, strategy, latency)
 
-    def _kwargs(self, model: str, api_base: str | None, request: ModelRequest, strategy: str,
-                schema: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def request_kwargs(self, model: str, api_base: str | None, request: ModelRequest,
+                       strategy: str, schema: dict[str, Any], timeout: float
+                       ) -> dict[str, Any]:
+        """The ``litellm.acompletion`` arguments of one call (no retries of litellm's own)."""
         s = request.settings
         kwargs: dict[str, Any] = {
             "model": model,
@@ -165,7 +166,7 @@ class Caller:
         if isinstance(exc, asyncio.TimeoutError | TimeoutError):
             kind, text = "Timeout", "the turn's deadline passed during the call"
         else:
-            text = _detail(exc)
+            text = error_detail(exc)
         message = f"model {model!r} failed ({kind}): {text}"
         if retries:
             message += f" (after {retries} {'retry' if retries == 1 else 'retries'})"
@@ -215,6 +216,21 @@ class Caller:
                 or info.get("output_cost_per_token") is not None)
 
 
+async def close_clients(litellm: Any) -> None:
+    """Close litellm's cached HTTP clients, on the loop that opened them.
+
+    A command that runs its own event loop (``funnel doctor``) calls it before the loop
+    ends: the clients would otherwise be closed by the garbage collector, with warnings.
+    """
+    try:
+        from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+
+        await close_litellm_async_clients()  # type: ignore[no-untyped-call]
+        litellm.in_memory_llm_clients_cache.flush_cache()
+    except Exception:  # a litellm without this helper: nothing to close the engine knows of
+        return
+
+
 _PREFIX = re.compile(r"^(?:litellm\.\w+: |\w+Error: |\w+Exception - )+")
 
 
@@ -222,7 +238,7 @@ def _prefix(model: str) -> str:
     return model.split("/", 1)[0] if "/" in model else ""
 
 
-def _detail(exc: BaseException) -> str:
+def error_detail(exc: BaseException) -> str:
     """The exception's first line, with the server's error body when the line lacks it."""
     # litellm prefixes its class and the provider's ("litellm.BadRequestError:
     # AnthropicException - "); the kind is said once by the caller already.

@@ -20,7 +20,7 @@ from ..funnel import CompiledFunnel
 from ..models import ModelRequest
 from ..spec import ModelSettings
 from . import strategy as _strategy
-from .client import Caller, _detail
+from .client import Caller, close_clients, error_detail
 from .portable import portable_schema
 
 PROBE_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False,
@@ -66,6 +66,16 @@ async def diagnose(funnel: CompiledFunnel, model: str, *, api_base: str | None =
     chain = caller.describe(model, base, setting)
     report = Diagnosis(model=model, api_base=base, setting=setting, chain=chain,
                        cost_known=caller.cost_known(model))
+    try:
+        await _run(report, caller, model, base, funnel, timeout)
+    finally:
+        await close_clients(caller._litellm)
+    return report
+
+
+async def _run(report: Diagnosis, caller: Caller, model: str, base: str | None,
+               funnel: CompiledFunnel, timeout: float) -> None:
+    chain = report.chain
     settings = ModelSettings(name=model, max_tokens=16, timeout=timeout, retries=0,
                              api_base=base, deadline=timeout)
     for strategy in _strategy.STRATEGIES:
@@ -79,21 +89,20 @@ async def diagnose(funnel: CompiledFunnel, model: str, *, api_base: str | None =
                                  stage.spec.name, settings)
             probe.stage = stage.spec.name
             report.stages.append(probe)
-    return report
 
 
 async def _probe(caller: Caller, model: str, api_base: str | None, strategy: str,
                  schema: Any, stage: str, settings: ModelSettings) -> Probe:
     request = ModelRequest(messages=PROBE_MESSAGES, schema=schema, stage=stage,
                            settings=settings, session_id="doctor", turn=0, user_text="")
-    kwargs = caller._kwargs(model, api_base, request, strategy, portable_schema(schema),
+    kwargs = caller.request_kwargs(model, api_base, request, strategy, portable_schema(schema),
                             settings.timeout)
     started = time.perf_counter()
     try:
         response = await caller._litellm.acompletion(**kwargs)
     except Exception as exc:
         return Probe(strategy, False, False, (time.perf_counter() - started) * 1000,
-                     f"{type(exc).__name__}: {_detail(exc)}")
+                     f"{type(exc).__name__}: {error_detail(exc)}")
     latency = (time.perf_counter() - started) * 1000
     try:
         text = _strategy.answer_text(response.choices[0].message)

@@ -88,9 +88,12 @@ def _convert(node: Any, defs: Mapping[str, Any], depth: int) -> Any:
             out[key] = {name: _convert(sub, defs, depth + 1) for name, sub in value.items()}
         elif key in ("items", "additionalProperties") and isinstance(value, Mapping):
             out[key] = _convert(value, defs, depth + 1)
-        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
-            branches = [_convert(sub, defs, depth + 1) for sub in value]
-            out.setdefault("anyOf" if key == "oneOf" else key, []).extend(branches)
+        elif key in _SUBSCHEMA_LISTS:
+            if isinstance(value, list):  # anything else is no schema: dropped
+                target = "anyOf" if key == "oneOf" else key
+                before = out.get(target)
+                out[target] = (before if isinstance(before, list) else []) + [
+                    _convert(sub, defs, depth + 1) for sub in value]
         elif key in _KEEP:
             out[key] = value
     if notes:

@@ -42,7 +42,7 @@ _NO_SCHEMA = ("json_object", "prompt")
 _OLD_CLAUDE = re.compile(r"claude-(?:3|instant|2)", re.IGNORECASE)
 # A refusal of the structured-output part of a request, as servers word it.
 _REFUSAL = re.compile(r"response_format|output_format|json_schema|json_object|tool_choice|"
-                      r"\btools?\b|schema|grammar|\bformat\b", re.IGNORECASE)
+                      r"grammar|guided", re.IGNORECASE)
 
 _NAMED = re.compile(r"response_format|output_format|json_schema", re.IGNORECASE)
 _INVALID = re.compile(r"validation error|invalid|not supported|unsupported|must be|should be|"
