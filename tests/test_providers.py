@@ -332,6 +332,7 @@ async def test_a_hanging_provider_ends_in_the_fallback_by_the_deadline(
     assert fake.calls == 1  # no time was left for a retry
     [row] = turn_rows(sql)
     assert row["attempts"] == 1 and "deadline" in (row["error"] or "")
+    assert "retr" not in (row["error"] or "")  # no retry was made, and none is claimed
 
 
 async def test_a_500_is_retried_until_the_deadline_not_past_it(db_url: str, keys: None,
@@ -349,7 +350,7 @@ async def test_a_500_is_retried_until_the_deadline_not_past_it(db_url: str, keys
             await engine.close()
     assert result.fallback and fake.calls == 1
     assert elapsed < 2
-    assert "overloaded" in (result.error or "")
+    assert "overloaded" in (result.error or "") and "retr" not in (result.error or "")
 
 
 @pytest.mark.parametrize(("name", "variable"), [("openai", "OPENAI_API_KEY"),

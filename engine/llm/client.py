@@ -98,7 +98,7 @@ class Caller:
                 raise _Failed(f"model {model!r}: no time left in the turn's deadline "
                               f"({s.deadline:g} s)")
             kwargs = self.request_kwargs(model, api_base, request, strategy, schema,
-                                  min(s.timeout, remaining))
+                                         min(s.timeout, remaining))
             count.attempts += 1
             started = time.perf_counter()
             try:
@@ -111,9 +111,9 @@ class Caller:
                     if _strategy.step_down(model, api_base, chain, strategy, error_detail(exc)):
                         continue
                 if _retry.is_retryable(exc) and retries < s.retries:
-                    retries += 1
-                    wait = _retry.backoff(retries, exc)
+                    wait = _retry.backoff(retries + 1, exc)
                     if wait + _retry.MIN_CALL_SECONDS <= deadline.remaining():
+                        retries += 1
                         await asyncio.sleep(wait)
                         continue
                 raise _Failed(self._explain(model, api_base, exc, retries)) from None
