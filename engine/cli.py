@@ -108,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
                     help="litellm model string, or scripted:PATH (default: each funnel's model)")
     sv.add_argument("--api-base", default=None, metavar="URL")
+    structured_opt(sv)
     db_opts(sv)
 
     rp = sub.add_parser("report", help="funnel analytics: stages, drop-off, time, products, "
@@ -375,7 +376,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .service.server import serve
 
     return serve(args.funnels, db=args.db, host=args.host, port=args.port, workers=args.workers,
-                 model=args.model, api_base=args.api_base)
+                 model=args.model, api_base=args.api_base,
+                 structured_output=args.structured_output)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

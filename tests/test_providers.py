@@ -508,7 +508,7 @@ def test_the_command_line_takes_a_strategy() -> None:
     from engine.cli import _parser
     from engine.models import make_model
 
-    for command in ("chat", "doctor"):
+    for command in ("chat", "doctor", "serve"):
         args = _parser().parse_args([command, "f.yaml", "--structured-output", "tool"])
         assert args.structured_output == "tool"
     with pytest.raises(SystemExit):
@@ -516,3 +516,15 @@ def test_the_command_line_takes_a_strategy() -> None:
     model: Any = make_model("openai/x", api_base="http://127.0.0.1:9/v1",
                             structured_output="json_object_schema")
     assert model.caller.structured_output == "json_object_schema"
+
+
+def test_the_service_takes_a_strategy_from_its_environment() -> None:
+    from engine.errors import ConfigError
+    from engine.service.config import ServiceConfig
+
+    env = {"FUNNEL_SERVE_FUNNELS": str(PURAMUR), "FUNNEL_STRUCTURED_OUTPUT": "tool"}
+    assert ServiceConfig.from_env(env).structured_output == "tool"
+    del env["FUNNEL_STRUCTURED_OUTPUT"]
+    assert ServiceConfig.from_env(env).structured_output is None
+    with pytest.raises(ConfigError, match="FUNNEL_STRUCTURED_OUTPUT must be one of auto"):
+        ServiceConfig.from_env({**env, "FUNNEL_STRUCTURED_OUTPUT": "grammar"})
