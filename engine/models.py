@@ -198,7 +198,11 @@ class LiteLLMModel:
         import litellm
 
         from .llm.client import Caller
+        from .llm.strategy import CHOICES
 
+        if structured_output is not None and structured_output not in CHOICES:
+            raise ConfigError(f"structured output {structured_output!r} is not one of "
+                              f"{', '.join(CHOICES)} (see docs/models.md)")
         # litellm print()s "Provider List: ..." and "Give Feedback / Get Help ..." to
         # stdout on failed calls and on cost look-ups of unmapped models; that would
         # corrupt `funnel chat`'s one-reply-a-line output. Errors still raise.

@@ -517,6 +517,10 @@ def test_the_command_line_takes_a_strategy() -> None:
     model: Any = make_model("openai/x", api_base="http://127.0.0.1:9/v1",
                             structured_output="json_object_schema")
     assert model.caller.structured_output == "json_object_schema"
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'grammar' is not one of auto, json_schema"):
+        make_model("openai/x", structured_output="grammar")
 
 
 def test_the_service_takes_a_strategy_from_its_environment() -> None:

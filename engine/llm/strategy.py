@@ -24,6 +24,7 @@ A strategy set in the funnel or on the command line is a chain of one.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Mapping
@@ -172,8 +173,6 @@ def answer_text(message: Any) -> str:
         if isinstance(arguments, str) and arguments.strip():
             return arguments
         if isinstance(arguments, Mapping):
-            import json
-
             return json.dumps(arguments, ensure_ascii=False)
     content = getattr(message, "content", None)
     return content if isinstance(content, str) else ""
