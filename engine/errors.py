@@ -121,7 +121,15 @@ class CatalogError(ConfigError):
 
 
 class ModelError(FunnelError):
-    """The model could not be called (HTTP error, timeout, bad credentials)."""
+    """The model could not be called (HTTP error, timeout, bad credentials).
+
+    Attributes:
+        attempts: the HTTP calls made before giving up (retries and fallback models included).
+    """
+
+    def __init__(self, message: str, *, attempts: int = 1) -> None:
+        self.attempts = attempts
+        super().__init__(message)
 
 
 class ActionRefused(FunnelError):

@@ -106,17 +106,21 @@ class RollingSummary:
     """Tier 3 for one funnel: decides when to fold, folds, and stores the summary."""
 
     def __init__(self, spec: FunnelSpec, store: Store, window: int,
-                 summarizer: Summarizer | None = None) -> None:
+                 summarizer: Summarizer | None = None, *, api_base: str | None = None) -> None:
         self.spec = spec
         self.store = store
         self.window = window
         self._summarizer = summarizer
+        # The summarizer model calls the funnel's endpoint unless it is given its own.
+        self.api_base = api_base if api_base is not None else spec.model.api_base
 
     @property
     def summarizer(self) -> Summarizer:
         if self._summarizer is None:
             name = self.spec.memory.summarizer_model
-            self._summarizer = ModelSummarizer(make_model(name)) if name else \
+            self._summarizer = ModelSummarizer(make_model(
+                name, api_base=self.spec.memory.summarizer_api_base or self.api_base)) \
+                if name else \
                 ExtractiveSummarizer()
         return self._summarizer
 

@@ -15,45 +15,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from . import _yaml
 from .chat import estimate_tokens
 from .errors import ConfigError, ModelError
-from .spec import ModelSettings
+from .llm.client import Caller
+from .llm.request import Completion, Model, ModelRequest
+from .llm.strategy import CHOICES
 
-
-@dataclass(frozen=True)
-class ModelRequest:
-    """One call: the chat, the stage's output schema, and who it is for."""
-
-    messages: list[dict[str, str]]
-    schema: Mapping[str, Any]
-    stage: str
-    settings: ModelSettings
-    session_id: str
-    turn: int
-    user_text: str
-    attempt: int = 0  # 0 the first call, 1 the repair call
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    model: str
-    latency_ms: float
-    cost: float | None = None
-
-
-class Model(Protocol):
-    """What the engine calls. Implementations raise :class:`ModelError` on failure."""
-
-    name: str
-
-    async def complete(self, request: ModelRequest) -> Completion: ...
-
+__all__ = ["Completion", "LiteLLMModel", "Model", "ModelRequest", "ScriptedModel", "make_model"]
 
 # -- the scripted model ----------------------------------------------------------------
 
@@ -180,13 +151,23 @@ def _entry(raw: Any) -> ScriptEntry:
 
 
 class LiteLLMModel:
-    """Any model litellm can call (``gpt-4o-mini``, ``openai/...`` with an api_base, ...)."""
+    """Any model litellm can call (``gpt-4o-mini``, ``openai/...`` with an api_base, ...).
 
-    def __init__(self, name: str, *, api_base: str | None = None) -> None:
-        # Never fetch the cost map from the network.
+    The structured-output strategy, retries, the turn deadline and fallback
+    models are :mod:`engine.llm`'s; ``structured_output`` overrides the funnel's
+    ``model.structured_output``.
+    """
+
+    def __init__(self, name: str, *, api_base: str | None = None,
+                 structured_output: str | None = None) -> None:
+        # Never fetch the cost map (or Anthropic's beta headers) from the network.
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        import litellm
+        os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
+        import litellm  # seconds to import: only a real model pays it
 
+        if structured_output is not None and structured_output not in CHOICES:
+            raise ConfigError(f"structured output {structured_output!r} is not one of "
+                              f"{', '.join(CHOICES)} (see docs/models.md)")
         # litellm print()s "Provider List: ..." and "Give Feedback / Get Help ..." to
         # stdout on failed calls and on cost look-ups of unmapped models; that would
         # corrupt `funnel chat`'s one-reply-a-line output. Errors still raise.
@@ -194,68 +175,18 @@ class LiteLLMModel:
         self._litellm = litellm
         self.name = name
         self.api_base = api_base
-
-    def _response_format(self, request: ModelRequest) -> dict[str, Any]:
-        try:
-            structured = bool(self._litellm.supports_response_schema(model=self.name))
-        except Exception:
-            structured = False
-        if structured:
-            return {"type": "json_schema", "json_schema": {
-                "name": f"{request.stage}_output", "schema": dict(request.schema),
-                "strict": False}}
-        return {"type": "json_object"}
+        self.caller = Caller(litellm, name, api_base=api_base,
+                             structured_output=structured_output)
 
     async def complete(self, request: ModelRequest) -> Completion:
-        s = request.settings
-        kwargs: dict[str, Any] = {
-            "model": self.name,
-            "messages": request.messages,
-            "timeout": s.timeout,
-            "num_retries": s.retries,
-            "response_format": self._response_format(request),
-        }
-        if s.temperature is not None:
-            kwargs["temperature"] = s.temperature
-        if s.max_tokens is not None:
-            kwargs["max_tokens"] = s.max_tokens
-        if self.api_base or s.api_base:
-            kwargs["api_base"] = self.api_base or s.api_base
-        started = time.perf_counter()
-        try:
-            response = await self._litellm.acompletion(**kwargs)
-        except Exception as exc:
-            kind = type(exc).__name__
-            raise ModelError(f"model {self.name!r} failed ({kind}): {_short(exc)}") from None
-        latency = (time.perf_counter() - started) * 1000
-        try:
-            text = response.choices[0].message.content or ""
-        except (AttributeError, IndexError):
-            raise ModelError(f"model {self.name!r} returned no message") from None
-        usage = getattr(response, "usage", None)
-        try:
-            cost = float(self._litellm.completion_cost(completion_response=response))
-        except Exception:
-            cost = None
-        return Completion(
-            text=text,
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            model=self.name,
-            latency_ms=latency,
-            cost=cost,
-        )
+        return await self.caller.complete(request)
 
 
-def _short(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
-
-
-def make_model(name: str, *, api_base: str | None = None) -> Model:
+def make_model(name: str, *, api_base: str | None = None,
+               structured_output: str | None = None) -> Model:
     """``scripted:PATH`` for the offline model, otherwise a litellm model string."""
     if name.startswith("scripted:"):
         return ScriptedModel.from_file(name.removeprefix("scripted:"))
     if name == "scripted":
         raise ConfigError("the scripted model needs a file: `scripted:PATH`")
-    return LiteLLMModel(name, api_base=api_base)
+    return LiteLLMModel(name, api_base=api_base, structured_output=structured_output)

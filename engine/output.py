@@ -9,6 +9,7 @@ declared fallback reply is sent and nothing of the bad output is applied.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,45 +31,56 @@ class Answer:
     failures: int = 0
     fallback: bool = False
     error: str | None = None
+    attempts: int = 0  # HTTP calls made, failed ones and retries included
+
+    @property
+    def model(self) -> str | None:
+        """The model that gave the last answer (a fallback model, when the primary failed)."""
+        return self.completions[-1].model if self.completions else None
 
 
 async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]],
           session_id: str, turn: int, text: str) -> Answer:
     """Call the model, validate, repair once, else the stage's fallback.
 
-    Never raises for a model failure: the answer carries the error.
+    Never raises for a model failure: the answer carries the error. Both calls
+    share one deadline, ``model.deadline`` seconds from now.
     """
+    deadline = time.monotonic() + stage.spec.model.deadline
     request = ModelRequest(messages=messages, schema=stage.schema, stage=stage.spec.name,
                            settings=stage.spec.model, session_id=session_id, turn=turn,
-                           user_text=text)
+                           user_text=text, deadline=deadline)
     fallback = {"reply": stage.spec.fallback}
     completions: list[Completion] = []
     try:
         first = await model.complete(request)
     except ModelError as exc:
-        return Answer(fallback, completions, fallback=True, error=str(exc))
+        return Answer(fallback, completions, fallback=True, error=str(exc),
+                      attempts=exc.attempts)
     completions.append(first)
     envelope, problem = parse_output(stage, first.text)
     if envelope is not None:
-        return Answer(envelope, completions)
+        return Answer(envelope, completions, attempts=first.attempts)
     repair = ModelRequest(
         messages=[*messages, {"role": "assistant", "content": printable(first.text, 4000)},
                   {"role": "user", "content": (
                       f"Your last answer was rejected: {problem}. Answer again with one "
                       "JSON object that satisfies the output schema; keep the same meaning.")}],
         schema=stage.schema, stage=stage.spec.name, settings=stage.spec.model,
-        session_id=session_id, turn=turn, user_text=text, attempt=1)
+        session_id=session_id, turn=turn, user_text=text, attempt=1, deadline=deadline)
     try:
         second = await model.complete(repair)
     except ModelError as exc:
         return Answer(fallback, completions, failures=1, fallback=True,
-                       error=f"{problem}; repair call failed: {exc}")
+                      error=f"{problem}; repair call failed: {exc}",
+                      attempts=first.attempts + exc.attempts)
     completions.append(second)
+    attempts = first.attempts + second.attempts
     envelope, problem2 = parse_output(stage, second.text)
     if envelope is not None:
-        return Answer(envelope, completions, failures=1)
+        return Answer(envelope, completions, failures=1, attempts=attempts)
     return Answer(fallback, completions, failures=2, fallback=True,
-                   error=f"{problem}; after repair: {problem2}")
+                  error=f"{problem}; after repair: {problem2}", attempts=attempts)
 
 
 def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None, str]:

@@ -91,6 +91,22 @@ class MaxIterations:
 
 
 @dataclass(frozen=True)
+class FallbackModel:
+    """One of ``model.fallbacks``: a litellm model string and, optionally, its endpoint."""
+
+    name: str
+    api_base: str | None = None
+
+    @classmethod
+    def of(cls, raw: Any) -> FallbackModel:
+        if isinstance(raw, FallbackModel):
+            return raw
+        if isinstance(raw, dict):
+            return cls(str(raw.get("name") or ""), raw.get("api_base"))
+        return cls(str(raw))
+
+
+@dataclass(frozen=True)
 class ModelSettings:
     name: str = "scripted"
     temperature: float | None = None
@@ -98,11 +114,18 @@ class ModelSettings:
     timeout: float = 30.0
     retries: int = 2
     api_base: str | None = None
+    structured_output: str = "auto"  # engine.llm.strategy: auto or one strategy
+    deadline: float = 20.0  # seconds for a turn's model calls: first, repair, retries
+    # Models tried in order when this one fails or runs past its share of the deadline.
+    fallbacks: tuple[FallbackModel, ...] = ()
 
     def merged(self, override: dict[str, Any] | None) -> ModelSettings:
         if not override:
             return self
-        return ModelSettings(**{**self.__dict__, **override})
+        values = dict(override)
+        if "fallbacks" in values:
+            values["fallbacks"] = tuple(FallbackModel.of(x) for x in values["fallbacks"] or ())
+        return ModelSettings(**{**self.__dict__, **values})
 
 
 @dataclass(frozen=True)
@@ -113,6 +136,7 @@ class MemorySettings:
     prompt_budget: int | None = None
     summary_budget: int = 200
     summarizer_model: str | None = None
+    summarizer_api_base: str | None = None  # default: the funnel's model endpoint
     summary: str | None = None  # the state field that holds the rolling summary
     # The reply to a message too long for the stage's prompt budget.
     too_long_reply: str = ("Your message is too long for me to take in at once. Could you "

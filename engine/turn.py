@@ -142,7 +142,8 @@ class Engine:
             raise
         engine = cls(compiled, store, model, notifier=notifier, clock=clock)
         engine._owns_store = owns
-        engine.summary = RollingSummary(compiled.spec, store, engine._window, summarizer)
+        engine.summary = RollingSummary(compiled.spec, store, engine._window, summarizer,
+                                        api_base=api_base)
         return engine
 
     async def close(self) -> None:
@@ -496,6 +497,8 @@ def _turn_record(turn: _Turn, answer: Answer, transitions: list[dict[str, Any]],
         "turn_ms": round((time.perf_counter() - turn.inbound.started) * 1000),
         "prompt_tokens": sum(c.prompt_tokens for c in answer.completions),
         "completion_tokens": sum(c.completion_tokens for c in answer.completions),
-        "cost": sum(costs) if costs else None,
-        "model": model, "error": printable(answer.error, 2000) if answer.error else None,
+        # One completion of unknown cost makes the turn's cost unknown.
+        "cost": sum(costs) if costs and len(costs) == len(answer.completions) else None,
+        "model": answer.model or model, "attempts": answer.attempts,
+        "error": printable(answer.error, 2000) if answer.error else None,
     }

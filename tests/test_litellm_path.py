@@ -206,7 +206,12 @@ async def test_good_output_is_applied_and_recorded(db_url: str, sql: Any, fake_l
             in chat[0]["content"]
         assert chat[-1] == {"role": "user", "content": "Hi, I have a Yorkie"}
         assert len(chat) == 2  # a new session has no history
-        assert body["response_format"] == {"type": "json_object"}
+        # litellm does not know the model and there is an api_base: a self-hosted
+        # server, asked for the stage's portable schema first
+        fmt = body["response_format"]
+        assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "greeting_output"
+        assert fmt["json_schema"]["schema"]["required"] == ["reply"]
+        assert "maxLength" not in json.dumps(fmt["json_schema"]["schema"])
         assert body["temperature"] == 0.3
         assert body["max_tokens"] == 500
         assert not body.get("stream")
@@ -279,7 +284,7 @@ async def test_malformed_json_then_a_valid_repair(db_url: str, sql: Any, fake_ll
         assert repair[-2] == {"role": "assistant", "content": bad}
         assert repair[-1]["role"] == "user"
         assert "Your last answer was rejected: not valid JSON" in repair[-1]["content"]
-        assert fake_llm.requests[2]["response_format"] == {"type": "json_object"}
+        assert fake_llm.requests[2]["response_format"]["type"] == "json_schema"
 
         turn = turns(sql)[-1]
         assert turn["repaired"] is True and turn["validation_failures"] == 1
@@ -321,7 +326,8 @@ async def test_schema_invalid_twice_gives_the_fallback(db_url: str, sql: Any, fa
 async def test_http_500_retried_then_fallback(db_url: str, sql: Any, fake_llm: Any,
                                               api_key: None,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """puramur.yaml says ``retries: 2``: litellm makes three calls, then the turn falls back."""
+    """puramur.yaml says ``retries: 2``: the engine makes three calls, then the turn falls
+    back; the turn record counts them."""
     engine = await open_engine(PURAMUR, db_url, fake_llm)
     try:
         before = await warm_up(engine, fake_llm)
@@ -335,6 +341,10 @@ async def test_http_500_retried_then_fallback(db_url: str, sql: Any, fake_llm: A
         turn = assert_failed_turn(engine, result, before, after, sql, text)
         assert result.validation_failures == 0
         assert "InternalServerError" in (turn["error"] or "")
+        assert "after 2 retries" in (turn["error"] or "")
+        assert "LiteLLM Retried" not in (turn["error"] or "")
+        assert sql("SELECT attempts FROM funnel_turns WHERE session_id = %s ORDER BY id",
+                   (SESSION,)) == [(1,), (3,)]
         assert result.error == turn["error"]
         assert (turn["prompt_tokens"], turn["completion_tokens"]) == (0, 0)
         # litellm's "Give Feedback / Get Help" banners stay off stdout

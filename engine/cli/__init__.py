@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import FunnelError, FunnelInvalid
+from ..llm.strategy import CHOICES
 from ..spec import parse_duration
 from ..validation import render
 
@@ -36,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sql", help="print the DDL of the funnel's session table")
     s.add_argument("funnel", metavar="FUNNEL")
 
+    def structured_opt(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--structured-output", default=None, choices=CHOICES,
+                       help="how the stage schema is sent (default: the funnel's "
+                       "model.structured_output, auto)")
+
     def db_opts(q: argparse.ArgumentParser) -> None:
         q.add_argument("--db", default=os.environ.get("FUNNEL_DB"), metavar="URL",
                        help="PostgreSQL URL (default: $FUNNEL_DB, else the embedded server)")
@@ -47,7 +53,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="litellm model string, or scripted:PATH (default: $FUNNEL_MODEL, "
                    "else the funnel's model)")
     c.add_argument("--api-base", default=None, metavar="URL")
+    structured_opt(c)
     db_opts(c)
+
+    dr = sub.add_parser("doctor", help="probe a model endpoint: what structured output it "
+                        "accepts, latency, cost, whether each stage schema compiles")
+    dr.add_argument("funnel", metavar="FUNNEL")
+    dr.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
+                    help="litellm model string (default: $FUNNEL_MODEL, else the funnel's)")
+    dr.add_argument("--api-base", default=None, metavar="URL")
+    structured_opt(dr)
 
     st = sub.add_parser("state", help="print a session's state row as JSON")
     st.add_argument("funnel", metavar="FUNNEL")
@@ -96,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
                     help="litellm model string, or scripted:PATH (default: each funnel's model)")
     sv.add_argument("--api-base", default=None, metavar="URL")
+    structured_opt(sv)
     db_opts(sv)
 
     rp = sub.add_parser("report", help="funnel analytics: stages, drop-off, time, products, "
@@ -148,6 +164,7 @@ _COMMANDS = {
     "purge": ("database", "cmd_purge"),
     "test": ("scenario", "cmd_test"),
     "serve": ("serve", "cmd_serve"),
+    "doctor": ("doctor", "cmd_doctor"),
     "report": ("report", "cmd_report"),
     "check-state": ("check", "cmd_check_state"),
 }

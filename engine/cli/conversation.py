@@ -14,6 +14,7 @@ from typing import Any
 from .. import _yaml
 from ..errors import InvalidInput
 from ..funnel import load_funnel
+from ..models import Model, make_model
 from ..state import plain
 from ..store import open_store
 from ..sync import SyncEngine
@@ -29,7 +30,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     with a warning. Exit code 1 when any line was refused.
     """
     funnel = load_funnel(args.funnel)
-    model = args.model or funnel.spec.model.name
+    model: str | Model = args.model or funnel.spec.model.name
+    if args.structured_output and isinstance(model, str) and not model.startswith("scripted"):
+        model = make_model(model, api_base=args.api_base,
+                           structured_output=args.structured_output)
     session = args.session or f"chat-{uuid.uuid4().hex[:12]}"
     interactive = sys.stdin.isatty()
     refused = 0

@@ -106,7 +106,7 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
     conversations = conv[0] if conv else {
         "conversations": 0, "turns": 0, "prompt_tokens": 0, "completion_tokens": 0,
         "cost": None, "avg_turns": None, "avg_tokens": None, "avg_cost": None,
-        "median_cost": None}
+        "median_cost": None, "turns_without_cost": 0}
     return {
         "funnel": spec.name, "version": spec.version, "table": spec.table,
         "generated_at": _num(data["now"]), "since": since_text(since),
@@ -229,6 +229,9 @@ def render_table(report: dict[str, Any]) -> str:
                    _fmt(c["prompt_tokens"] + c["completion_tokens"]), _fmt(c["cost"], "cost"),
                    _fmt(c["avg_turns"]), _fmt(c["avg_tokens"]), _fmt(c["avg_cost"], "cost"),
                    _fmt(c["median_cost"], "cost")]]) if c["conversations"] else "  (no data)"
+    if c.get("turns_without_cost"):
+        body += (f"\n  {_fmt(c['turns_without_cost'])} of {_fmt(c['turns'])} turns had no cost "
+                 "(a model without prices in litellm's map): the cost above leaves them out")
     body += "\n\n" + table(
         ["stage", "turns", "sessions", "tokens", "cost", "cost/conv", "validation failed",
          "fallback"],

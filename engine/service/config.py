@@ -9,6 +9,7 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_SERVE_FUNNELS`` | funnel files, separated by ``os.pathsep`` | required |
 | ``FUNNEL_DB`` | PostgreSQL URL | the embedded server |
 | ``FUNNEL_MODEL`` / ``FUNNEL_API_BASE`` | model for every funnel | each funnel's own |
+| ``FUNNEL_STRUCTURED_OUTPUT`` | strategy for every funnel (docs/models.md) | each funnel's own |
 | ``FUNNEL_API_KEYS`` | ``key1:converse,read_state;key2:admin`` | none (API closed) |
 | ``FUNNEL_SECRET`` | HMAC key of widget session tokens (≥ 16 chars) | random per process |
 | ``FUNNEL_TOKEN_TTL`` | widget token lifetime, seconds | 2592000 (30 days) |
@@ -46,6 +47,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..funnel import CompiledFunnel
+from ..llm.strategy import CHOICES
 from ..models import Model
 
 _TRUE = ("1", "true", "yes")
@@ -70,6 +72,7 @@ class ServiceConfig:
     db: str | None = None
     model: str | Model | None = None  # None: each funnel's own model
     api_base: str | None = None
+    structured_output: str | None = None  # None: each funnel's model.structured_output
     api_keys: dict[str, frozenset[str]] = field(default_factory=dict)
     secret: bytes = b""
     token_ttl: float = 30 * 86400
@@ -142,6 +145,7 @@ class ServiceConfig:
             db=env.get("FUNNEL_DB") or None,
             model=env.get("FUNNEL_MODEL") or None,
             api_base=env.get("FUNNEL_API_BASE") or None,
+            structured_output=_strategy(env.get("FUNNEL_STRUCTURED_OUTPUT") or None),
             api_keys=parse_api_keys(env.get("FUNNEL_API_KEYS", "")),
             secret=secret.encode(),
             token_ttl=_number(env, "FUNNEL_TOKEN_TTL", 30 * 86400),
@@ -210,6 +214,13 @@ def parse_rate(text: str) -> tuple[int, float]:
     if rate[0] < 1 or rate[1] <= 0:
         raise ConfigError(f"FUNNEL_RATE_LIMIT must be positive; got {text!r}")
     return rate
+
+
+def _strategy(value: str | None) -> str | None:
+    if value is not None and value not in CHOICES:
+        raise ConfigError(f"FUNNEL_STRUCTURED_OUTPUT must be one of {', '.join(CHOICES)}; "
+                          f"got {value!r}")
+    return value
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:

@@ -68,7 +68,7 @@ class Service:
         for name, compiled in self.funnels.items():
             model = config.model or compiled.spec.model.name
             self.models[name] = model if not isinstance(model, str) else make_model(
-                model, api_base=config.api_base)
+                model, api_base=config.api_base, structured_output=config.structured_output)
         self.store: Store | None = None
         self.engines: dict[str, Engine] = {}
         self.problems: dict[str, str] = {}  # funnel -> why it has no engine (schema outdated)
@@ -185,7 +185,7 @@ class Service:
                         try:
                             self.engines[name] = await Engine.open(
                                 compiled, store=self.store, model=self.models[name],
-                                notifier=self.notifiers[name])
+                                notifier=self.notifiers[name], api_base=self.config.api_base)
                             self.problems.pop(name, None)
                         except SchemaOutdated as exc:
                             self.problems[name] = str(exc)

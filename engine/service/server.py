@@ -33,7 +33,8 @@ def proxy_options(trusted: list[str]) -> dict[str, Any]:
 
 
 def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: int,
-          model: str | None, api_base: str | None = None) -> int:
+          model: str | None, api_base: str | None = None,
+          structured_output: str | None = None) -> int:
     try:
         import uvicorn  # the optional `serve` extra
     except ImportError:
@@ -58,6 +59,8 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         env["FUNNEL_MODEL"] = model
     if api_base:
         env["FUNNEL_API_BASE"] = api_base
+    if structured_output:
+        env["FUNNEL_STRUCTURED_OUTPUT"] = structured_output
     if not env.get("FUNNEL_SECRET"):
         env["FUNNEL_SECRET"] = secrets.token_urlsafe(32)
         print("funnel serve: FUNNEL_SECRET is not set; widget sessions end when the service "

@@ -230,9 +230,12 @@ def conversation_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "round(avg(c.turns), 2) AS avg_turns, "
         "round(avg(c.prompt_tokens + c.completion_tokens), 1) AS avg_tokens, "
         "round(avg(c.cost), 6) AS avg_cost, "
-        "round((percentile_cont(0.5) WITHIN GROUP (ORDER BY c.cost))::numeric, 6) AS median_cost "
+        "round((percentile_cont(0.5) WITHIN GROUP (ORDER BY c.cost))::numeric, 6) AS median_cost, "
+        # Turns whose model has no price in litellm's map: their cost is unknown, not 0.
+        "COALESCE(sum(c.uncosted), 0) AS turns_without_cost "
         "FROM (SELECT tr.session_id, count(*) AS turns, sum(tr.prompt_tokens) AS prompt_tokens, "
-        "sum(tr.completion_tokens) AS completion_tokens, sum(tr.cost) AS cost "
+        "sum(tr.completion_tokens) AS completion_tokens, sum(tr.cost) AS cost, "
+        "count(*) FILTER (WHERE tr.cost IS NULL) AS uncosted "
         "FROM {turns} tr WHERE {where} GROUP BY tr.session_id) c"
     ).format(turns=sql.Identifier(ddl.TURNS), where=_turns_where(spec, b))
 

@@ -201,4 +201,7 @@ SHARED_MIGRATIONS: list[str] = [
     # Per-target delivery state of an outbox row (engine.notify): a target that took
     # the row is never sent it again because another target failed.
     f"ALTER TABLE {OUTBOX} ADD COLUMN IF NOT EXISTS done_targets JSONB NOT NULL DEFAULT '[]'",
+    # HTTP calls a turn's model answer took (retries, repair and fallback models
+    # included); NULL for turns recorded before it was counted.
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS attempts INT",
 ]

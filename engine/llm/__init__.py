@@ -1,0 +1,15 @@
+"""Real model calls: structured-output strategies, portable schemas, retries, fallbacks.
+
+- :mod:`engine.llm.strategy`: how each model is asked for the stage's envelope;
+- :mod:`engine.llm.portable`: the form of a stage schema every server can compile;
+- :mod:`engine.llm.retry`: the retry policy and the turn deadline;
+- :mod:`engine.llm.client`: one request through litellm, with all of the above;
+- :mod:`engine.llm.doctor`: ``funnel doctor``, what an endpoint accepts.
+
+Nothing here imports litellm: :class:`engine.models.LiteLLMModel` hands it in.
+"""
+
+from .portable import portable_schema
+from .strategy import CHOICES, STRATEGIES
+
+__all__ = ["CHOICES", "STRATEGIES", "portable_schema"]

@@ -1,0 +1,255 @@
+"""One model call through litellm: strategy, retries, deadline, fallback models, cost.
+
+:class:`Caller` is what :class:`engine.models.LiteLLMModel` delegates to. For
+a request it tries the primary model and then each of ``model.fallbacks``;
+each gets an equal share of what is left of the turn's deadline. Within a
+model, a refused structured-output strategy steps down its chain
+(:mod:`engine.llm.strategy`), and a transient failure is retried with backoff
+(:mod:`engine.llm.retry`). Every HTTP call counts as an attempt, and the
+:class:`~engine.models.Completion` (or the :class:`~engine.errors.ModelError`)
+carries the count and the model that answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import ModelError
+from . import retry as _retry
+from . import strategy as _strategy
+from .portable import portable_schema
+from .request import Completion, ModelRequest
+
+# Providers that speak OpenAI's protocol and usually run without keys when
+# self-hosted: given an api_base and no key, they get a placeholder key, so the
+# server (not the client library) says whether a key is needed.
+_KEYLESS_OK = frozenset({"openai", "hosted_vllm", "lm_studio", "llamafile", "openai_like"})
+
+
+@dataclass
+class _Count:
+    attempts: int = 0
+
+
+class _Failed(Exception):
+    """One model gave up; the message says why."""
+
+
+class Caller:
+    """Calls ``name`` (then its fallbacks) through ``litellm`` for a :class:`ModelRequest`.
+
+    Args:
+        litellm: the imported litellm module.
+        name: the primary litellm model string.
+        api_base: the endpoint (overrides the funnel's ``model.api_base``).
+        structured_output: a strategy or ``auto``; overrides the funnel's setting.
+    """
+
+    def __init__(self, litellm: Any, name: str, *, api_base: str | None = None,
+                 structured_output: str | None = None) -> None:
+        self._litellm = litellm
+        self.name = name
+        self.api_base = api_base
+        self.structured_output = structured_output
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        s = request.settings
+        deadline = (_retry.Deadline(request.deadline) if request.deadline is not None
+                    else _retry.Deadline.after(s.deadline))
+        primary_base = self.api_base or s.api_base
+        candidates = [(self.name, primary_base)]
+        for other in s.fallbacks:
+            # A fallback of the primary's provider shares its endpoint unless it names one.
+            base = other.api_base or (primary_base if _prefix(other.name) == _prefix(self.name)
+                                      else None)
+            if (other.name, base) not in candidates:
+                candidates.append((other.name, base))
+        count = _Count()
+        problems: list[str] = []
+        for i, (model, base) in enumerate(candidates):
+            share = deadline.share(len(candidates) - i)
+            try:
+                completion = await self._one_model(model, base, request, share, count)
+            except _Failed as exc:
+                problems.append(str(exc))
+                continue
+            return replace(completion, attempts=count.attempts)
+        raise ModelError("; then ".join(problems), attempts=count.attempts)
+
+    def describe(self, model: str, api_base: str | None, setting: str) -> tuple[str, ...]:
+        """The strategy chain ``setting`` means for ``model`` (for ``funnel doctor``)."""
+        return _strategy.chain_for(model, api_base, setting, self._litellm)
+
+    async def _one_model(self, model: str, api_base: str | None, request: ModelRequest,
+                         deadline: _retry.Deadline, count: _Count) -> Completion:
+        s = request.settings
+        setting = self.structured_output or s.structured_output
+        chain = _strategy.chain_for(model, api_base, setting, self._litellm)
+        schema = portable_schema(request.schema)
+        retries = 0
+        while True:
+            strategy = _strategy.current(model, api_base, chain)
+            remaining = deadline.remaining()
+            if remaining < _retry.MIN_CALL_SECONDS:
+                raise _Failed(f"model {model!r}: no time left in the turn's deadline "
+                              f"({s.deadline:g} s)")
+            kwargs = self.request_kwargs(model, api_base, request, strategy, schema,
+                                         min(s.timeout, remaining))
+            count.attempts += 1
+            started = time.perf_counter()
+            try:
+                # litellm's timeout is per HTTP read; the deadline bounds the whole call.
+                response = await asyncio.wait_for(self._litellm.acompletion(**kwargs),
+                                                  timeout=remaining)
+            except Exception as exc:
+                status = _retry.status_of(exc)
+                if len(chain) > 1 and _strategy.is_refusal(exc, status):
+                    if _strategy.step_down(model, api_base, chain, strategy, error_detail(exc)):
+                        continue
+                if _retry.is_retryable(exc) and retries < s.retries:
+                    wait = _retry.backoff(retries + 1, exc)
+                    if wait + _retry.MIN_CALL_SECONDS <= deadline.remaining():
+                        retries += 1
+                        await asyncio.sleep(wait)
+                        continue
+                raise _Failed(self._explain(model, api_base, exc, retries)) from None
+            latency = (time.perf_counter() - started) * 1000
+            return self._completion(model, response, strategy, latency)
+
+    def request_kwargs(self, model: str, api_base: str | None, request: ModelRequest,
+                       strategy: str, schema: dict[str, Any], timeout: float
+                       ) -> dict[str, Any]:
+        """The ``litellm.acompletion`` arguments of one call (no retries of litellm's own)."""
+        s = request.settings
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "messages": request.messages,
+            "timeout": timeout,
+            # The engine retries; litellm and the OpenAI SDK must not (their counts lie).
+            "num_retries": 0,
+            "max_retries": 0,
+            **_strategy.request_fields(strategy, schema, request.stage),
+        }
+        if s.temperature is not None:
+            kwargs["temperature"] = s.temperature
+        if s.max_tokens is not None:
+            kwargs["max_tokens"] = s.max_tokens
+        if api_base:
+            kwargs["api_base"] = api_base
+            if self._provider(model, api_base) in _KEYLESS_OK and not self._has_key(model):
+                kwargs["api_key"] = "no-key"
+        return kwargs
+
+    def _provider(self, model: str, api_base: str | None) -> str:
+        try:
+            return str(self._litellm.get_llm_provider(model=model, api_base=api_base)[1])
+        except Exception:
+            return _prefix(model)
+
+    def _has_key(self, model: str) -> bool:
+        return not self._missing_keys(model)
+
+    def _missing_keys(self, model: str) -> list[str]:
+        try:
+            env = self._litellm.validate_environment(model=model)
+        except Exception:
+            return []
+        return [str(k) for k in env.get("missing_keys") or []]
+
+    def _explain(self, model: str, api_base: str | None, exc: BaseException,
+                 retries: int) -> str:
+        kind = type(exc).__name__
+        if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+            kind, text = "Timeout", "the turn's deadline passed during the call"
+        else:
+            text = error_detail(exc)
+        message = f"model {model!r} failed ({kind}): {text}"
+        if retries:
+            message += f" (after {retries} {'retry' if retries == 1 else 'retries'})"
+        if ("Authentication" in kind or _retry.status_of(exc) in (401, 403)
+                or "api key" in text.lower() or "api_key" in text.lower()):
+            missing = self._missing_keys(model)
+            if missing:
+                message += f"; set {' or '.join(missing)} in the environment"
+        return message
+
+    def _completion(self, model: str, response: Any, strategy: str,
+                    latency: float) -> Completion:
+        try:
+            message = response.choices[0].message
+        except (AttributeError, IndexError):
+            raise _Failed(f"model {model!r} returned no message") from None
+        usage = getattr(response, "usage", None)
+        return Completion(
+            text=_strategy.answer_text(message),
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            model=model,
+            latency_ms=latency,
+            cost=self.cost(model, response),
+        )
+
+    def cost(self, model: str, response: Any) -> float | None:
+        """What the call cost, or None when litellm's price map does not know the model.
+
+        litellm prices an unmapped model at 0; a turn of unknown cost must say so.
+        """
+        if not self.cost_known(model):
+            return None
+        try:
+            return float(self._litellm.completion_cost(completion_response=response,
+                                                       model=model))
+        except Exception:
+            return None
+
+    def cost_known(self, model: str) -> bool:
+        """Whether litellm's price map has prices for ``model``."""
+        try:
+            info = self._litellm.get_model_info(model=model)
+        except Exception:
+            return False
+        return (info.get("input_cost_per_token") is not None
+                or info.get("output_cost_per_token") is not None)
+
+
+async def close_clients(litellm: Any) -> None:
+    """Close litellm's cached HTTP clients, on the loop that opened them.
+
+    A command that runs its own event loop (``funnel doctor``) calls it before the loop
+    ends: the clients would otherwise be closed by the garbage collector, with warnings.
+    """
+    try:
+        from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+
+        await close_litellm_async_clients()  # type: ignore[no-untyped-call]
+        litellm.in_memory_llm_clients_cache.flush_cache()
+    except Exception:  # a litellm without this helper: nothing to close the engine knows of
+        return
+
+
+_PREFIX = re.compile(r"^(?:litellm\.\w+: |\w+Error: |\w+Exception - )+")
+
+
+def _prefix(model: str) -> str:
+    return model.split("/", 1)[0] if "/" in model else ""
+
+
+def error_detail(exc: BaseException) -> str:
+    """The exception's first line, with the server's error body when the line lacks it."""
+    # litellm prefixes its class and the provider's ("litellm.BadRequestError:
+    # AnthropicException - "); the kind is said once by the caller already.
+    first = _PREFIX.sub("", _short(exc))
+    full = _strategy.error_text(exc)
+    body = full[len(str(exc)):].strip()
+    if body and body[:40] not in first:
+        first = f"{first}: {' '.join(body.split())[:300]}"
+    return first
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]

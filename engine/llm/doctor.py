@@ -1,0 +1,145 @@
+"""``funnel doctor``: what a model endpoint accepts, probed with tiny requests.
+
+For each structured-output strategy, one request asks for ``{"ok": true}``
+under a one-field schema; the answer says whether the endpoint accepted the
+strategy, whether the reply was the JSON asked for, and how long it took.
+Then every stage's portable schema is sent once with the strategy ``auto``
+would choose, so a grammar-based server (llama.cpp, vLLM, Ollama) that cannot
+compile one says so here instead of in a customer's turn. Nothing is retried
+and nothing is written to a database.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..funnel import CompiledFunnel
+from ..models import LiteLLMModel, ModelRequest
+from ..spec import ModelSettings
+from . import strategy as _strategy
+from .client import Caller, close_clients, error_detail
+from .portable import portable_schema
+
+PROBE_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False,
+                                "required": ["ok"], "properties": {"ok": {"type": "boolean"}}}
+PROBE_MESSAGES = [{"role": "system", "content": "Answer with one JSON object and nothing else."},
+                  {"role": "user", "content": 'Reply with exactly {"ok": true}'}]
+
+
+@dataclass
+class Probe:
+    """One request: what was asked (a strategy, a stage's schema) and what came back."""
+
+    strategy: str
+    accepted: bool
+    valid: bool
+    latency_ms: float
+    detail: str = ""
+    stage: str | None = None
+
+
+@dataclass
+class Diagnosis:
+    model: str
+    api_base: str | None
+    setting: str
+    chain: tuple[str, ...]
+    probes: list[Probe] = field(default_factory=list)
+    chosen: str | None = None
+    cost_known: bool = False
+    stages: list[Probe] = field(default_factory=list)
+
+
+async def diagnose(funnel: CompiledFunnel, model: str, *, api_base: str | None = None,
+                   structured_output: str | None = None, timeout: float = 30.0) -> Diagnosis:
+    """Probe ``model`` (at ``api_base``) once per strategy, then once per stage schema."""
+    llm = LiteLLMModel(model, api_base=api_base)
+    caller = llm.caller
+    spec_model = funnel.spec.model
+    base = api_base or spec_model.api_base
+    setting = structured_output or spec_model.structured_output
+    chain = caller.describe(model, base, setting)
+    report = Diagnosis(model=model, api_base=base, setting=setting, chain=chain,
+                       cost_known=caller.cost_known(model))
+    try:
+        await _run(report, caller, model, base, funnel, timeout)
+    finally:
+        await close_clients(caller._litellm)
+    return report
+
+
+async def _run(report: Diagnosis, caller: Caller, model: str, base: str | None,
+               funnel: CompiledFunnel, timeout: float) -> None:
+    chain = report.chain
+    settings = ModelSettings(name=model, max_tokens=16, timeout=timeout, retries=0,
+                             api_base=base, deadline=timeout)
+    for strategy in _strategy.STRATEGIES:
+        probe = await _probe(caller, model, base, strategy, PROBE_SCHEMA, "probe", settings)
+        report.probes.append(probe)
+    accepted = {p.strategy for p in report.probes if p.accepted}
+    report.chosen = next((s for s in chain if s in accepted), None)
+    if report.chosen in ("json_schema", "json_object_schema", "tool"):
+        for stage in funnel.stages.values():
+            probe = await _probe(caller, model, base, report.chosen, stage.schema,
+                                 stage.spec.name, settings)
+            probe.stage = stage.spec.name
+            report.stages.append(probe)
+
+
+async def _probe(caller: Caller, model: str, api_base: str | None, strategy: str,
+                 schema: Any, stage: str, settings: ModelSettings) -> Probe:
+    request = ModelRequest(messages=PROBE_MESSAGES, schema=schema, stage=stage,
+                           settings=settings, session_id="doctor", turn=0, user_text="")
+    kwargs = caller.request_kwargs(model, api_base, request, strategy, portable_schema(schema),
+                            settings.timeout)
+    started = time.perf_counter()
+    try:
+        response = await caller._litellm.acompletion(**kwargs)
+    except Exception as exc:
+        return Probe(strategy, False, False, (time.perf_counter() - started) * 1000,
+                     f"{type(exc).__name__}: {error_detail(exc)}")
+    latency = (time.perf_counter() - started) * 1000
+    try:
+        text = _strategy.answer_text(response.choices[0].message)
+    except (AttributeError, IndexError):
+        return Probe(strategy, True, False, latency, "no message in the response")
+    try:
+        data = json.loads(text.strip().removeprefix("```json").strip("`\n "))
+    except ValueError:
+        return Probe(strategy, True, False, latency, f"not JSON: {text[:80]!r}")
+    valid = isinstance(data, dict) and isinstance(data.get("ok"), bool)
+    return Probe(strategy, True, valid, latency, "" if valid else f"answered {text[:80]!r}")
+
+
+def render(report: Diagnosis) -> str:
+    """The diagnosis as text for the terminal."""
+    where = f" at {report.api_base}" if report.api_base else ""
+    lines = [f"model {report.model}{where}", "",
+             f"  {'strategy':<20}{'accepted':<10}{'answer':<10}{'latency':>9}  detail"]
+    for p in report.probes:
+        lines.append(f"  {p.strategy:<20}{'yes' if p.accepted else 'no':<10}"
+                     f"{('valid' if p.valid else 'invalid') if p.accepted else '-':<10}"
+                     f"{p.latency_ms:>7.0f} ms  {p.detail[:160]}".rstrip())
+    order = " > ".join(report.chain)
+    lines.append("")
+    if report.chosen:
+        lines.append(f"chosen strategy: {report.chosen}  ({report.setting}: {order})")
+    else:
+        lines.append(f"chosen strategy: none: the endpoint accepted none of {order}")
+    lines.append("cost: " + ("known (litellm's price map)" if report.cost_known else
+                             "unknown: turns are recorded with cost NULL"))
+    if report.stages:
+        lines.append(f"stage schemas (portable form, sent with {report.chosen}):")
+        for p in report.stages:
+            state = "compiles" if p.accepted else "REFUSED"
+            lines.append(f"  {p.stage or '':<22}{state:<10}{p.latency_ms:>7.0f} ms  "
+                         f"{'' if p.accepted else p.detail[:160]}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def healthy(report: Diagnosis) -> bool:
+    """A strategy was found and every stage schema was accepted with it."""
+    return report.chosen is not None and all(p.accepted for p in report.stages)

@@ -1,0 +1,51 @@
+"""What a model call takes and gives: the request, the completion, and the model protocol.
+
+In a module of their own so that the model implementations (`engine.models`)
+and the client that drives litellm (`engine.llm.client`) share them without
+importing each other. `engine.models` re-exports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..spec import ModelSettings
+
+__all__ = ["Completion", "Model", "ModelRequest"]
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One call: the chat, the stage's output schema, and who it is for."""
+
+    messages: list[dict[str, str]]
+    schema: Mapping[str, Any]
+    stage: str
+    settings: ModelSettings
+    session_id: str
+    turn: int
+    user_text: str
+    attempt: int = 0  # 0 the first call, 1 the repair call
+    # When the whole turn's model calls must end (time.monotonic()); None: now + deadline.
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+    latency_ms: float
+    cost: float | None = None  # None: unknown (a model litellm has no prices for)
+    attempts: int = 1  # HTTP calls made for this completion, retries included
+
+
+class Model(Protocol):
+    """What the engine calls. Implementations raise :class:`ModelError` on failure."""
+
+    name: str
+
+    async def complete(self, request: ModelRequest) -> Completion: ...

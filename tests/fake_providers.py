@@ -1,0 +1,324 @@
+"""Recording fake model servers for every wire format the engine meets (stdlib only).
+
+One class, :class:`FakeProvider`, speaks one wire format chosen at start:
+
+============ ===============================================================
+``openai``   ``POST /v1/chat/completions`` (chat.completion, ``tool_calls``)
+``azure``    ``POST /openai/deployments/{deployment}/chat/completions``
+``anthropic`` ``POST /v1/messages`` (``tool_use`` blocks for a forced tool,
+             text blocks otherwise, ``output_format`` accepted)
+``ollama``   ``POST /api/chat`` and ``POST /api/generate``
+``gemini``   ``POST .../models/{model}:generateContent``
+``lmstudio`` OpenAI's, but ``response_format: json_object`` is a 400 (LM Studio's
+             wording: ``'response_format.type' must be 'json_schema' or 'text'``)
+``llamacpp`` OpenAI's, but ``response_format.type`` other than ``text`` and
+             ``json_object`` is a 500 naming ``response_format`` (llama-cpp-python
+             turns its request validation error into a 500)
+============ ===============================================================
+
+As in tests/fake_openai.py, each request takes the next queued behaviour
+(``reply``, ``fail``, ``sleep``); with the queue empty the answer is an error,
+so an unexpected extra call shows. Every body, path and header set is
+recorded. A refusal (``lmstudio``, ``llamacpp``) is answered before the queue
+is read. Errors are worded in each provider's own error shape, and ``fail``
+can send ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+WIRES = ("openai", "azure", "anthropic", "ollama", "gemini", "lmstudio", "llamacpp")
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    kind: str  # "reply" | "fail" | "sleep"
+    content: str = ""
+    status: int = 200
+    message: str = ""
+    retry_after: str | None = None
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    then: Behaviour | None = None
+
+
+class FakeProvider:
+    """A fake server for one wire format; ``start()``/``stop()``, ``api_base`` for clients."""
+
+    def __init__(self, wire: str, *, key: str | None = None, require_key: bool = True) -> None:
+        assert wire in WIRES, wire
+        self.wire = wire
+        self.key = key  # when set, only this key is accepted (401 otherwise)
+        self.require_key = require_key
+        self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+        self.headers: list[dict[str, str]] = []
+        self._queue: deque[Behaviour] = deque()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- programming -------------------------------------------------------------------
+    def reply(self, content: str, *, prompt_tokens: int = 120,
+              completion_tokens: int = 30) -> FakeProvider:
+        """Answer with ``content`` (the envelope's JSON text) in the wire's response shape."""
+        self._queue.append(Behaviour("reply", content=content, prompt_tokens=prompt_tokens,
+                                     completion_tokens=completion_tokens))
+        return self
+
+    def fail(self, status: int = 500, message: str = "The server had an error.",
+             *, retry_after: str | None = None) -> FakeProvider:
+        self._queue.append(Behaviour("fail", status=status, message=message,
+                                     retry_after=retry_after))
+        return self
+
+    def sleep(self, seconds: float, *, then: str = '{"reply": "too late"}') -> FakeProvider:
+        self._queue.append(Behaviour("sleep", seconds=seconds,
+                                     then=Behaviour("reply", content=then)))
+        return self
+
+    def _next(self, body: dict[str, Any], path: str, headers: dict[str, str]) -> Behaviour | None:
+        with self._lock:
+            self.requests.append(body)
+            self.paths.append(path)
+            self.headers.append(headers)
+            return self._queue.popleft() if self._queue else None
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        assert self._httpd is not None, "the server is not started"
+        return int(self._httpd.server_address[1])
+
+    @property
+    def api_base(self) -> str:
+        """The base a litellm client is given for this wire."""
+        root = f"http://127.0.0.1:{self.port}"
+        if self.wire in ("openai", "lmstudio", "llamacpp"):
+            return root + "/v1"
+        return root
+
+    def start(self) -> FakeProvider:
+        handler = type("Handler", (_Handler,), {"fake": self})
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        httpd.daemon_threads = True
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"fake-{self.wire}-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeProvider:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeProvider
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        path = self.path.split("?", 1)[0].rstrip("/")
+        wire = self.fake.wire
+        if not _route_ok(wire, path):
+            self._send(404, {"error": {"message": f"no route for {path}"}})
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            self._send(400, {"error": {"message": "the body is not JSON"}})
+            return
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        behaviour = self.fake._next(body, path, headers)
+        refusal = _refusal(wire, body)
+        if self.fake.require_key and not _has_key(wire, headers, self.path, self.fake.key):
+            refusal = 401, {}
+        if refusal is not None:
+            if behaviour is not None:  # a refused request does not use up the programme
+                with self.fake._lock:
+                    self.fake._queue.appendleft(behaviour)
+            if refusal[0] == 401:
+                self._error(401, "invalid or missing API key")
+            else:
+                self._send(*refusal)
+            return
+        if behaviour is None:
+            self._error(500, "fake server: no behaviour queued for this request")
+            return
+        if behaviour.kind == "sleep":
+            if self.fake._stopping.wait(behaviour.seconds):
+                return
+            assert behaviour.then is not None
+            behaviour = behaviour.then
+        if behaviour.kind == "fail":
+            self._error(behaviour.status, behaviour.message, behaviour.retry_after)
+            return
+        self._send(200, _response(wire, body, path, behaviour))
+
+    def _error(self, status: int, message: str, retry_after: str | None = None) -> None:
+        wire = self.fake.wire
+        if wire == "anthropic":
+            kind = {429: "rate_limit_error", 401: "authentication_error", 529: "overloaded_error",
+                    400: "invalid_request_error"}.get(status, "api_error")
+            payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+        elif wire == "ollama":
+            payload = {"error": message}
+        elif wire == "gemini":
+            payload = {"error": {"code": status, "message": message, "status": {
+                429: "RESOURCE_EXHAUSTED", 401: "UNAUTHENTICATED", 400: "INVALID_ARGUMENT",
+            }.get(status, "INTERNAL")}}
+        else:
+            payload = {"error": {"message": message, "type": "server_error", "param": None,
+                                 "code": str(status)}}
+        extra = {"Retry-After": retry_after} if retry_after is not None else {}
+        self._send(status, payload, extra)
+
+    def _send(self, status: int, payload: dict[str, Any],
+              extra: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (extra or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def _route_ok(wire: str, path: str) -> bool:
+    if wire in ("openai", "lmstudio", "llamacpp"):
+        return path in ("/v1/chat/completions", "/chat/completions")
+    if wire == "azure":
+        return path.startswith("/openai/deployments/") and path.endswith("/chat/completions")
+    if wire == "anthropic":
+        return path == "/v1/messages"
+    if wire == "ollama":
+        return path in ("/api/chat", "/api/generate")
+    return path.endswith(":generateContent")
+
+
+def _has_key(wire: str, headers: dict[str, str], full_path: str, key: str | None) -> bool:
+    if wire == "ollama":
+        return True  # a local Ollama has no keys
+    if wire == "anthropic":
+        given = headers.get("x-api-key", "")
+    elif wire == "azure":
+        given = headers.get("api-key") or headers.get("authorization", "").removeprefix("Bearer ")
+    elif wire == "gemini":
+        given = headers.get("x-goog-api-key") or (
+            full_path.split("key=", 1)[1].split("&", 1)[0] if "key=" in full_path else "")
+    else:
+        given = headers.get("authorization", "").removeprefix("Bearer ")
+    return given == key if key is not None else bool(given)
+
+
+def _refusal(wire: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if wire == "lmstudio" and kind == "json_object":
+        return 400, {"error": "'response_format.type' must be 'json_schema' or 'text'"}
+    if wire == "llamacpp" and kind not in (None, "text", "json_object"):
+        # llama-cpp-python's route handler turns FastAPI's validation error into a 500
+        # (llama_cpp/server/errors.py), worded as pydantic words it.
+        return 500, {"error": {"message": (
+            "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', "
+            "'response_format', 'type'), 'msg': \"Input should be 'text' or 'json_object'\", "
+            f"'input': '{kind}', 'ctx': {{'expected': \"'text' or 'json_object'\"}}}}"),
+            "type": "internal_server_error", "param": None, "code": None}}
+    return None
+
+
+def _forced_tool(body: dict[str, Any]) -> str | None:
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        if choice.get("type") == "tool":  # Anthropic
+            return str(choice.get("name"))
+        function = choice.get("function")
+        if isinstance(function, dict):  # OpenAI
+            return str(function.get("name"))
+    return None
+
+
+def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[str, Any]:
+    model = str(body.get("model") or "fake-model")
+    tool = _forced_tool(body)
+    if wire == "anthropic":
+        if tool is not None:
+            try:
+                data = json.loads(b.content)
+            except json.JSONDecodeError:
+                data = {"raw": b.content}
+            content: list[dict[str, Any]] = [{"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:20]}",
+                                              "name": tool, "input": data}]
+            stop = "tool_use"
+        else:
+            content, stop = [{"type": "text", "text": b.content}], "end_turn"
+        return {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
+                "model": model, "content": content, "stop_reason": stop, "stop_sequence": None,
+                "usage": {"input_tokens": b.prompt_tokens, "output_tokens": b.completion_tokens}}
+    if wire == "ollama":
+        common = {"model": model, "created_at": "2026-12-01T00:00:00Z", "done": True,
+                  "done_reason": "stop", "total_duration": 1000, "prompt_eval_count":
+                  b.prompt_tokens, "eval_count": b.completion_tokens}
+        if path == "/api/generate":
+            return {**common, "response": b.content}
+        return {**common, "message": {"role": "assistant", "content": b.content}}
+    if wire == "gemini":
+        return {"candidates": [{"content": {"parts": [{"text": b.content}], "role": "model"},
+                                "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"promptTokenCount": b.prompt_tokens,
+                                  "candidatesTokenCount": b.completion_tokens,
+                                  "totalTokenCount": b.prompt_tokens + b.completion_tokens},
+                "modelVersion": model}
+    message: dict[str, Any] = {"role": "assistant", "content": b.content, "refusal": None}
+    finish = "stop"
+    if tool is not None:
+        message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [{
+            "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": tool, "arguments": b.content}}]}
+        finish = "tool_calls"
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+            "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake",
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish}],
+            "usage": {"prompt_tokens": b.prompt_tokens, "completion_tokens": b.completion_tokens,
+                      "total_tokens": b.prompt_tokens + b.completion_tokens}}
