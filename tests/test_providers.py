@@ -125,7 +125,7 @@ def make_funnel(tmp_path: Path, **model: Any) -> Path:
 
 async def open_engine(funnel: Path, db_url: str, model: str, api_base: str | None,
                       structured_output: str | None = None) -> Any:
-    from engine.engine import Engine
+    from engine.turn import Engine
 
     from engine.models import LiteLLMModel
 
@@ -491,7 +491,7 @@ async def test_the_summarizer_uses_the_funnels_endpoint(db_url: str, keys: None,
     data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
     funnel = tmp_path / "summarized.yaml"
     funnel.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
-    from engine.engine import Engine
+    from engine.turn import Engine
 
     for given, expected in ((None, "http://127.0.0.1:9/v1"),
                             ("http://127.0.0.1:8/v1", "http://127.0.0.1:8/v1")):

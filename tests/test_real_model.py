@@ -106,7 +106,7 @@ def slow_funnel(tmp_path: Path) -> Path:
 
 async def run_happy_path(funnel: Path, db_url: str, api_base: str, strategy: str,
                          session: str) -> list[Any]:
-    from engine.engine import Engine
+    from engine.turn import Engine
 
     from engine.models import LiteLLMModel
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import ModelError
+from ..errors import ModelError, first_line
 from . import retry as _retry
 from . import strategy as _strategy
 from .portable import portable_schema
@@ -242,14 +242,9 @@ def error_detail(exc: BaseException) -> str:
     """The exception's first line, with the server's error body when the line lacks it."""
     # litellm prefixes its class and the provider's ("litellm.BadRequestError:
     # AnthropicException - "); the kind is said once by the caller already.
-    first = _PREFIX.sub("", _short(exc))
+    first = _PREFIX.sub("", first_line(exc)[:300])
     full = _strategy.error_text(exc)
     body = full[len(str(exc)):].strip()
     if body and body[:40] not in first:
         first = f"{first}: {' '.join(body.split())[:300]}"
     return first
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
