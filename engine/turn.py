@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import language
 from .actions import ActionOutcome, TurnScratch
 from .advance import Mover, Position, enter, handoff_payload, start_position
 from .chat import Message
@@ -209,6 +210,7 @@ class Engine:
         """LOAD (done) -> route -> ask -> apply -> advance -> SAVE."""
         await self._fold_summary(turn)
         self._route(turn)
+        self._language(turn)
         answer = await self._ask(turn)
         self._apply(turn, answer)
         turn.firings += turn.mover.advance(turn.state)
@@ -266,6 +268,20 @@ class Engine:
             for call in self.funnel.stage(pos["stage"]).spec.on_enter:
                 self.funnel.actions.run(call, turn.state, turn.mover.scratch)
 
+    def _language(self, turn: _Turn) -> None:
+        """Decide the reply's language in code (docs/language.md); the prompt reads it."""
+        spec = self.spec
+        current = turn.state.get(spec.language_response) if spec.language_response else None
+        turn.lang = language.decide(spec.language_policy, turn.text,
+                                        current if isinstance(current, str) else None)
+        if spec.language_response and turn.lang.response:
+            turn.state[spec.language_response] = turn.lang.response
+
+    def _reply_check(self, turn: _Turn) -> Callable[[dict[str, Any]], str | None]:
+        policy, decision = self.spec.language_policy, turn.lang
+        return lambda envelope: language.reply_problem(policy, decision,
+                                                       str(envelope.get("reply", "")))
+
     async def _ask(self, turn: _Turn) -> Answer:
         """Render the stage prompt within its budget and ask the model (validated, repaired
         once, else the stage's fallback)."""
@@ -285,7 +301,7 @@ class Engine:
             # The customer still gets an answer; the turn record keeps the sizes.
             return Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
         return await ask(self.model, stage, fitted.messages, turn.session_id,
-                         turn.pos["turns"] + 1, turn.text)
+                         turn.pos["turns"] + 1, turn.text, reply_check=self._reply_check(turn))
 
     def _apply(self, turn: _Turn, answer: Answer) -> None:
         """Apply what the model proposed and the code allows; derive the computed fields."""
@@ -298,11 +314,9 @@ class Engine:
                                                       stage.allowed_updates, scratch.notices)
             turn.outcomes = [funnel.actions.run(call, state, scratch)
                              for call in env.get("actions") or []]
-            lang = env.get("language")
-            if isinstance(lang, str):
-                for name in (spec.language_detected, spec.language_response):
-                    if name:
-                        state[name] = lang
+            language.record(spec.language_policy, turn.lang, state, spec.language_detected,
+                            spec.language_response, str(env.get("reply", "")),
+                            env.get("language"))
         turn.mover.accepted = [o.type for o in turn.outcomes if o.accepted]
         turn.pos["turns"] += 1
         turn.handoff_before = self._handoff_time(state)
@@ -379,6 +393,8 @@ class _Turn:
     backlog: int = 0
     folded: tuple[str, int] | None = None  # (summary, last id) folded inside the turn
     summary_job: SummaryJob | None = None  # folded after the reply
+    lang: language.Decision = field(default_factory=lambda: language.Decision(
+        None, None, frozenset()))
 
     @property
     def session_id(self) -> str:
