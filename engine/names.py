@@ -37,6 +37,7 @@ PROMPT_NAMES: frozenset[str] = frozenset(
         "now",
         "handoff",
         "turns",
+        "knowledge",
     }
 )
 
@@ -47,4 +48,5 @@ TURNS = "funnel_turns"
 OUTBOX = "funnel_outbox"
 MIGRATIONS = "funnel_migrations"
 LEASES = "funnel_leases"
-SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES)
+KNOWLEDGE = "funnel_knowledge"
+SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, KNOWLEDGE)

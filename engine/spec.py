@@ -161,6 +161,7 @@ class StageKnowledge:
 
     top_k: int = 3
     budget: int = 300
+    facts: tuple[str, ...] = ()  # dotted state paths searched with the message: pet.breed
 
 
 @dataclass(frozen=True)
@@ -385,7 +386,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             model=model.merged(raw.get("model")),
             memory=memory.merged(raw.get("memory")),
             line=line_of("stages", name),
-            knowledge=StageKnowledge(**raw["knowledge"]) if raw.get("knowledge") else None,
+            knowledge=_stage_knowledge(raw.get("knowledge")),
         )
 
     actions = {
@@ -474,6 +475,14 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
         language_policy=language_policy(language),
         knowledge=_knowledge(data.get("knowledge"), base),
     )
+
+
+def _stage_knowledge(raw: Any) -> StageKnowledge | None:
+    if raw is None:
+        return None
+    raw = dict(raw)
+    raw["facts"] = tuple(raw.get("facts") or ())
+    return StageKnowledge(**raw)
 
 
 def _knowledge(raw: Any, base: Path) -> KnowledgeSpec | None:

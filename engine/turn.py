@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import language
+from . import knowledge, language
 from .actions import ActionOutcome, TurnScratch
 from .advance import Mover, Position, enter, handoff_payload, start_position
 from .chat import Message
@@ -123,6 +123,7 @@ class Engine:
             store = await open_store(db)
         try:
             await store.ensure_schema(compiled.spec)
+            await knowledge.ensure_index(store, compiled.spec)
         except BaseException:
             if owns:
                 await store.close()
@@ -292,6 +293,10 @@ class Engine:
                                 customer_message=turn.text, messages=history,
                                 returning=turn.mover.returning, idle_seconds=turn.idle,
                                 now=turn.now.isoformat())
+        if stage.spec.knowledge is not None:
+            found = await knowledge.retrieve(self.store, self.spec, stage.spec.knowledge,
+                                             turn.text, turn.state)
+            context["knowledge"], turn.knowledge = found.chunks, found.ids
         try:
             fitted = fit_prompt(stage.spec.name,
                                 lambda summary: render(stage, {**context, "summary": summary}),
@@ -393,6 +398,7 @@ class _Turn:
     backlog: int = 0
     folded: tuple[str, int] | None = None  # (summary, last id) folded inside the turn
     summary_job: SummaryJob | None = None  # folded after the reply
+    knowledge: list[str] = field(default_factory=list)  # ids of the chunks the prompt got
     lang: language.Decision = field(default_factory=lambda: language.Decision(
         None, None, frozenset()))
 
@@ -427,5 +433,5 @@ def _turn_record(turn: _Turn, answer: Answer, transitions: list[dict[str, Any]],
         "prompt_tokens": sum(c.prompt_tokens for c in answer.completions),
         "completion_tokens": sum(c.completion_tokens for c in answer.completions),
         "cost": sum(costs) if costs else None,
-        "model": model, "error": answer.error,
+        "model": model, "error": answer.error, "knowledge": turn.knowledge,
     }

@@ -6,7 +6,8 @@ import json
 
 from psycopg import sql
 
-from ..names import LEASES as LEASES  # the shared tables' names, re-exported
+from ..names import KNOWLEDGE as KNOWLEDGE  # the shared tables' names, re-exported
+from ..names import LEASES as LEASES
 from ..names import MESSAGES as MESSAGES
 from ..names import MIGRATIONS as MIGRATIONS
 from ..names import OUTBOX as OUTBOX
@@ -164,4 +165,20 @@ SHARED_MIGRATIONS: list[str] = [
     # a crash of the database (which empties an unlogged table) every lease is free,
     # which is right, since the turns that held them lost their connections too.
     f"ALTER TABLE {LEASES} SET UNLOGGED",
+    # The knowledge base (engine/knowledge, docs/knowledge.md): every funnel's chunks,
+    # searched with full-text search; the turn record cites the chunks a prompt got.
+    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE} (
+        funnel TEXT NOT NULL,
+        id TEXT NOT NULL,
+        source TEXT NOT NULL,
+        title TEXT NOT NULL,
+        body TEXT NOT NULL,
+        tokens INT NOT NULL,
+        config REGCONFIG NOT NULL,
+        digest TEXT NOT NULL,
+        tsv TSVECTOR NOT NULL,
+        PRIMARY KEY (funnel, id)
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{KNOWLEDGE}_tsv ON {KNOWLEDGE} USING GIN (tsv)",
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS knowledge JSONB NOT NULL DEFAULT '[]'",
 ]
