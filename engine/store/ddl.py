@@ -165,8 +165,18 @@ SHARED_MIGRATIONS: list[str] = [
     # a crash of the database (which empties an unlogged table) every lease is free,
     # which is right, since the turns that held them lost their connections too.
     f"ALTER TABLE {LEASES} SET UNLOGGED",
-    # The knowledge base (engine/knowledge, docs/knowledge.md): every funnel's chunks,
-    # searched with full-text search; the turn record cites the chunks a prompt got.
+    # The knowledge base (engine/knowledge, docs/knowledge.md): one row per funnel (its
+    # text search configuration, the digest of its folder, how many chunks), the
+    # chunks with their tsvector, and how many chunks each lexeme is in (a search
+    # drops the lexemes most chunks have, as a ranking function would weigh them
+    # little anyway, so that it ranks hundreds of rows, not thousands).
+    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE}_sets (
+        funnel TEXT PRIMARY KEY,
+        config REGCONFIG NOT NULL,
+        digest TEXT NOT NULL,
+        chunks INT NOT NULL,
+        indexed_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
+    )""",
     f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE} (
         funnel TEXT NOT NULL,
         id TEXT NOT NULL,
@@ -174,11 +184,15 @@ SHARED_MIGRATIONS: list[str] = [
         title TEXT NOT NULL,
         body TEXT NOT NULL,
         tokens INT NOT NULL,
-        config REGCONFIG NOT NULL,
-        digest TEXT NOT NULL,
         tsv TSVECTOR NOT NULL,
         PRIMARY KEY (funnel, id)
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{KNOWLEDGE}_tsv ON {KNOWLEDGE} USING GIN (tsv)",
+    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE}_terms (
+        funnel TEXT NOT NULL,
+        lexeme TEXT NOT NULL,
+        ndoc INT NOT NULL,
+        PRIMARY KEY (funnel, lexeme)
+    )""",
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS knowledge JSONB NOT NULL DEFAULT '[]'",
 ]
