@@ -105,7 +105,8 @@ def main() -> None:
     groups = [f"{lang}" for lang in LANGS] + ["mixed", "translit"]
     print(f"{len(rows)} messages; accuracy per group (plain messages by language), "
           "µs per message (median of runs)")
-    print(f"{'detector':28}" + "".join(f"{g:>9}" for g in groups) + f"{'all':>7}{'µs/msg':>9}{'undecided':>10}")
+    print(f"{'detector':28}" + "".join(f"{g:>9}" for g in groups)
+          + f"{'all':>7}{'µs/msg':>9}{'undecided':>10}")
     for name, make in CANDIDATES.items():
         try:
             detect = make()

@@ -38,7 +38,7 @@ def labelled() -> list[tuple[str, str, str]]:
 
 def test_the_labelled_set_is_large_enough() -> None:
     rows = labelled()
-    per_language = defaultdict(int)
+    per_language: dict[str, int] = defaultdict(int)
     for lang, kind, _ in rows:
         per_language[lang] += kind == "plain"
     assert len(rows) >= 200
@@ -78,12 +78,12 @@ def test_policies_decide_the_reply_language() -> None:
     assert decide(FIXED, "I have a Sphynx cat with very dry skin", None).accept == {"uk"}
     # follow: the customer's language when declared, else the default
     d = decide(FOLLOW, "Mam kotkę brytyjską, bardzo linieje", None)
-    assert (d.detected, d.response, d.accept) == ("pl", "pl", {"pl"})
+    assert (d.detected, d.response, d.accept) == ("pl", "pl", frozenset({"pl"}))
     d = decide(FOLLOW, "Ich habe eine Katze, ihre Haut ist sehr trocken", None)
     assert (d.detected, d.response) == ("de", "uk")
     # an undecided message keeps the session's language and accepts any declared one
     d = decide(FOLLOW, "OK", "ru")
-    assert (d.detected, d.response, d.accept) == (None, "ru", {"uk", "ru", "en", "pl"})
+    assert (d.detected, d.response, d.accept) == (None, "ru", frozenset({"uk", "ru", "en", "pl"}))
     # a weak guess does not move a session: a bare name is not a language
     assert decide(FOLLOW, "Anna, 066 123 45 67", "en").response == "en"
     # model: nothing decided in code
@@ -139,8 +139,8 @@ def with_policy(funnel: CompiledFunnel, policy: LanguagePolicy) -> CompiledFunne
 
 async def test_fixed_policy_repairs_a_reply_in_another_language(
         open_engine: Open, puramur: CompiledFunnel, sql: Any) -> None:
-    engine = await open_engine(with_policy(puramur, FIXED),
-                               [{"output": {"reply": EN_GREET}, "repair": {"reply": UK_GREET}}])
+    engine = await open_engine(with_policy(puramur, FIXED), [
+        {"output": {"reply": EN_GREET}, "repair": {"reply": UK_GREET}}])
     result: TurnResult = await engine.handle("s1", "Hello, I have a question about my cat")
     assert result.reply == UK_GREET and result.repaired and not result.fallback
     assert result.validation_failures == 1
@@ -152,7 +152,8 @@ async def test_fixed_policy_repairs_a_reply_in_another_language(
 
 async def test_a_reply_that_stays_in_the_wrong_language_gets_the_fallback(
         open_engine: Open, puramur: CompiledFunnel) -> None:
-    engine = await open_engine(with_policy(puramur, FIXED), [{"output": {"reply": EN_GREET}, "repair": {"reply": EN_GREET}}])
+    engine = await open_engine(with_policy(puramur, FIXED),
+                               [{"output": {"reply": EN_GREET}, "repair": {"reply": EN_GREET}}])
     result = await engine.handle("s1", "Hello, I have a question about my cat")
     assert result.fallback and result.validation_failures == 2
     assert "must be in Ukrainian (uk)" in (result.error or "")
@@ -161,8 +162,8 @@ async def test_a_reply_that_stays_in_the_wrong_language_gets_the_fallback(
 async def test_the_repair_call_names_the_expected_language(
         open_engine: Open, puramur: CompiledFunnel) -> None:
     requests: list[Any] = []
-    engine = await open_engine(with_policy(puramur, FIXED),
-                               [{"output": {"reply": EN_GREET}, "repair": {"reply": UK_GREET}}])
+    engine = await open_engine(with_policy(puramur, FIXED), [
+        {"output": {"reply": EN_GREET}, "repair": {"reply": UK_GREET}}])
     complete = engine.model.complete
 
     async def spy(request: Any) -> Any:
