@@ -49,4 +49,7 @@ OUTBOX = "funnel_outbox"
 MIGRATIONS = "funnel_migrations"
 LEASES = "funnel_leases"
 KNOWLEDGE = "funnel_knowledge"
-SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, KNOWLEDGE)
+KNOWLEDGE_SETS = "funnel_knowledge_sets"
+KNOWLEDGE_TERMS = "funnel_knowledge_terms"
+SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, KNOWLEDGE,
+                                  KNOWLEDGE_SETS, KNOWLEDGE_TERMS)

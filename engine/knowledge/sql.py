@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..names import KNOWLEDGE
+from ..names import KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS
 from .chunks import Chunk
 
 # ISO 639-1 -> the configuration PostgreSQL ships; others fall back to `simple`.
@@ -42,8 +42,8 @@ CONFIGS = {
 MAX_QUERY_CHARS = 2000
 
 _CHUNKS = sql.Identifier(KNOWLEDGE)
-_SETS = sql.Identifier(f"{KNOWLEDGE}_sets")
-_TERMS = sql.Identifier(f"{KNOWLEDGE}_terms")
+_SETS = sql.Identifier(KNOWLEDGE_SETS)
+_TERMS = sql.Identifier(KNOWLEDGE_TERMS)
 
 
 async def text_config(conn: psycopg.AsyncConnection[Any], language: str | None) -> str:

@@ -7,6 +7,8 @@ import json
 from psycopg import sql
 
 from ..names import KNOWLEDGE as KNOWLEDGE  # the shared tables' names, re-exported
+from ..names import KNOWLEDGE_SETS as KNOWLEDGE_SETS
+from ..names import KNOWLEDGE_TERMS as KNOWLEDGE_TERMS
 from ..names import LEASES as LEASES
 from ..names import MESSAGES as MESSAGES
 from ..names import MIGRATIONS as MIGRATIONS
@@ -170,7 +172,7 @@ SHARED_MIGRATIONS: list[str] = [
     # chunks with their tsvector, and how many chunks each lexeme is in (a search
     # drops the lexemes most chunks have, as a ranking function would weigh them
     # little anyway, so that it ranks hundreds of rows, not thousands).
-    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE}_sets (
+    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE_SETS} (
         funnel TEXT PRIMARY KEY,
         config REGCONFIG NOT NULL,
         digest TEXT NOT NULL,
@@ -188,7 +190,7 @@ SHARED_MIGRATIONS: list[str] = [
         PRIMARY KEY (funnel, id)
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{KNOWLEDGE}_tsv ON {KNOWLEDGE} USING GIN (tsv)",
-    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE}_terms (
+    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE_TERMS} (
         funnel TEXT NOT NULL,
         lexeme TEXT NOT NULL,
         ndoc INT NOT NULL,
