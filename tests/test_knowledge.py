@@ -3,6 +3,7 @@ citations in the turn record, and `funnel knowledge`."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from engine.funnel import CompiledFunnel
 from engine.knowledge.chunks import chunk_folder, chunk_text, markdown_files
 from engine.models import ScriptedModel
 from engine.spec import KnowledgeSpec, StageKnowledge
-from engine.store import Store
+from engine.store import Store, open_store
 from engine.turn import Engine
 
 SPHYNX_DRY = "cats#sphynx-dry-skin"
@@ -208,3 +209,17 @@ def test_funnel_knowledge_reindex_and_search(db_url: str) -> None:
     assert out.returncode == 1 and "no chunk matches" in out.stdout
     out = run_funnel("knowledge", str(PURAMUR), "search", "--db", db_url)
     assert out.returncode == 1 and "needs a QUERY" in out.stderr
+
+
+async def test_concurrent_reindexes_do_not_collide(db_url: str, puramur: CompiledFunnel) -> None:
+    # Service workers start together and each finds the folder changed.
+    stores = [await open_store(db_url) for _ in range(3)]
+    try:
+        await stores[0].ensure_schema(puramur.spec)
+        done = await asyncio.gather(*(knowledge.reindex(s, puramur.spec) for s in stores))
+        assert all(d is not None and d[0] == done[0][0] for d in done)  # type: ignore[index]
+        found = await stores[0].knowledge_search("puramur", "Sphynx dry skin", 50)
+        assert len({c.id for c, _ in found}) == len(found)  # no duplicates
+    finally:
+        for s in stores:
+            await s.close()

@@ -74,6 +74,10 @@ async def replace(conn: psycopg.AsyncConnection[Any], funnel: str, chunks: Seque
                         sql.SQL("SELECT tsv FROM {} WHERE funnel = {}").format(
                             _CHUNKS, sql.Literal(funnel)).as_string(conn)))
     async with conn.transaction():
+        # Workers starting together each reindex a changed folder: one at a time, or
+        # their inserts would collide on the primary key.
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                           (f"{KNOWLEDGE}:{funnel}",))
         for table in (_CHUNKS, _TERMS, _SETS):
             await conn.execute(sql.SQL("DELETE FROM {} WHERE funnel = %s").format(table),
                                (funnel,))
