@@ -7,9 +7,12 @@ sequence of named steps over a :class:`_Turn` (the turn in flight):
    fails) and the session's row read under its lease (new sessions get defaults);
 2. ``_route``: a removed stage is mapped, a return after the idle gap detected
    (it may move the session), a new session's initial ``on_enter`` run;
-3. ``_ask``: the stage prompt rendered from compact state and recent messages
-   within its budget; the model called; its output validated against the stage
-   schema, with one repair call and then the stage's fallback reply;
+3. ``_language``: the customer's language detected and the reply's decided by the
+   funnel's policy (`engine.language`);
+   ``_ask``: the stage's knowledge chunks retrieved (`engine.knowledge`), the stage
+   prompt rendered from compact state and recent messages within its budget; the
+   model called; its output validated against the stage schema (and the reply's
+   language), with one repair call and then the stage's fallback reply;
 4. ``_apply``: allowed updates and declared actions applied, derived fields
    recomputed;
 5. advance (`engine.advance`): exit transitions evaluated on the new state;
