@@ -38,6 +38,17 @@ MIN_LETTERS = 4  # "OK", "Hi!", "Так" tell nothing reliable
 # What says nothing about a language: links, handles, SKUs and numbers, e-mail addresses.
 _NOISE = re.compile(r"https?://\S+|\S+@\S+|@\w+|\w*\d\w*")
 
+# Ukrainian and Russian share most of their letters and many words, and short messages
+# fool the statistical model ("Що порадите?" reads as Russian at 1.0). Letters and
+# words only one of them has settle it when the detector is between the two.
+_UK_LETTERS = frozenset("іїєґІЇЄҐ")
+_RU_LETTERS = frozenset("ыэъёЫЭЪЁ")
+_UK_WORDS = frozenset("що це чи як мені мене тебе його вона вони ми ви або дякую будь "
+                      "ласка привіт добрий скільки коштує котик собачка".split())
+_RU_WORDS = frozenset("что это как мне меня тебя его она они мы вы или спасибо пожалуйста "
+                      "привет добрый сколько стоит нет есть очень".split())
+_WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?")
+
 NAMES = {
     "uk": "Ukrainian", "ru": "Russian", "en": "English", "pl": "Polish", "de": "German",
     "fr": "French", "es": "Spanish", "it": "Italian", "pt": "Portuguese", "ro": "Romanian",
@@ -85,7 +96,21 @@ def detect(text: str, languages: Iterable[str] = BASE_LANGUAGES) -> Detection:
         return Detection(None, 0.0)
     top = values[0]
     code = top.language.iso_code_639_1.name.lower()
+    if code in ("uk", "ru"):
+        marked = _uk_or_ru(cleaned)
+        if marked is not None and marked in languages:
+            return Detection(marked, max(float(top.value), SWITCH_CONFIDENCE))
     return Detection(code if top.value >= MIN_CONFIDENCE else None, float(top.value))
+
+
+def _uk_or_ru(text: str) -> str | None:
+    """"uk" or "ru" when the text has letters or words of only one of them, else None."""
+    words = {w.lower() for w in _WORD.findall(text)}
+    uk = any(ch in _UK_LETTERS for ch in text) or bool(words & _UK_WORDS)
+    ru = any(ch in _RU_LETTERS for ch in text) or bool(words & _RU_WORDS)
+    if uk != ru:
+        return "uk" if uk else "ru"
+    return None
 
 
 @dataclass(frozen=True)
