@@ -194,3 +194,20 @@ async def test_model_policy_keeps_the_models_language(
     result = await engine.handle("s1", "Привіт! У мене кішка, порадьте щось")
     assert result.reply == EN_GREET and not result.repaired  # nothing checked in code
     assert result.state["detected_language"] == "pl" == result.state["response_language"]
+
+
+@pytest.mark.parametrize(("text", "lang"), [
+    ("Що порадите?", "uk"),  # lingua alone: Russian at 1.0
+    ("Це дорого", "uk"),
+    ("Что посоветуете?", "ru"),
+    ("Это дорого", "ru"),
+    ("Їй три роки", "uk"),  # a letter Russian has not
+    ("Ещё вопрос: сколько стоит?", "ru"),
+])
+def test_ukrainian_and_russian_markers_settle_short_messages(text: str, lang: str) -> None:
+    assert detect(text, LANGS).language == lang
+
+
+def test_markers_do_not_name_a_language_the_funnel_cannot_take() -> None:
+    # Restricted to English and Polish (plus nothing Cyrillic), markers cannot pick uk.
+    assert detect("Що порадите?", ("en", "pl")).language != "uk"
