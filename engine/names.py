@@ -37,6 +37,7 @@ PROMPT_NAMES: frozenset[str] = frozenset(
         "now",
         "handoff",
         "turns",
+        "knowledge",
     }
 )
 
@@ -49,5 +50,8 @@ MIGRATIONS = "funnel_migrations"
 LEASES = "funnel_leases"
 INBOUND = "funnel_inbound"
 UNREACHABLE = "funnel_unreachable"
+KNOWLEDGE = "funnel_knowledge"
+KNOWLEDGE_SETS = "funnel_knowledge_sets"
+KNOWLEDGE_TERMS = "funnel_knowledge_terms"
 SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
-                                  UNREACHABLE)
+                                  UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS)

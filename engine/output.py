@@ -10,6 +10,7 @@ declared fallback reply is sent and nothing of the bad output is applied.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +41,12 @@ class Answer:
 
 
 async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]],
-          session_id: str, turn: int, text: str) -> Answer:
+          session_id: str, turn: int, text: str,
+          reply_check: Callable[[dict[str, Any]], str | None] | None = None) -> Answer:
     """Call the model, validate, repair once, else the stage's fallback.
 
+    ``reply_check`` is one more validation of a schema-valid envelope (the reply's
+    language, engine.language): it returns the problem for the repair call, or None.
     Never raises for a model failure: the answer carries the error. Both calls
     share one deadline, ``model.deadline`` seconds from now.
     """
@@ -58,7 +62,7 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
         return Answer(fallback, completions, fallback=True, error=str(exc),
                       attempts=exc.attempts)
     completions.append(first)
-    envelope, problem = parse_output(stage, first.text)
+    envelope, problem = _checked(parse_output(stage, first.text), reply_check)
     if envelope is not None:
         return Answer(envelope, completions, attempts=first.attempts)
     repair = ModelRequest(
@@ -76,11 +80,21 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
                       attempts=first.attempts + exc.attempts)
     completions.append(second)
     attempts = first.attempts + second.attempts
-    envelope, problem2 = parse_output(stage, second.text)
+    envelope, problem2 = _checked(parse_output(stage, second.text), reply_check)
     if envelope is not None:
         return Answer(envelope, completions, failures=1, attempts=attempts)
     return Answer(fallback, completions, failures=2, fallback=True,
                   error=f"{problem}; after repair: {problem2}", attempts=attempts)
+
+
+def _checked(parsed: tuple[dict[str, Any] | None, str],
+             check: Callable[[dict[str, Any]], str | None] | None
+             ) -> tuple[dict[str, Any] | None, str]:
+    envelope, problem = parsed
+    if envelope is None or check is None:
+        return parsed
+    problem = check(envelope) or ""
+    return (None, problem) if problem else (envelope, "")
 
 
 def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None, str]:

@@ -135,6 +135,7 @@ def build_context(
             if handoff and handoff.triggered_at else None,
         },
         turns=int(engine_row.get("turns") or 0),
+        knowledge=[],  # the stage's chunks, when it declares `knowledge:` (engine.knowledge)
     )
     return ctx
 

@@ -151,6 +151,55 @@ class MemorySettings:
         return MemorySettings(**{**self.__dict__, **values})
 
 
+# Always among a language detector's candidates, whatever the funnel declares: a
+# detector restricted to one language would call every message that language.
+BASE_LANGUAGES: tuple[str, ...] = ("uk", "ru", "en", "pl", "de")
+
+
+@dataclass(frozen=True)
+class LanguagePolicy:
+    """A funnel's ``language:`` section, parsed (see docs/language.md)."""
+
+    mode: str = "model"  # "model" | "fixed" | "follow_customer"
+    languages: tuple[str, ...] = ()  # the languages a reply may be in
+    default: str | None = None
+    reply_min_length: int = 20
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.languages, *BASE_LANGUAGES)))
+
+
+def language_policy(data: dict[str, Any]) -> LanguagePolicy:
+    """The policy a (schema-valid) ``language:`` section declares."""
+    min_length = int(data.get("reply_min_length", 20))
+    if data.get("fixed"):
+        return LanguagePolicy("fixed", (str(data["fixed"]),), str(data["fixed"]), min_length)
+    if data.get("follow_customer"):
+        langs = tuple(str(x) for x in data["follow_customer"])
+        return LanguagePolicy("follow_customer", langs, str(data.get("default") or langs[0]),
+                              min_length)
+    return LanguagePolicy(reply_min_length=min_length)
+
+
+@dataclass(frozen=True)
+class StageKnowledge:
+    """A stage's ``knowledge: {top_k, budget}``: how many chunks, within how many tokens."""
+
+    top_k: int = 3
+    budget: int = 300
+    facts: tuple[str, ...] = ()  # dotted state paths searched with the message: pet.breed
+
+
+@dataclass(frozen=True)
+class KnowledgeSpec:
+    """The funnel's ``knowledge:``: a folder of Markdown files, chunked by heading."""
+
+    folder: Path
+    chunk_tokens: int = 200
+    language: str | None = None  # the text search configuration's language; None: simple
+
+
 @dataclass(frozen=True)
 class StageSpec:
     name: str
@@ -166,6 +215,7 @@ class StageSpec:
     model: ModelSettings
     memory: MemorySettings
     line: int = 0
+    knowledge: StageKnowledge | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +286,8 @@ class FunnelSpec:
     retention: float | None
     removed_stages: dict[str, str]
     located: Located | None = field(default=None, repr=False, compare=False)
+    language_policy: LanguagePolicy = field(default_factory=LanguagePolicy)
+    knowledge: KnowledgeSpec | None = None
 
     @property
     def engine_owned(self) -> frozenset[str]:
@@ -361,6 +413,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             model=model.merged(raw.get("model")),
             memory=memory.merged(raw.get("memory")),
             line=line_of("stages", name),
+            knowledge=_stage_knowledge(raw.get("knowledge")),
         )
 
     actions = {
@@ -446,7 +499,27 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
         retention=parse_duration(data["retention"]) if data.get("retention") else None,
         removed_stages=dict(data.get("removed_stages") or {}),
         located=located,
+        language_policy=language_policy(language),
+        knowledge=_knowledge(data.get("knowledge"), base),
     )
+
+
+def _stage_knowledge(raw: Any) -> StageKnowledge | None:
+    if raw is None:
+        return None
+    raw = dict(raw)
+    raw["facts"] = tuple(raw.get("facts") or ())
+    return StageKnowledge(**raw)
+
+
+def _knowledge(raw: Any, base: Path) -> KnowledgeSpec | None:
+    if not raw:
+        return None
+    if isinstance(raw, str):
+        raw = {"folder": raw}
+    return KnowledgeSpec(folder=Path(os.path.normpath(base / raw["folder"])),
+                         chunk_tokens=int(raw.get("chunk_tokens", 200)),
+                         language=raw.get("language"))
 
 
 _STORAGE_KEYS = frozenset(

@@ -7,9 +7,12 @@ sequence of named steps over a :class:`_Turn` (the turn in flight):
    fails) and the session's row read under its lease (new sessions get defaults);
 2. ``_route``: a removed stage is mapped, a return after the idle gap detected
    (it may move the session), a new session's initial ``on_enter`` run;
-3. ``_ask``: the stage prompt rendered from compact state and recent messages
-   within its budget; the model called; its output validated against the stage
-   schema, with one repair call and then the stage's fallback reply;
+3. ``_language``: the customer's language detected and the reply's decided by the
+   funnel's policy (`engine.language`);
+   ``_ask``: the stage's knowledge chunks retrieved (`engine.knowledge`), the stage
+   prompt rendered from compact state and recent messages within its budget; the
+   model called; its output validated against the stage schema (and the reply's
+   language), with one repair call and then the stage's fallback reply;
 4. ``_apply``: allowed updates and declared actions applied, derived fields
    recomputed;
 5. advance (`engine.advance`): exit transitions evaluated on the new state;
@@ -29,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import knowledge, language
 from .actions import ActionOutcome, TurnScratch
 from .advance import Mover, Position, enter, handoff_payload, start_position
 from .budget import bound_notices, fit
@@ -136,6 +140,7 @@ class Engine:
             store = await open_store(db)
         try:
             await store.ensure_schema(compiled.spec)
+            await knowledge.ensure_index(store, compiled.spec)
         except BaseException:
             if owns:
                 await store.close()
@@ -245,6 +250,7 @@ class Engine:
         """LOAD (done) -> route -> ask -> apply -> advance -> SAVE."""
         await self._fold_summary(turn)
         self._route(turn)
+        self._language(turn)
         answer = await self._ask(turn)
         self._apply(turn, answer)
         turn.firings += turn.mover.advance(turn.state)
@@ -312,6 +318,20 @@ class Engine:
             for call in self.funnel.stage(pos["stage"]).spec.on_enter:
                 self.funnel.actions.run(call, turn.state, turn.mover.scratch)
 
+    def _language(self, turn: _Turn) -> None:
+        """Decide the reply's language in code (docs/language.md); the prompt reads it."""
+        spec = self.spec
+        current = turn.state.get(spec.language_response) if spec.language_response else None
+        turn.lang = language.decide(spec.language_policy, turn.text,
+                                        current if isinstance(current, str) else None)
+        if spec.language_response and turn.lang.response:
+            turn.state[spec.language_response] = turn.lang.response
+
+    def _reply_check(self, turn: _Turn) -> Callable[[dict[str, Any]], str | None]:
+        policy, decision = self.spec.language_policy, turn.lang
+        return lambda envelope: language.reply_problem(policy, decision,
+                                                       str(envelope.get("reply", "")))
+
     async def _ask(self, turn: _Turn) -> Answer:
         """Render the stage prompt within its budget and ask the model (validated, repaired
         once, else the stage's fallback)."""
@@ -322,6 +342,10 @@ class Engine:
                                 customer_message=turn.text, messages=history,
                                 returning=turn.mover.returning, idle_seconds=turn.idle,
                                 now=turn.now.isoformat())
+        if stage.spec.knowledge is not None:
+            found = await knowledge.retrieve(self.store, self.spec, stage.spec.knowledge,
+                                             turn.text, turn.state)
+            context["knowledge"], turn.knowledge = found.chunks, found.ids
         summary, notices = prompt_data(self.funnel, turn.state, turn.pos)
         try:
             fitted = fit(stage.spec.name, lambda level: render(
@@ -335,7 +359,7 @@ class Engine:
             # The customer still gets an answer; the turn record keeps the sizes.
             return Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
         return await ask(self.model, stage, fitted.messages, turn.session_id,
-                         turn.pos["turns"] + 1, turn.text)
+                         turn.pos["turns"] + 1, turn.text, reply_check=self._reply_check(turn))
 
     def _apply(self, turn: _Turn, answer: Answer) -> None:
         """Apply what the model proposed and the code allows; derive the computed fields."""
@@ -350,11 +374,9 @@ class Engine:
             turn.outcomes = [funnel.actions.run(call, state, scratch)
                              for call in env.get("actions") or []]
             funnel.rules.guard(state, before, scratch.notices)
-            lang = env.get("language")
-            if isinstance(lang, str):
-                for name in (spec.language_detected, spec.language_response):
-                    if name:
-                        state[name] = lang
+            language.record(spec.language_policy, turn.lang, state, spec.language_detected,
+                            spec.language_response, str(env.get("reply", "")),
+                            env.get("language"))
         turn.mover.accepted = [o.type for o in turn.outcomes if o.accepted]
         turn.pos["turns"] += 1
         turn.handoff_before = self._handoff_time(state)
@@ -466,6 +488,9 @@ class _Turn:
     backlog: int = 0
     folded: tuple[str, int] | None = None  # (summary, last id) folded inside the turn
     summary_job: SummaryJob | None = None  # folded after the reply
+    knowledge: list[str] = field(default_factory=list)  # ids of the chunks the prompt got
+    lang: language.Decision = field(default_factory=lambda: language.Decision(
+        None, None, frozenset()))
 
     @property
     def session_id(self) -> str:
@@ -501,4 +526,5 @@ def _turn_record(turn: _Turn, answer: Answer, transitions: list[dict[str, Any]],
         "cost": sum(costs) if costs and len(costs) == len(answer.completions) else None,
         "model": answer.model or model, "attempts": answer.attempts,
         "error": printable(answer.error, 2000) if answer.error else None,
+        "knowledge": turn.knowledge,
     }

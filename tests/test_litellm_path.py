@@ -97,6 +97,9 @@ def fast_puramur(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data["prompts"] = str(ROOT / "prompts" / "puramur")
     data["schemas"] = str(ROOT / "schemas" / "puramur")
     data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
+    data.pop("knowledge")  # a funnel reads knowledge only from its own folder
+    for stage in data["stages"].values():
+        stage.pop("knowledge", None)
     path = tmp_path_factory.mktemp("funnel") / "puramur_fast.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
     return path

@@ -37,6 +37,9 @@ def variant(tmp_path: Path, name: str, *edits: Edit) -> Path:
     data = yaml.safe_load(PURAMUR.read_text("utf-8"))
     for key in ("prompts", "schemas", "catalog"):
         data[key] = str((PURAMUR.parent / data[key]).resolve())
+    data.pop("knowledge")  # a funnel reads knowledge only from its own folder
+    for stage in data["stages"].values():
+        stage.pop("knowledge", None)
     for edit in edits:
         edit(data)
     path = tmp_path / f"{name}.yaml"

@@ -125,9 +125,8 @@ def make_funnel(tmp_path: Path, **model: Any) -> Path:
 
 async def open_engine(funnel: Path, db_url: str, model: str, api_base: str | None,
                       structured_output: str | None = None) -> Any:
-    from engine.turn import Engine
-
     from engine.models import LiteLLMModel
+    from engine.turn import Engine
 
     return await Engine.open(funnel, db=db_url, model=LiteLLMModel(
         model, api_base=api_base, structured_output=structured_output))

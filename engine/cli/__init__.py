@@ -122,6 +122,15 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--format", choices=["table", "json", "html"], default="table")
     rp.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of stdout")
     db_opts(rp)
+    kn = sub.add_parser("knowledge", help="the funnel's knowledge base: reindex it, or search "
+                        "it as a stage would")
+    kn.add_argument("funnel", metavar="FUNNEL")
+    kn.add_argument("action", choices=["reindex", "search"])
+    kn.add_argument("query", nargs="*", metavar="QUERY", help="search: the customer's words")
+    kn.add_argument("--stage", default=None, help="search: apply this stage's top_k and budget")
+    kn.add_argument("--top-k", type=int, default=5, metavar="N",
+                    help="search: at most N chunks without --stage (default 5)")
+    db_opts(kn)
     return p
 
 
@@ -167,4 +176,5 @@ _COMMANDS = {
     "doctor": ("doctor", "cmd_doctor"),
     "report": ("report", "cmd_report"),
     "check-state": ("check", "cmd_check_state"),
+    "knowledge": ("knowledge", "cmd_knowledge"),
 }

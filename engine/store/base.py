@@ -6,12 +6,14 @@ module imports psycopg, so the core's types load without a database driver.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..chat import Message
+from ..knowledge.chunks import Chunk
 from ..spec import FunnelSpec
 
 if TYPE_CHECKING:
@@ -167,5 +169,16 @@ class Store(Protocol):
 
     async def add_outbox(self, funnel: str, session_id: str, items: list[OutboxItem]) -> int:
         """Add outbox rows outside a turn; a key taken adds nothing. How many were added."""
+
+    async def knowledge_digest(self, funnel: str) -> str | None:
+        """The digest of the funnel's indexed knowledge folder, or None when none is."""
+
+    async def knowledge_replace(self, funnel: str, chunks: Sequence[Chunk], digest: str,
+                                language: str | None) -> str:
+        """Replace the funnel's knowledge chunks; return the text search configuration used."""
+
+    async def knowledge_search(self, funnel: str, query: str, limit: int
+                               ) -> list[tuple[Chunk, float]]:
+        """The funnel's best chunks for a query, best first, with their ranks."""
 
     async def close(self) -> None: ...

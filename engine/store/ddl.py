@@ -6,8 +6,11 @@ import json
 
 from psycopg import sql
 
-from ..names import INBOUND as INBOUND
-from ..names import LEASES as LEASES  # the shared tables' names, re-exported
+from ..names import INBOUND as INBOUND  # the shared tables' names, re-exported
+from ..names import KNOWLEDGE as KNOWLEDGE
+from ..names import KNOWLEDGE_SETS as KNOWLEDGE_SETS
+from ..names import KNOWLEDGE_TERMS as KNOWLEDGE_TERMS
+from ..names import LEASES as LEASES
 from ..names import MESSAGES as MESSAGES
 from ..names import MIGRATIONS as MIGRATIONS
 from ..names import OUTBOX as OUTBOX
@@ -204,4 +207,34 @@ SHARED_MIGRATIONS: list[str] = [
     # HTTP calls a turn's model answer took (retries, repair and fallback models
     # included); NULL for turns recorded before it was counted.
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS attempts INT",
+    # The knowledge base (engine/knowledge, docs/knowledge.md): one row per funnel (its
+    # text search configuration, the digest of its folder, how many chunks), the
+    # chunks with their tsvector, and how many chunks each lexeme is in (a search
+    # drops the lexemes most chunks have, as a ranking function would weigh them
+    # little anyway, so that it ranks hundreds of rows, not thousands).
+    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE_SETS} (
+        funnel TEXT PRIMARY KEY,
+        config REGCONFIG NOT NULL,
+        digest TEXT NOT NULL,
+        chunks INT NOT NULL,
+        indexed_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE} (
+        funnel TEXT NOT NULL,
+        id TEXT NOT NULL,
+        source TEXT NOT NULL,
+        title TEXT NOT NULL,
+        body TEXT NOT NULL,
+        tokens INT NOT NULL,
+        tsv TSVECTOR NOT NULL,
+        PRIMARY KEY (funnel, id)
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{KNOWLEDGE}_tsv ON {KNOWLEDGE} USING GIN (tsv)",
+    f"""CREATE TABLE IF NOT EXISTS {KNOWLEDGE_TERMS} (
+        funnel TEXT NOT NULL,
+        lexeme TEXT NOT NULL,
+        ndoc INT NOT NULL,
+        PRIMARY KEY (funnel, lexeme)
+    )""",
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS knowledge JSONB NOT NULL DEFAULT '[]'",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -21,6 +22,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..chat import Message
 from ..errors import SchemaOutdated, StoreUnavailable, first_line
+from ..knowledge import sql as knowledge_sql
+from ..knowledge.chunks import Chunk
 from ..spec import FunnelSpec
 from . import ddl, retention
 from .base import TurnWrite
@@ -349,6 +352,23 @@ class PostgresStore(DeliveryMixin):
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(q, (funnel.name, session_id, limit))
             return await cur.fetchall()
+
+    # -- knowledge (engine/knowledge, docs/knowledge.md) --------------------------------
+    async def knowledge_digest(self, funnel: str) -> str | None:
+        async with self._conn() as conn:
+            return await knowledge_sql.digest_of(conn, funnel)
+
+    async def knowledge_replace(self, funnel: str, chunks: Sequence[Chunk], digest: str,
+                                language: str | None) -> str:
+        async with self._conn() as conn:
+            config = await knowledge_sql.text_config(conn, language)
+            await knowledge_sql.replace(conn, funnel, chunks, digest, config)
+            return config
+
+    async def knowledge_search(self, funnel: str, query: str, limit: int
+                               ) -> list[tuple[Chunk, float]]:
+        async with self._conn() as conn:
+            return await knowledge_sql.search(conn, funnel, query, limit)
 
 
 __all__ = ["PostgresStore", "SessionHandle"]

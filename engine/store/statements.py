@@ -36,7 +36,8 @@ def _default(value: Any) -> Any:
 # The turn record's columns, filled from one JSON parameter.
 _TURN_COLUMNS = ("funnel_version", "stage_before", "transitions", "actions", "refused",
                  "validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
-                 "prompt_tokens", "completion_tokens", "cost", "model", "error", "attempts")
+                 "prompt_tokens", "completion_tokens", "cost", "model", "error", "attempts",
+                 "knowledge")
 
 
 class Statements:
@@ -88,8 +89,10 @@ class Statements:
         ).format(t=t, names=sql.SQL(", ").join(names), record=record,
                  values=sql.SQL(", ").join(sql.SQL("r.{}").format(n) for n in names[1:]))
         turn_columns = sql.SQL(", ").join(map(sql.Identifier, _TURN_COLUMNS))
-        turn_values = sql.SQL(", ").join(sql.SQL("x.{}").format(sql.Identifier(c))
-                                         for c in _TURN_COLUMNS)
+        # A record without `knowledge` (written before it existed) cites nothing.
+        turn_values = sql.SQL(", ").join(
+            sql.SQL("coalesce(x.{}, '[]')" if c == "knowledge" else "x.{}").format(
+                sql.Identifier(c)) for c in _TURN_COLUMNS)
 
         # One statement saves the whole turn: the state (if the version still
         # matches), the reply, the turn record and the outbox rows. Atomic, one

@@ -25,6 +25,7 @@ from .actions import check_actions
 from .diagnostics import Diagnostic, Report, as_dict
 from .files import check_catalog, check_stage_files
 from .format import check_format
+from .knowledge import check_knowledge, check_language
 from .semantics import check_semantics
 from .storage import StorageNames
 
@@ -103,6 +104,8 @@ def check_file(
     check_actions(data, report)
     check_stage_files(data, state, report)
     check_catalog(data, report)
+    check_language(data, report)
+    check_knowledge(data, report)
     (names if names is not None else StorageNames()).check(data, report)
     if report.has_errors:
         return None, sorted(report.items)

@@ -1,0 +1,213 @@
+"""Language in code: detection on a labelled set, the policies, and the reply-language repair.
+
+The labelled set (tests/data/language_messages.tsv) is short customer messages of
+a pet-cosmetics chat; docs/language.md has the per-language table that
+bench/language.py prints from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.funnel import CompiledFunnel
+from engine.language import Decision, decide, detect, record, reply_problem
+from engine.models import ScriptedModel
+from engine.spec import LanguagePolicy, language_policy
+from engine.turn import Engine, TurnResult
+
+DATA = Path(__file__).with_name("data") / "language_messages.tsv"
+LANGS = ("uk", "ru", "en", "pl", "de")
+FOLLOW = LanguagePolicy("follow_customer", ("uk", "ru", "en", "pl"), "uk")
+FIXED = LanguagePolicy("fixed", ("uk",), "uk")
+
+
+def labelled() -> list[tuple[str, str, str]]:
+    rows = []
+    for line in DATA.read_text("utf-8").splitlines():
+        if line and not line.startswith("#"):
+            lang, kind, text = line.split("\t")
+            rows.append((lang, kind, text))
+    return rows
+
+
+def test_the_labelled_set_is_large_enough() -> None:
+    rows = labelled()
+    per_language: dict[str, int] = defaultdict(int)
+    for lang, kind, _ in rows:
+        per_language[lang] += kind == "plain"
+    assert len(rows) >= 200
+    assert all(per_language[lang] >= 50 for lang in ("uk", "ru", "en", "pl"))
+
+
+def test_detection_accuracy_per_language() -> None:
+    # Right, undecided (kept the session's language: harmless) and wrong, per language.
+    right: dict[str, int] = defaultdict(int)
+    wrong: dict[str, int] = defaultdict(int)
+    total: dict[str, int] = defaultdict(int)
+    for lang, kind, text in labelled():
+        if kind != "plain":
+            continue
+        found = detect(text, LANGS).language
+        total[lang] += 1
+        right[lang] += found == lang
+        wrong[lang] += found is not None and found != lang
+    for lang in ("uk", "ru", "en", "pl"):
+        assert right[lang] / total[lang] >= 0.85, (lang, right[lang], total[lang])
+        assert wrong[lang] / total[lang] <= 0.05, (lang, wrong[lang], total[lang])
+
+
+@pytest.mark.parametrize("text", ["OK", "Hi!", "Так", "066 123 45 67", "PR251010", "👍👍", ""])
+def test_messages_too_short_to_tell_are_undecided(text: str) -> None:
+    assert detect(text, LANGS).language is None
+
+
+def test_mixed_script_messages_follow_the_sentence_not_the_brand() -> None:
+    assert detect("У мене кіт породи Sphynx", LANGS).language == "uk"
+    assert detect("Шампунь Exotic Spa есть в наличии?", LANGS).language == "ru"
+
+
+def test_policies_decide_the_reply_language() -> None:
+    # fixed: Ukrainian whatever the customer writes
+    assert decide(FIXED, "I have a Sphynx cat with very dry skin", "en").response == "uk"
+    assert decide(FIXED, "I have a Sphynx cat with very dry skin", None).accept == {"uk"}
+    # follow: the customer's language when declared, else the default
+    d = decide(FOLLOW, "Mam kotkę brytyjską, bardzo linieje", None)
+    assert (d.detected, d.response, d.accept) == ("pl", "pl", frozenset({"pl"}))
+    d = decide(FOLLOW, "Ich habe eine Katze, ihre Haut ist sehr trocken", None)
+    assert (d.detected, d.response) == ("de", "uk")
+    # an undecided message keeps the session's language and accepts any declared one
+    d = decide(FOLLOW, "OK", "ru")
+    assert (d.detected, d.response, d.accept) == (None, "ru", frozenset({"uk", "ru", "en", "pl"}))
+    # a weak guess does not move a session: a bare name is not a language
+    assert decide(FOLLOW, "Anna, 066 123 45 67", "en").response == "en"
+    # model: nothing decided in code
+    assert decide(LanguagePolicy(), "Mam kota i psa, oba linieją", "uk").accept == frozenset()
+
+
+def test_the_policy_is_read_from_the_funnel_section() -> None:
+    assert language_policy({}) == LanguagePolicy()
+    assert language_policy({"fixed": "uk"}) == FIXED
+    assert language_policy({"follow_customer": ["uk", "ru", "en", "pl"], "default": "uk"}) \
+        == FOLLOW
+    assert language_policy({"follow_customer": ["ru", "uk"]}).default == "ru"
+
+
+def test_short_replies_are_not_judged() -> None:
+    decision = Decision("uk", "uk", frozenset({"uk"}))
+    assert reply_problem(FOLLOW, decision, "OK") is None
+    assert reply_problem(FOLLOW, decision, "Чудово! Додала в кошик.") is None
+    problem = reply_problem(FOLLOW, decision, "Great! I have added the shampoo to your cart.")
+    assert problem is not None and "English (en)" in problem and "Ukrainian (uk)" in problem
+
+
+def test_record_model_policy_copies_the_models_language() -> None:
+    state: dict[str, Any] = {}
+    record(LanguagePolicy(), Decision(None, None, frozenset()), state, "d", "r", "Hi", "pl")
+    assert state == {"d": "pl", "r": "pl"}
+
+
+# -- the policies through the engine -----------------------------------------------------
+UK_GREET = "Вітаю! Я консультант Puramur. У вас кішка чи собака?"
+EN_GREET = "Hello! I'm the Puramur consultant. Is your pet a cat or a dog?"
+Open = Callable[..., Awaitable[Engine]]
+
+
+@pytest.fixture
+async def open_engine(db_url: str) -> AsyncIterator[Open]:
+    engines: list[Engine] = []
+
+    async def factory(funnel: CompiledFunnel, turns: list[Any]) -> Engine:
+        engine = await Engine.open(funnel, db=db_url,
+                                   model=ScriptedModel.from_data({"turns": turns}))
+        engines.append(engine)
+        return engine
+
+    yield factory
+    for engine in engines:
+        await engine.close()
+
+
+def with_policy(funnel: CompiledFunnel, policy: LanguagePolicy) -> CompiledFunnel:
+    return CompiledFunnel(dataclasses.replace(funnel.spec, language_policy=policy))
+
+
+async def test_fixed_policy_repairs_a_reply_in_another_language(
+        open_engine: Open, puramur: CompiledFunnel, sql: Any) -> None:
+    engine = await open_engine(with_policy(puramur, FIXED), [
+        {"output": {"reply": EN_GREET}, "repair": {"reply": UK_GREET}}])
+    result: TurnResult = await engine.handle("s1", "Hello, I have a question about my cat")
+    assert result.reply == UK_GREET and result.repaired and not result.fallback
+    assert result.validation_failures == 1
+    assert result.state["response_language"] == "uk"
+    assert result.state["detected_language"] == "en"
+    [(failures, repaired)] = sql("SELECT validation_failures, repaired FROM funnel_turns")
+    assert (failures, repaired) == (1, True)
+
+
+async def test_a_reply_that_stays_in_the_wrong_language_gets_the_fallback(
+        open_engine: Open, puramur: CompiledFunnel) -> None:
+    engine = await open_engine(with_policy(puramur, FIXED),
+                               [{"output": {"reply": EN_GREET}, "repair": {"reply": EN_GREET}}])
+    result = await engine.handle("s1", "Hello, I have a question about my cat")
+    assert result.fallback and result.validation_failures == 2
+    assert "must be in Ukrainian (uk)" in (result.error or "")
+
+
+async def test_the_repair_call_names_the_expected_language(
+        open_engine: Open, puramur: CompiledFunnel) -> None:
+    requests: list[Any] = []
+    engine = await open_engine(with_policy(puramur, FIXED), [
+        {"output": {"reply": EN_GREET}, "repair": {"reply": UK_GREET}}])
+    complete = engine.model.complete
+
+    async def spy(request: Any) -> Any:
+        requests.append(request)
+        return await complete(request)
+
+    engine.model.complete = spy  # type: ignore[method-assign]
+    await engine.handle("s1", "Hello, I have a question about my cat")
+    assert 'code "uk"' in requests[0].messages[0]["content"]
+    repair = requests[1].messages[-1]["content"]
+    assert "the reply is in English (en) but must be in Ukrainian (uk)" in repair
+
+
+async def test_follow_policy_answers_in_the_customers_language(
+        open_engine: Open, puramur: CompiledFunnel) -> None:
+    engine = await open_engine(puramur, [{"output": {"reply": EN_GREET}, "repair": {"reply": UK_GREET}}])
+    result = await engine.handle("s1", "Привіт! У мене кішка, порадьте щось")
+    # English was the wrong language for a Ukrainian customer: repaired.
+    assert result.reply == UK_GREET and result.repaired
+    assert result.state["detected_language"] == "uk"
+    assert result.state["response_language"] == "uk"
+
+
+async def test_model_policy_keeps_the_models_language(
+        open_engine: Open, puramur: CompiledFunnel) -> None:
+    engine = await open_engine(with_policy(puramur, LanguagePolicy()),
+                               [{"reply": EN_GREET, "language": "pl"}])
+    result = await engine.handle("s1", "Привіт! У мене кішка, порадьте щось")
+    assert result.reply == EN_GREET and not result.repaired  # nothing checked in code
+    assert result.state["detected_language"] == "pl" == result.state["response_language"]
+
+
+@pytest.mark.parametrize(("text", "lang"), [
+    ("Що порадите?", "uk"),  # lingua alone: Russian at 1.0
+    ("Це дорого", "uk"),
+    ("Что посоветуете?", "ru"),
+    ("Это дорого", "ru"),
+    ("Їй три роки", "uk"),  # a letter Russian has not
+    ("Ещё вопрос: сколько стоит?", "ru"),
+])
+def test_ukrainian_and_russian_markers_settle_short_messages(text: str, lang: str) -> None:
+    assert detect(text, LANGS).language == lang
+
+
+def test_markers_do_not_name_a_language_the_funnel_cannot_take() -> None:
+    # Restricted to English and Polish (plus nothing Cyrillic), markers cannot pick uk.
+    assert detect("Що порадите?", ("en", "pl")).language != "uk"
