@@ -269,6 +269,8 @@ def check_output_schema(
         return
     if not isinstance(schema, dict):
         return
+    for keys, ref, problem in _dangling_refs(schema, schema, ()):
+        at(keys, "F306", f"`$ref` {ref!r} {problem}")
     props = as_dict(schema.get("properties"))
     if "reply" not in props or "reply" not in as_list(schema.get("required")):
         at(("properties",), "F302", "the output schema must declare `reply` (a string) under "
@@ -320,6 +322,48 @@ def _check_nested(sub: dict[str, Any], field: dict[str, Any], keys: tuple[Any, .
         if name not in declared:
             at((*keys, "properties", name), "F303", f"`updates.{dotted}` writes '{name}', which "
                f"the state field '{dotted}' does not declare{did_you_mean(name, declared)}")
+
+
+def _dangling_refs(root: Any, node: Any, keys: tuple[str | int, ...]
+                   ) -> list[tuple[tuple[str | int, ...], str, str]]:
+    """Every ``$ref`` that does not resolve inside the schema itself, with where it is."""
+    found: list[tuple[tuple[str | int, ...], str, str]] = []
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if not ref.startswith("#"):
+                found.append(((*keys, "$ref"), ref, "points outside this file; an output schema "
+                              "must be self-contained: use `#/$defs/<name>`"))
+            elif _pointer(root, ref[1:]) is _MISSING:
+                defs = as_dict(root.get("$defs")) if isinstance(root, dict) else {}
+                name = ref.rsplit("/", 1)[-1]
+                found.append(((*keys, "$ref"), ref, "points at nothing in this schema"
+                              f"{did_you_mean(name, defs)}; fix the name or add the definition "
+                              "under `$defs`"))
+        for k, v in node.items():
+            if k not in ("const", "enum", "default", "examples"):
+                found.extend(_dangling_refs(root, v, (*keys, k)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found.extend(_dangling_refs(root, v, (*keys, i)))
+    return found
+
+
+_MISSING = object()
+
+
+def _pointer(root: Any, pointer: str) -> Any:
+    """Resolve a JSON pointer (``/$defs/x``) in ``root``; ``_MISSING`` when it does not."""
+    target = root
+    for raw in pointer.split("/")[1:] if pointer else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return _MISSING
+    return target
 
 
 def resolve_local_ref(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
