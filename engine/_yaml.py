@@ -72,7 +72,24 @@ def load(text: str) -> Located:
             return _load(_FAST_LOADER(text))
         except YamlSyntaxError:
             pass  # report it with pure Python's clearer message, below
-    return _load(yaml.SafeLoader(text))
+    try:
+        return _load(yaml.SafeLoader(text))
+    except YamlSyntaxError as exc:
+        if "expected <block end>" not in str(exc):
+            raise
+        raise YamlSyntaxError(_indentation_message(text, exc.line), exc.line, exc.col) from None
+
+
+def _indentation_message(text: str, line: int) -> str:
+    """PyYAML's "expected <block end>" said as what it is: a line indented like no key above."""
+    lines = text.splitlines()
+    here = lines[line - 1] if 0 < line <= len(lines) else ""
+    indent = len(here) - len(here.lstrip(" "))
+    above = sorted({len(t) - len(t.lstrip(" ")) for t in lines[: line - 1]
+                    if t.strip() and not t.lstrip().startswith(("#", "-"))})
+    return (f"YAML syntax error: line {line} is indented by {indent} space(s), which lines up "
+            f"with no key above it (keys above are indented by {', '.join(map(str, above))}); "
+            "indent it like the keys it belongs with")
 
 
 def _check_size(text: str) -> None:

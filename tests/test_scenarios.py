@@ -176,6 +176,24 @@ def test_names_checked_against_the_funnel(db_url: str, tmp_path: Path) -> None:
     ]
 
 
+def test_a_typo_in_a_nested_expectation_is_an_error(tmp_path: Path) -> None:
+    from engine.funnel import load_funnel
+    from engine.scenarios.load import check_against
+
+    scenario = tmp_path / "nested.yaml"
+    scenario.write_text(
+        f"scenario: nested\nfunnel: {ROOT / 'funnels' / 'puramur.yaml'}\n"
+        "turns:\n  - customer: Hi\n    llm: {reply: Hello}\n    expect:\n"
+        "      state:\n        pet.brede: absent\n        pet.breed: absent\n"
+        "        cart.0.sku: PR251010\n        cart.0.skew: PR251010\n", "utf-8")
+    loaded, problems = load_scenario(scenario)
+    assert loaded is not None and problems == []
+    found = [(f.line, f.message) for f in check_against(loaded, load_funnel(loaded.funnel))]
+    # `cart` declares no item properties: any path under it may be meant.
+    assert [line for line, _ in found] == [8], found
+    assert "'pet.brede'" in found[0][1] and "did you mean 'breed'" in found[0][1]
+
+
 def test_usage_errors(tmp_path: Path) -> None:
     missing = funnel_test("no/such/folder")
     assert missing.returncode == 2

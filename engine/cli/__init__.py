@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from ..errors import FunnelError, FunnelInvalid
 from ..spec import parse_duration
@@ -22,6 +23,7 @@ from ..validation import render
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="funnel", description="Run LLM sales funnels declared in "
                                 "YAML as finite-state machines.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     v = sub.add_parser("validate", help="check funnel files (and their templates and schemas)")
@@ -101,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of stdout")
     db_opts(rp)
     return p
+
+
+def _version() -> str:
+    try:
+        return metadata.version("funnel-engine")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
 
 
 def _period(text: str) -> float:
