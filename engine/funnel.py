@@ -59,6 +59,12 @@ class CompiledFunnel:
             (compile_condition(src), points, src) for src, points in spec.completeness_rules
         ]
         self.rules = StateRules(spec, self.catalog, completeness)
+        # Each exit condition on its own, for explanations (engine.explain).
+        self.explain_conditions = {
+            t.when: compile_condition(t.when)
+            for t in (*spec.global_transitions,
+                      *(t for st in spec.stages.values() for t in st.transitions))
+            if t.when is not None}
         self.actions = ActionRunner(spec, self.catalog)
         self.stages: dict[str, CompiledStage] = {}
         for stage in spec.stages.values():

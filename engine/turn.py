@@ -69,6 +69,7 @@ class TurnResult:
     returning: bool = False
     error: str | None = None
     backlog: int = 0  # messages that left the window and wait for the summary (at least)
+    explain: list[dict[str, Any]] = field(default_factory=list)  # engine.explain, per stage
 
 
 class Engine:
@@ -339,7 +340,8 @@ class Engine:
             validation_failures=answer.failures, repaired=record["repaired"],
             fallback=answer.fallback, prompt_tokens=record["prompt_tokens"],
             completion_tokens=record["completion_tokens"], handoff=handoff,
-            returning=turn.mover.returning, error=answer.error, backlog=turn.backlog)
+            returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
+            explain=turn.mover.explanation)
 
     def _handoff_time(self, state: Mapping[str, Any]) -> Any:
         h = self.spec.handoff
@@ -412,4 +414,5 @@ def _turn_record(turn: _Turn, answer: Answer, transitions: list[dict[str, Any]],
         "completion_tokens": sum(c.completion_tokens for c in answer.completions),
         "cost": sum(costs) if costs else None,
         "model": model, "error": answer.error,
+        "explain": turn.mover.explanation,
     }

@@ -41,7 +41,10 @@ def bad_failures() -> list[str]:
                 f"{message}")
 
     return [
-        at("FAIL-stage", 'expected stage "contact_collection", got "cart_building"'),
+        # The explanation: the exit towards the expected stage, and the values it read.
+        at("FAIL-stage", 'expected stage "contact_collection", got "cart_building": '
+           "`'confirm_cart' in actions and cart_item_count > 0` was false: "
+           'actions=["add_to_cart"], cart_item_count=3'),
         at("FAIL-state", 'expected state cart.2.sku "PR251020", got "PR100999"'),
         at("FAIL-present", "expected state customer.phone present, got absent"),
         at("FAIL-regex", 'expected reply matching "^Done", got "Added."'),
@@ -125,9 +128,10 @@ def test_github_annotations(db_url: str) -> None:
     assert lines[-1] == "0 passed, 1 failed"
     assert len(lines) == 7
     stage = marker_line(BAD, "FAIL-stage")
-    assert lines[0] == (
+    assert lines[0].startswith(
         f"::error file={BAD},line={stage},title=funnel test%3A deliberately-failing::"
-        'deliberately-failing turn 2: expected stage "contact_collection", got "cart_building"')
+        'deliberately-failing turn 2: expected stage "contact_collection", got "cart_building"'
+        ": `'confirm_cart' in actions")
     assert all(line.startswith(f"::error file={BAD},line=") for line in lines[:-1])
 
 

@@ -164,4 +164,7 @@ SHARED_MIGRATIONS: list[str] = [
     # a crash of the database (which empties an unlogged table) every lease is free,
     # which is right, since the turns that held them lost their connections too.
     f"ALTER TABLE {LEASES} SET UNLOGGED",
+    # Why each turn moved or stayed: every exit evaluated, with the values it read
+    # (engine.explain).
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS explain JSONB",
 ]
