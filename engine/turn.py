@@ -415,4 +415,5 @@ def _turn_record(turn: _Turn, answer: Answer, transitions: list[dict[str, Any]],
         "cost": sum(costs) if costs else None,
         "model": model, "error": answer.error,
         "explain": turn.mover.explanation,
+        "raw_output": [c.text for c in answer.completions],
     }

@@ -577,7 +577,9 @@ async def test_purge_anonymize_clears_personal_data_and_keeps_the_rows(
     assert [n for n, f in spec.state.items() if f.personal] == ["customer"]
     idle, fresh = ["idle-1", "idle-2", "idle-3"], ["fresh"]
     await _sessions(store, spec, db, idle, fresh)
-    db(f"UPDATE {ddl.TURNS} SET error = 'at $.updates.customer.phone: ' || session_id")
+    db(f"UPDATE {ddl.TURNS} SET error = 'at $.updates.customer.phone: ' || session_id, "
+       "explain = jsonb_build_array(jsonb_build_object('phone', session_id)), "
+       "raw_output = jsonb_build_array('{\"reply\": \"hi ' || session_id || '\"}')")
     before = _snapshot(db)
 
     done = await store.purge(spec, 365 * DAY, anonymize=True, batch=2)
@@ -598,6 +600,10 @@ async def test_purge_anonymize_clears_personal_data_and_keeps_the_rows(
     errors = dict(db(f"SELECT session_id, error FROM {ddl.TURNS}"))  # may quote the customer
     assert errors == {**{s: "[anonymized]" for s in idle},
                       "fresh": "at $.updates.customer.phone: fresh"}
+    # So may the model's raw output and the values an explanation read.
+    kept = {r[0]: r[1:] for r in db(f"SELECT session_id, explain, raw_output FROM {ddl.TURNS}")}
+    assert kept == {**{s: (None, None) for s in idle},
+                    "fresh": ([{"phone": "fresh"}], ['{"reply": "hi fresh"}'])}
     summaries = dict(db(f"SELECT session_id, conversation_summary FROM {TABLE}"))
     assert summaries == {**{s: "" for s in idle}, "fresh": "fresh has a cat"}  # retold messages
     payloads = dict(db(f"SELECT session_id, payload::text FROM {ddl.OUTBOX}"))

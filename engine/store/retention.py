@@ -107,11 +107,12 @@ async def _anonymize_sessions(conn: psycopg.AsyncConnection[Any], funnel: Funnel
         "UPDATE {} SET content = %s WHERE funnel = %s AND session_id = ANY(%s)").format(
             sql.Identifier(ddl.MESSAGES)), (ANONYMIZED, funnel.name, ids))
     counts["messages"] += cur.rowcount
-    # A turn's error may quote the model's output, and so the customer.
+    # A turn's error and raw output may quote the model's output, and so the customer;
+    # its explanation, the values of the fields its conditions read.
     await conn.execute(sql.SQL(
-        "UPDATE {} SET error = %s WHERE funnel = %s AND session_id = ANY(%s) "
-        "AND error IS NOT NULL").format(sql.Identifier(ddl.TURNS)),
-        (ANONYMIZED, funnel.name, ids))
+        "UPDATE {} SET error = CASE WHEN error IS NULL THEN NULL ELSE %s END, "
+        "explain = NULL, raw_output = NULL WHERE funnel = %s AND session_id = ANY(%s)"
+    ).format(sql.Identifier(ddl.TURNS)), (ANONYMIZED, funnel.name, ids))
     return len(ids)
 
 

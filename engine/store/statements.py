@@ -35,7 +35,8 @@ def _default(value: Any) -> Any:
 # The turn record's columns, filled from one JSON parameter.
 _TURN_COLUMNS = ("funnel_version", "stage_before", "transitions", "actions", "refused",
                  "validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
-                 "prompt_tokens", "completion_tokens", "cost", "model", "error", "explain")
+                 "prompt_tokens", "completion_tokens", "cost", "model", "error", "explain",
+                 "raw_output")
 
 
 class Statements:
