@@ -114,7 +114,10 @@ def test_messages_round_trip_and_state(client: TestClient, sql: Any) -> None:
     assert r.json()["stage"] == "presentation"
     state = client.get(f"{BASE}/sessions/s-1", headers=bearer(READER)).json()
     assert state["stage"] == "presentation" and state["pet"]["breed"] == "Sphynx"
-    assert state["turns"] == 2
+    assert state["turns"] == 2 and "explain" not in state
+    explained = client.get(f"{BASE}/sessions/s-1?explain=1", headers=bearer(READER)).json()
+    assert [step["stage"] for step in explained["explain"]] == ["discovery", "presentation"]
+    assert explained["explain"][0]["fired"] == "presentation"
     assert user_messages(sql, "s-1") == ["Hi!", "A Sphynx, dry skin"]
     assert client.get(f"{BASE}/sessions/nobody", headers=bearer(ADMIN)).status_code == 404
     assert client.get("/v1/funnels/nope/sessions/s-1", headers=bearer(ADMIN)).status_code == 404

@@ -49,12 +49,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="litellm model string, or scripted:PATH (default: $FUNNEL_MODEL, "
                    "else the funnel's model)")
     c.add_argument("--api-base", default=None, metavar="URL")
+    c.add_argument("--explain", action="store_true", help="after each reply, every exit of the "
+                   "stage: its condition, the values it read, whether it held (always on at a "
+                   "terminal; on stderr otherwise)")
     db_opts(c)
 
     st = sub.add_parser("state", help="print a session's state row as JSON")
     st.add_argument("funnel", metavar="FUNNEL")
     st.add_argument("session", metavar="SESSION")
     st.add_argument("--history", action="store_true", help="add the last messages")
+    st.add_argument("--explain", action="store_true",
+                    help="add why the last turn moved or stayed (`explain`)")
     db_opts(st)
 
     d = sub.add_parser("demo", help="play a scripted Puramur conversation, offline")

@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..chat import Message
 from ..errors import SchemaOutdated, StoreUnavailable, first_line
 from ..spec import FunnelSpec
-from . import ddl, retention
+from . import ddl, retention, turns
 from .base import TurnWrite
 from .connect import safe_url
 from .migrate import (
@@ -315,6 +315,11 @@ class PostgresStore:
         """Delete (or anonymize) sessions idle for more than ``older_than`` seconds, with their
         messages, turn records and outbox rows, ``batch`` sessions per transaction."""
         return await retention.purge(self._conn, funnel, older_than, anonymize=anonymize, batch=batch)
+
+    async def turn_records(self, funnel: FunnelSpec, session_id: str, limit: int = 1000
+                           ) -> list[dict[str, Any]]:
+        """A session's turn records, oldest first, with each turn's message and reply."""
+        return await turns.turn_records(self._conn, funnel.name, session_id, limit)
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
                               limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:
