@@ -16,7 +16,7 @@ record's ``explain`` column, returned in ``TurnResult.explain``)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -126,7 +126,7 @@ def _line(stage: str, t: Mapping[str, Any]) -> str:
     return text
 
 
-def describe(explanation: list[Mapping[str, Any]] | None) -> list[str]:
+def describe(explanation: Sequence[Mapping[str, Any]] | None) -> list[str]:
     """One line per exit evaluated, in order, and one for the iteration count."""
     lines: list[str] = []
     for step in explanation or []:
@@ -140,7 +140,7 @@ def describe(explanation: list[Mapping[str, Any]] | None) -> list[str]:
     return lines
 
 
-def why_not(explanation: list[Mapping[str, Any]] | None, expected: str) -> str:
+def why_not(explanation: Sequence[Mapping[str, Any]] | None, expected: str) -> str:
     """Why the session did not reach ``expected``: the exits towards it that did not hold.
 
     ``"`discovery_completeness >= 60` was false: discovery_completeness=50 (...)"``,

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, nodes, pass_context
+from jinja2.exceptions import SecurityError
 from jinja2.filters import FILTERS
 from jinja2.loaders import split_template_path
 from jinja2.runtime import Context
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 from .paths import OutsideFunnel, is_confined
@@ -234,7 +235,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def _generate(self, source: nodes.Template, name: str | None, filename: str | None,
                   defer_init: bool = False) -> str:
         _BoundLoops().visit(source)
-        return super()._generate(source, name, filename, defer_init)  # type: ignore[no-any-return]
+        return super()._generate(source, name, filename, defer_init)
 
 
 class ConfinedLoader(FileSystemLoader):

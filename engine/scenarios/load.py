@@ -241,7 +241,8 @@ def _undeclared_property(path: str, schema: dict[str, Any]) -> str | None:
     parts = path.split(".")
     for depth, part in enumerate(parts[1:], start=1):
         if part.isdigit() and schema.get("type") == "array":  # `lines.0.sku`
-            schema = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+            items = schema.get("items")
+            schema = items if isinstance(items, dict) else {}
             continue
         props = schema.get("properties")
         if not isinstance(props, dict) or schema.get("additionalProperties") is True:
@@ -250,7 +251,8 @@ def _undeclared_property(path: str, schema: dict[str, Any]) -> str | None:
             return (f"'{'.'.join(parts[:depth + 1])}': '{'.'.join(parts[:depth])}' declares no "
                     f"property '{part}'{did_you_mean(part, props)}; the expectation would "
                     "always see it absent")
-        schema = props[part] if isinstance(props[part], dict) else {}
+        sub = props[part]
+        schema = sub if isinstance(sub, dict) else {}
     return None
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from jinja2 import nodes
-from jinja2.sandbox import SecurityError
+from jinja2.exceptions import SecurityError
 
 from ..sandbox import _BINOPS, WorkLimit
 
@@ -66,8 +66,7 @@ def refused(tree: nodes.Node) -> Iterator[tuple[int, str, str]]:
                 yield node.lineno, method, (
                     "a format string that reads an internal attribute (`{0.__class__}`) is "
                     "refused by the sandbox at render time; remove it")
-    for line, token, message in _bombs(tree):
-        yield line, token, message
+    yield from _bombs(tree)
 
 
 def _format_reaches_internals(fmt: str) -> bool:
@@ -95,7 +94,7 @@ def _fold(node: nodes.Node) -> Any:
         return -_fold(node.node)
     for kind, op in _OPS.items():
         if isinstance(node, kind):
-            return _BINOPS[op](_fold(node.left), _fold(node.right))  # type: ignore[attr-defined]
+            return _BINOPS[op](_fold(node.left), _fold(node.right))
     raise _NotConst
 
 
