@@ -31,6 +31,17 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--format", choices=["text", "json", "github"], default="text")
     v.add_argument("--strict", action="store_true", help="warnings fail too")
 
+    n = sub.add_parser("new", help="create a funnel folder (funnel, prompts, generated schemas, "
+                       "scenarios) that validates and passes its scenarios")
+    n.add_argument("name", metavar="NAME", help="the funnel's name (lowercase, digits, _)")
+    n.add_argument("--from", dest="template", default="minimal",
+                   choices=["minimal", "puramur", "b2b_demo"], help="the template (default "
+                   "minimal)")
+    n.add_argument("--catalog", action="store_true",
+                   help="with --from minimal: add a product catalog and present_products")
+    n.add_argument("--dir", default=None, metavar="FOLDER",
+                   help="where to write it (default: ./NAME; must not exist)")
+
     g = sub.add_parser("graph", help="print the stage diagram")
     g.add_argument("funnel", metavar="FUNNEL")
     g.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
@@ -147,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # does not pay for the store, the machine or litellm: (module, function) by command.
 _COMMANDS = {
     "validate": ("validate", "cmd_validate"),
+    "new": ("new", "cmd_new"),
     "graph": ("show", "cmd_graph"),
     "sql": ("show", "cmd_sql"),
     "chat": ("conversation", "cmd_chat"),

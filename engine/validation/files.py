@@ -290,7 +290,7 @@ def check_output_schema(
                    f"declare{did_you_mean(name, state)}")
             else:
                 _check_nested(resolve_local_ref(schema, as_dict(sub)), as_dict(state[name]), keys, name, at)
-    for keys, action in _action_types(schema):
+    for keys, action in action_types(schema):
         if action not in declared_actions:
             at(keys, "F305", f"action type '{action}' is not declared under `actions` in the "
                f"funnel{did_you_mean(action, declared_actions)}")
@@ -377,7 +377,7 @@ def resolve_local_ref(root: dict[str, Any], node: dict[str, Any]) -> dict[str, A
     return node
 
 
-def _action_types(schema: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+def action_types(schema: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
     """Every action ``type`` the schema allows, with where it is written."""
     actions = resolve_local_ref(schema, as_dict(as_dict(schema.get("properties")).get("actions")))
     items = resolve_local_ref(schema, as_dict(actions.get("items")))
