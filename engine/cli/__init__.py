@@ -93,6 +93,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the --format report to FILE (stdout gets the text report)")
     db_opts(t)
 
+    rc = sub.add_parser("record", help="turn a session's conversation into a scenario (its "
+                        "messages, the model outputs received, expectations from what happened)")
+    rc.add_argument("funnel", metavar="FUNNEL")
+    rc.add_argument("session", metavar="SESSION")
+    rc.add_argument("--out", default=None, metavar="FILE", help="write the scenario to FILE "
+                    "(default: stdout)")
+    rc.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    db_opts(rc)
+
     m = sub.add_parser("migrate", help="bring the funnel's table up to its declaration")
     m.add_argument("funnel", metavar="FUNNEL")
     m.add_argument("--check", action="store_true", help="report, change nothing")
@@ -167,6 +176,7 @@ _COMMANDS = {
     "migrate": ("database", "cmd_migrate"),
     "purge": ("database", "cmd_purge"),
     "test": ("scenario", "cmd_test"),
+    "record": ("record", "cmd_record"),
     "serve": ("serve", "cmd_serve"),
     "report": ("report", "cmd_report"),
 }
