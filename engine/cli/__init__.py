@@ -83,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     pu.add_argument("--anonymize", action="store_true",
                     help="clear personal fields and message text instead of deleting")
     pu.add_argument("--batch", type=int, default=1000)
+    pu.add_argument("--dry-run", action="store_true",
+                    help="count what would be deleted or anonymized; change nothing")
     db_opts(pu)
 
     t = sub.add_parser("test", help="play conversation scenarios against funnels and check them")

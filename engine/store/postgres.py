@@ -181,6 +181,17 @@ class PostgresStore:
         Raises:
             StoreUnavailable: no connection within ``timeout`` seconds.
         """
+        # One direct attempt first: a wrong database name, user or password is then
+        # reported at once, in PostgreSQL's words, instead of after the pool's
+        # `timeout` of silent retries (and its log lines).
+        try:
+            probe = await psycopg.AsyncConnection.connect(
+                url, autocommit=True, connect_timeout=max(1, int(timeout)))
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL at {safe_url(url)}: {first_line(exc)}; check "
+                "that it runs and the URL (--db / FUNNEL_DB) is right") from None
+        await probe.close()
         kwargs: dict[str, Any] = {"autocommit": True}
         health = _Health()
         # psycopg_pool retries a failed connection in the background with a doubling
@@ -264,7 +275,13 @@ class PostgresStore:
     async def load(self, funnel: FunnelSpec, session_id: str) -> dict[str, Any] | None:
         async with self._conn() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(self.table(funnel).select_row, (session_id,))
+            try:
+                await cur.execute(self.table(funnel).select_row, (session_id,))
+            except psycopg.errors.UndefinedTable:
+                raise SchemaOutdated(
+                    f"table {funnel.table} does not exist in {safe_url(self.url)} yet: no "
+                    f"session of funnel '{funnel.name}' was saved there; run `funnel migrate` "
+                    "for it, or check --db / FUNNEL_DB") from None
             return await cur.fetchone()
 
     async def save_turn(self, funnel: FunnelSpec, write: TurnWrite) -> int:
@@ -315,6 +332,11 @@ class PostgresStore:
         """Delete (or anonymize) sessions idle for more than ``older_than`` seconds, with their
         messages, turn records and outbox rows, ``batch`` sessions per transaction."""
         return await retention.purge(self._conn, funnel, older_than, anonymize=anonymize, batch=batch)
+
+    async def purge_preview(self, funnel: FunnelSpec, older_than: float, *,
+                            anonymize: bool = False) -> dict[str, int] | None:
+        """What :meth:`purge` would touch, counted; ``None`` when the funnel has no table."""
+        return await retention.preview(self._conn, funnel, older_than, anonymize=anonymize)
 
     async def turn_records(self, funnel: FunnelSpec, session_id: str, limit: int = 1000
                            ) -> list[dict[str, Any]]:
