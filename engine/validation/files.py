@@ -204,6 +204,9 @@ def _load_schema(text: str) -> tuple[Any, tuple[int, int, str] | None, tuple[tup
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, _json_error(text, exc), None
+    except RecursionError:  # `[[[[...]]]]` thousands deep: the decoder recurses
+        return None, (1, 1, "not valid JSON here: nested far too deeply; an output schema "
+                      "needs a dozen levels at most"), None
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
