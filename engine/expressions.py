@@ -20,7 +20,7 @@ from jinja2 import StrictUndefined, Template, TemplateSyntaxError, nodes
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .sandbox import BoundedSandbox, ConfinedLoader
+from .sandbox import BoundedSandbox, ConfinedLoader, bounded_render
 
 Condition = Callable[[Mapping[str, Any]], bool]
 
@@ -82,6 +82,10 @@ def _expression(source: str) -> Template:
 
 
 def _evaluate(template: Template, context: Mapping[str, Any]) -> Any:
+    return bounded_render(lambda: _run(template, context))
+
+
+def _run(template: Template, context: Mapping[str, Any]) -> Any:
     # shared=True: read the context where it is instead of copying it into a new dict.
     ctx = template.new_context(ChainMap(context, template.globals), shared=True)  # type: ignore[arg-type]
     for _ in template.root_render_func(ctx):

@@ -19,12 +19,13 @@ import posixpath
 import re
 import string
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from jinja2 import Environment, FileSystemLoader, nodes, pass_context
+from jinja2 import Environment, FileSystemLoader, Template, nodes, pass_context
 from jinja2.exceptions import SecurityError
-from jinja2.filters import FILTERS
+from jinja2.filters import FILTERS, sync_do_join
 from jinja2.loaders import split_template_path
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -32,16 +33,27 @@ from jinja2.visitor import NodeTransformer
 
 from .paths import OutsideFunnel, is_confined
 
-__all__ = ["MAX_BITS", "MAX_ITERATIONS", "MAX_SIZE", "MAX_WIDTH", "BoundedSandbox",
-           "ConfinedLoader", "WorkLimit"]
+__all__ = ["MAX_BITS", "MAX_BUILT", "MAX_ITERATIONS", "MAX_SIZE", "MAX_WIDTH",
+           "BoundedSandbox", "BoundedTemplate", "ConfinedLoader", "WorkLimit", "bounded_render",
+           "charge"]
 
 MAX_SIZE = 100_000  # characters of a string, items of a list an operator builds
 MAX_BITS = 8_192  # bits of an integer an operator builds (2**8192 has 2,467 digits)
 MAX_WIDTH = 1_000  # a format width or precision, a padding width
 MAX_ITERATIONS = 100_000  # loop iterations in one render, all loops together
 
+MAX_BUILT = 2_000_000  # characters and items all operators of one render build together
+
 _LOOP = "_funnel_bounded_loop"
 _JOIN = "_funnel_bounded_join"
+
+# What the operators of the render in progress have built so far: bounded too, so
+# that `range(100000)|map('center', 999)` (each call small) cannot add up to gigabytes.
+_BUILT: ContextVar[list[int] | None] = ContextVar("funnel_sandbox_built", default=None)
+
+
+T = TypeVar("T")
+_SYNC_JOIN = sync_do_join
 
 
 class WorkLimit(SecurityError):
@@ -50,6 +62,37 @@ class WorkLimit(SecurityError):
 
 def _size(value: Any) -> int | None:
     return len(value) if isinstance(value, str | bytes | list | tuple) else None
+
+
+def _weight(value: Any) -> int:
+    """What a value costs to repeat or render: its length, its items' lengths for a list."""
+    if isinstance(value, str | bytes):
+        return len(value)
+    if isinstance(value, list | tuple):
+        return len(value) + sum(len(v) for v in value if isinstance(v, str | bytes | list | tuple))
+    return 1
+
+
+def charge(size: int) -> None:
+    """Count ``size`` against the current render's budget (none outside a render)."""
+    built = _BUILT.get()
+    if built is not None:
+        built[0] += size
+        if built[0] > MAX_BUILT:
+            raise WorkLimit(f"this render built more than {MAX_BUILT:,} characters and items "
+                            "in all, the sandbox's limit")
+
+
+def bounded_render(run: Callable[[], T]) -> T:
+    """Run one render or evaluation with a fresh budget; deep recursion is a WorkLimit."""
+    token = _BUILT.set([0])
+    try:
+        return run()
+    except RecursionError:
+        raise WorkLimit("a macro or expression recursed too deeply; the sandbox stopped it"
+                        ) from None
+    finally:
+        _BUILT.reset(token)
 
 
 def _too_big(what: str, size: int, limit: int) -> WorkLimit:
@@ -86,8 +129,11 @@ def _power(base: Any, exp: Any) -> Any:
 def _times(left: Any, right: Any) -> Any:
     for seq, n in ((left, right), (right, left)):
         size = _size(seq)
-        if size is not None and isinstance(n, int) and size * n > MAX_SIZE:
-            raise _too_big("a repeated string or list", size * n, MAX_SIZE)
+        if size is not None and isinstance(n, int) and not isinstance(n, bool):
+            weight = _weight(seq) * n  # `[s] * n` renders n copies of s
+            if max(size * n, weight) > MAX_SIZE:
+                raise _too_big("a repeated string or list", max(size * n, weight), MAX_SIZE)
+            charge(weight)
     if isinstance(left, int) and isinstance(right, int) and \
             left.bit_length() + right.bit_length() > MAX_BITS:
         raise WorkLimit(f"a product of {left.bit_length() + right.bit_length():,} bits is over "
@@ -97,8 +143,10 @@ def _times(left: Any, right: Any) -> Any:
 
 def _plus(left: Any, right: Any) -> Any:
     a, b = _size(left), _size(right)
-    if a is not None and b is not None and a + b > MAX_SIZE:
-        raise _too_big("a concatenation", a + b, MAX_SIZE)
+    if a is not None and b is not None:
+        if a + b > MAX_SIZE:
+            raise _too_big("a concatenation", a + b, MAX_SIZE)
+        charge(a + b)
     return left + right
 
 
@@ -114,10 +162,15 @@ _BINOPS: dict[str, Callable[[Any, Any], Any]] = {"**": _power, "*": _times, "+":
 
 def _bounded_filter(name: str, check: Callable[..., None]) -> Callable[..., Any]:
     original = FILTERS[name]
+    # A filter marked @pass_eval_context (or environment, context) gets that first.
+    skip = 1 if getattr(original, "jinja_pass_arg", None) is not None else 0
 
     def bounded(*args: Any, **kwargs: Any) -> Any:
-        check(*args, **kwargs)
-        return original(*args, **kwargs)
+        check(*args[skip:], **kwargs)
+        result = original(*args, **kwargs)
+        if isinstance(result, str):
+            charge(len(result))
+        return result
 
     for attr in ("jinja_pass_arg",):  # keep @pass_eval_context and the like
         if hasattr(original, attr):
@@ -140,8 +193,8 @@ def _width_arg(position: int, keyword: str) -> Callable[..., None]:
 
 
 def _replace_check(*args: Any, **kwargs: Any) -> None:
-    # (eval_ctx, s, old, new, count): at most len(s)+1 replacements of len(new) each.
-    s, old, new = (list(args[1:4]) + [None, None, None])[:3]
+    # (s, old, new, count): at most len(s)+1 replacements of len(new) each.
+    s, old, new = (list(args[0:3]) + [None, None, None])[:3]
     if isinstance(s, str) and isinstance(new, str) and isinstance(old, str):
         grows = (s.count(old) if old else len(s) + 1) * max(len(new) - len(old), 0)
         if len(s) + grows > MAX_SIZE:
@@ -183,7 +236,31 @@ def _bounded_loop(context: Context, iterable: Iterable[Any]) -> Iterator[Any]:
 def _bounded_join(value: str) -> str:
     if len(value) > MAX_SIZE:
         raise _too_big("a `~` concatenation", len(value), MAX_SIZE)
+    charge(len(value))
     return value
+
+
+def _join_filter(*args: Any, **kwargs: Any) -> str:
+    """``|join``, with what it would build checked before it builds it."""
+    eval_ctx, value, rest = args[0], args[1], args[2:]
+    items = list(value)
+    sep = rest[0] if rest else kwargs.get("d", "")
+    total = sum(_weight(i) for i in items) + len(str(sep)) * max(len(items) - 1, 0)
+    if total > MAX_SIZE:
+        raise _too_big("a joined text", total, MAX_SIZE)
+    charge(total)
+    return _SYNC_JOIN(eval_ctx, items, *rest, **kwargs)
+
+
+def _count_arg(position: int, keyword: str) -> Callable[..., None]:
+    """``|slice(n)``, ``|batch(n)``: they loop or fill ``n`` times."""
+    def check(*args: Any, **kwargs: Any) -> None:
+        values = [kwargs.get(keyword)] + list(args[position:position + 1])
+        for value in values:
+            if isinstance(value, int) and value > MAX_WIDTH:
+                raise WorkLimit(f"{keyword} {value:,} is over the sandbox's limit of "
+                                f"{MAX_WIDTH:,}")
+    return check
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -198,9 +275,15 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.globals[_JOIN] = _bounded_join
         self.filters["center"] = _bounded_filter("center", _width_arg(1, "width"))
         self.filters["indent"] = _bounded_filter("indent", _width_arg(1, "width"))
-        self.filters["wordwrap"] = _bounded_filter("wordwrap", _width_arg(2, "width"))
+        self.filters["wordwrap"] = _bounded_filter("wordwrap", _width_arg(1, "width"))
         self.filters["replace"] = _bounded_filter("replace", _replace_check)
         self.filters["format"] = _bounded_filter("format", _format_check)
+        self.filters["slice"] = _bounded_filter("slice", _count_arg(1, "slices"))
+        self.filters["batch"] = _bounded_filter("batch", _count_arg(1, "linecount"))
+        join = _join_filter
+        join.jinja_pass_arg = FILTERS["join"].jinja_pass_arg  # type: ignore[attr-defined]
+        self.filters["join"] = join
+        self.template_class = BoundedTemplate
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         return _BINOPS[operator](left, right)
@@ -226,9 +309,17 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 if isinstance(value, int) and value > MAX_WIDTH:
                     raise WorkLimit(f"width {value:,} is over the sandbox's limit of "
                                     f"{MAX_WIDTH:,}")
+            if getattr(__obj, "__name__", "") == "join" and args:
+                items = list(args[0])
+                total = sum(_weight(i) for i in items) + len(__obj.__self__) * len(items)
+                if total > MAX_SIZE:
+                    raise _too_big("a joined text", total, MAX_SIZE)
+                args = (items, *args[1:])
             result = super().call(__context, __obj, *args, **kwargs)
-            if _size(result) is not None and len(result) > MAX_SIZE:
-                raise _too_big("a string", len(result), MAX_SIZE)
+            if _size(result) is not None:
+                if len(result) > MAX_SIZE:
+                    raise _too_big("a string", len(result), MAX_SIZE)
+                charge(len(result))
             return result
         return super().call(__context, __obj, *args, **kwargs)
 
@@ -236,6 +327,13 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                   defer_init: bool = False) -> str:
         _BoundLoops().visit(source)
         return super()._generate(source, name, filename, defer_init)
+
+
+class BoundedTemplate(Template):
+    """A template whose every render runs with a fresh budget (see :func:`bounded_render`)."""
+
+    def render(self, *args: Any, **kwargs: Any) -> str:
+        return bounded_render(lambda: super(BoundedTemplate, self).render(*args, **kwargs))
 
 
 class ConfinedLoader(FileSystemLoader):

@@ -49,6 +49,13 @@ BOMBS = [
     "{% set ns = namespace(n=3) %}{% for i in range(64) %}{% set ns.n = ns.n * ns.n %}"
     "{% endfor %}{{ ns.n > 0 }}",
     "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+    "{{ range(100000) | join('x' * 99999) | length }}",
+    "{{ (['x' * 99999] * 100000) | length }}",
+    "{{ range(100000) | map('center', 999) | list | length }}",
+    "{{ [1] | slice(1000000000) | list | length }}",
+    "{{ [1] | batch(1000000000, 'x') | list | length }}",
+    "{{ ''.join(['x' * 99999] * 10) }}",
+    "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
 ]
 
 
