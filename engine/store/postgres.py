@@ -188,9 +188,15 @@ class PostgresStore:
             probe = await psycopg.AsyncConnection.connect(
                 url, autocommit=True, connect_timeout=max(1, int(timeout)))
         except psycopg.OperationalError as exc:
+            text = str(exc)
+            if "FATAL:" in text:  # the server answered: no such database, user, password
+                reason = text.split("FATAL:", 1)[1].strip().splitlines()[0]
+                raise StoreUnavailable(
+                    f"cannot connect to PostgreSQL at {safe_url(url)}: {reason}; check the "
+                    "URL (--db / FUNNEL_DB)") from None
             raise StoreUnavailable(
-                f"cannot connect to PostgreSQL at {safe_url(url)}: {first_line(exc)}; check "
-                "that it runs and the URL (--db / FUNNEL_DB) is right") from None
+                f"cannot connect to PostgreSQL at {safe_url(url)} within {timeout:g} s; "
+                "check that it runs and the URL (--db / FUNNEL_DB) is right") from None
         await probe.close()
         kwargs: dict[str, Any] = {"autocommit": True}
         health = _Health()
