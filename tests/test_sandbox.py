@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,12 +60,28 @@ BOMBS = [
 ]
 
 
+@pytest.fixture
+def memory_cap() -> Iterator[None]:
+    """At most 2 GB more address space while a bomb runs: a regression fails, not the machine."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    pages = int(Path("/proc/self/statm").read_text().split()[0])
+    cap = pages * resource.getpagesize() + 2_000_000_000
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY
+                                            else min(cap, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.usefixtures("memory_cap")
 @pytest.mark.parametrize("source", BOMBS)
 def test_template_bombs_are_refused(source: str) -> None:
     with pytest.raises(WorkLimit):
         make_environment().from_string(source).render()
 
 
+@pytest.mark.usefixtures("memory_cap")
 def test_condition_bombs_are_refused() -> None:
     for source in ("('a' * 10**10) | length > 0", "(10 ** (10 ** 10)) > 0",
                    "('x' * 100000 ~ 'y') | length > 0"):
