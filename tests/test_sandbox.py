@@ -195,7 +195,8 @@ def test_an_include_through_a_symlink_is_refused_at_render(tmp_path: Path) -> No
 # --- validate, on the hostile corpus cases ----------------------------------------------------
 
 HOSTILE = ["f001_alias_bomb_7", "f001_alias_bomb_9", "f001_deep_nesting", "f205_work_bombs",
-           "f007_prompt_outside", "f007_folders_outside", "f007_symlink", "f007_include_outside"]
+           "f007_prompt_outside", "f007_folders_outside", "f007_symlink", "f007_include_outside",
+           "f301_deep_json"]
 
 
 def _limited() -> None:
