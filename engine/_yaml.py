@@ -98,6 +98,8 @@ def _check_size(text: str) -> None:
     Events come from a state machine, not recursion, and an alias costs the
     size its anchor had: the expanded size is known without expanding.
     """
+    if "&" not in text and _depth_bound(text) < MAX_DEPTH:
+        return  # no anchor, so no alias; and too shallow to matter: skip the second parse
     anchors: dict[str, int] = {}
     stack: list[list[Any]] = [[None, 0]]  # [anchor, values so far] per open collection
     total = 0
@@ -130,6 +132,27 @@ def _check_size(text: str) -> None:
                         "repeat what their anchor holds: an alias bomb?); write the values out")
     except yaml.YAMLError:
         return  # the load reports it, with its position
+
+
+def _depth_bound(text: str) -> int:
+    """An upper bound of the nesting depth, from the text alone (cheap, never too low).
+
+    Block nesting needs indentation or ``- `` indicators on a line; flow nesting
+    needs brackets (counted everywhere, quoted ones too: that only raises the bound).
+    """
+    indent = dashes = 0
+    for line in text.splitlines():
+        stripped = line.lstrip(" ")
+        indent = max(indent, len(line) - len(stripped))
+        dashes = max(dashes, stripped.count("- ") + stripped.count("? "))
+    depth = flow = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            flow = max(flow, depth)
+        elif ch in "]}":
+            depth -= 1
+    return indent + dashes + flow + 2
 
 
 def _refuse(event: Any, problem: str) -> None:

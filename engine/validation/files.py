@@ -107,7 +107,7 @@ def _check_template(
     check_paths(tree, state, known, report, None, "template", "F203", file=path,
                 paths=_template_names(source, path.name, str(path)))
     lines = source.splitlines()
-    for line, token, message in refused(tree):
+    for line, token, message in _refused(source, path.name, str(path)):
         report.add(path, line, column(lines, line, token), "error", "F205", message)
     for ref in meta.find_referenced_templates(tree):
         if ref is None:
@@ -185,6 +185,13 @@ def _template_names(source: str, name: str, filename: str) -> tuple[tuple[tuple[
     """The dotted names a (parsable) template reads, with their lines."""
     tree = _parse_template(source, name, filename)[0]
     return tuple(attribute_paths(tree)) if tree is not None else ()
+
+
+@lru_cache(maxsize=512)
+def _refused(source: str, name: str, filename: str) -> tuple[tuple[int, str, str], ...]:
+    """What the sandbox would refuse in a (parsable) template, with its lines."""
+    tree = _parse_template(source, name, filename)[0]
+    return tuple(refused(tree)) if tree is not None else ()
 
 
 @lru_cache(maxsize=1)

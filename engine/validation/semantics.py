@@ -230,7 +230,7 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
                       f"{exc.message}; write a Jinja expression such as `pet.type and pet.breed`")
             continue
         check_paths(tree, state, known, report, keys, "condition", "F402")
-        for _, _, message in refused(tree):
+        for message in _refused_condition(source):
             report.at(keys, "error", "F205", f"condition {source!r}: {message}")
         for path, _ in unguarded_comparisons(tree, state):
             dotted = ".".join(path)
@@ -246,6 +246,11 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
 def _parse_condition(source: str) -> nodes.Template:
     # Funnels repeat conditions (`handoff_requested == 'complaint'`); callers only read the AST.
     return parse_expression(source)
+
+
+@lru_cache(maxsize=1024)
+def _refused_condition(source: str) -> tuple[str, ...]:
+    return tuple(message for _, _, message in refused(_parse_condition(source)))
 
 
 def check_paths(
