@@ -49,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._db import server_url, throwaway_schema  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# The copies live in a temporary folder and read the repository's prompts: let them.
+os.environ.setdefault("FUNNEL_ROOT", str(ROOT))
 FUNNEL = ROOT / "funnels" / "puramur.yaml"
 KEY = "bench-converse-key-0123456789"
 MESSAGES = ["Hi!", "I have a cat", "her skin is dry", "what would you recommend?",

@@ -18,6 +18,7 @@ the worst case, where nothing is shared.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import statistics
@@ -28,6 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The copies live in a temporary folder and read the repository's prompts: let them.
+os.environ.setdefault("FUNNEL_ROOT", str(ROOT))
 PURAMUR = ROOT / "funnels" / "puramur.yaml"
 COPIES = 100
 RUNS = 5

@@ -51,18 +51,113 @@ class YamlSyntaxError(Exception):
         super().__init__(message)
 
 
+# A funnel nests a dozen levels and holds a few thousand values. Past these
+# limits a file is an attack (`[[[...]]]` 50,000 deep crashes the parser; seven
+# levels of aliases expand to millions of values), refused before it is built.
+MAX_DEPTH = 100
+MAX_NODES = 200_000
+
+
 def load(text: str) -> Located:
     """Parse one YAML document, recording positions and duplicate keys.
 
     Raises:
-        YamlSyntaxError: the text is not YAML; carries line and column.
+        YamlSyntaxError: the text is not YAML, nests deeper than ``MAX_DEPTH``
+            or expands (aliases included) to more than ``MAX_NODES`` values;
+            carries line and column.
     """
+    _check_size(text)
     if _FAST_LOADER is not None:
         try:
             return _load(_FAST_LOADER(text))
         except YamlSyntaxError:
             pass  # report it with pure Python's clearer message, below
-    return _load(yaml.SafeLoader(text))
+    try:
+        return _load(yaml.SafeLoader(text))
+    except YamlSyntaxError as exc:
+        if "expected <block end>" not in str(exc):
+            raise
+        raise YamlSyntaxError(_indentation_message(text, exc.line), exc.line, exc.col) from None
+
+
+def _indentation_message(text: str, line: int) -> str:
+    """PyYAML's "expected <block end>" said as what it is: a line indented like no key above."""
+    lines = text.splitlines()
+    here = lines[line - 1] if 0 < line <= len(lines) else ""
+    indent = len(here) - len(here.lstrip(" "))
+    above = sorted({len(t) - len(t.lstrip(" ")) for t in lines[: line - 1]
+                    if t.strip() and not t.lstrip().startswith(("#", "-"))})
+    return (f"YAML syntax error: line {line} is indented by {indent} space(s), which lines up "
+            f"with no key above it (keys above are indented by {', '.join(map(str, above))}); "
+            "indent it like the keys it belongs with")
+
+
+def _check_size(text: str) -> None:
+    """Refuse deep nesting and alias bombs from the parser's events, before any node is built.
+
+    Events come from a state machine, not recursion, and an alias costs the
+    size its anchor had: the expanded size is known without expanding.
+    """
+    if "&" not in text and _depth_bound(text) < MAX_DEPTH:
+        return  # no anchor, so no alias; and too shallow to matter: skip the second parse
+    anchors: dict[str, int] = {}
+    stack: list[list[Any]] = [[None, 0]]  # [anchor, values so far] per open collection
+    total = 0
+    try:
+        for event in yaml.parse(text, Loader=_FAST_LOADER or yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                if len(stack) > MAX_DEPTH:
+                    _refuse(event, f"nested more than {MAX_DEPTH} levels deep; a funnel needs "
+                            "far fewer: flatten it")
+                stack.append([event.anchor, 1])
+                continue
+            if isinstance(event, yaml.CollectionEndEvent):
+                anchor, size = stack.pop()
+                if anchor is not None:
+                    anchors[anchor] = size
+                stack[-1][1] += size
+                continue
+            if isinstance(event, yaml.AliasEvent):
+                size = anchors.get(event.anchor or "", 1)
+            elif isinstance(event, yaml.ScalarEvent):
+                size = 1
+                if event.anchor is not None:
+                    anchors[event.anchor] = 1
+            else:
+                continue
+            stack[-1][1] += size
+            total = sum(frame[1] for frame in stack)
+            if total > MAX_NODES:
+                _refuse(event, f"expands to more than {MAX_NODES:,} values (aliases `*name` "
+                        "repeat what their anchor holds: an alias bomb?); write the values out")
+    except yaml.YAMLError:
+        return  # the load reports it, with its position
+
+
+def _depth_bound(text: str) -> int:
+    """An upper bound of the nesting depth, from the text alone (cheap, never too low).
+
+    Block nesting needs indentation or ``- `` indicators on a line; flow nesting
+    needs brackets (counted everywhere, quoted ones too: that only raises the bound).
+    """
+    indent = dashes = 0
+    for line in text.splitlines():
+        stripped = line.lstrip(" ")
+        indent = max(indent, len(line) - len(stripped))
+        dashes = max(dashes, stripped.count("- ") + stripped.count("? "))
+    depth = flow = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            flow = max(flow, depth)
+        elif ch in "]}":
+            depth -= 1
+    return indent + dashes + flow + 2
+
+
+def _refuse(event: Any, problem: str) -> None:
+    mark = event.start_mark
+    raise YamlSyntaxError(f"YAML refused: {problem}", mark.line + 1, mark.column + 1)
 
 
 def _load(loader: Any) -> Located:

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, TypedDict
 
 from .actions import TurnScratch
+from .explain import explain_stage
 from .funnel import CompiledFunnel
 from .machine import Firing
 from .prompts import full_view
@@ -47,6 +48,8 @@ class Mover:
     scratch: TurnScratch
     returning: bool = False
     accepted: list[str] = field(default_factory=list)  # the action types applied this turn
+    # Every stage's exits as evaluated this turn (engine.explain), for the turn record.
+    explanation: list[dict[str, Any]] = field(default_factory=list)
 
     def context(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The names conditions read: every declared field plus the turn's facts."""
@@ -78,9 +81,13 @@ class Mover:
         for _ in range(len(funnel.spec.stages)):
             if funnel.stage(pos["stage"]).spec.final:
                 break
-            fired = self.fire("advance", self.context(state))
+            ctx = self.context(state)
+            step = explain_stage(funnel, pos["stage"], ctx)
+            self.explanation.append(step)
+            fired = self.fire("advance", ctx)
             if not fired:
                 break
+            step["fired"] = fired[-1].dest
             firings += fired
             before = dict(state)
             self.on_enter(fired[-1], state)
@@ -93,9 +100,14 @@ class Mover:
             return firings
         pos["stage_iteration"] += 1  # the session stayed: one more turn in the stage
         limit = funnel.stage(pos["stage"]).spec.max_iterations
+        if limit and self.explanation:
+            self.explanation[-1]["iterations"] = {"count": pos["stage_iteration"],
+                                                  "limit": limit.limit, "to": limit.to}
         if limit and limit.to and pos["stage_iteration"] >= limit.limit:
             fired = self.fire("iteration_limit", {})
             if fired:
+                if self.explanation:
+                    self.explanation[-1]["fired"] = fired[-1].dest
                 self.on_enter(fired[-1], state)
             firings += fired
         return firings

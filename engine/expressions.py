@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from jinja2 import FileSystemLoader, StrictUndefined, Template, TemplateSyntaxError, nodes
+from jinja2 import StrictUndefined, Template, TemplateSyntaxError, nodes
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .sandbox import BoundedSandbox, ConfinedLoader, bounded_render
 
 Condition = Callable[[Mapping[str, Any]], bool]
 
@@ -35,10 +37,18 @@ def compact_json(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
-def make_environment(template_dir: Path | None = None) -> ImmutableSandboxedEnvironment:
-    """The sandbox every funnel template and condition runs in."""
-    env = ImmutableSandboxedEnvironment(
-        loader=FileSystemLoader(str(template_dir)) if template_dir else None,
+def make_environment(template_dir: Path | None = None,
+                     roots: tuple[Path, ...] | None = None) -> ImmutableSandboxedEnvironment:
+    """The sandbox every funnel template and condition runs in.
+
+    Args:
+        template_dir: the folder ``{% include %}`` and ``get_template`` read from.
+        roots: the folders the funnel may read (see :mod:`engine.paths`); a
+            template that resolves outside them (``..``, a symlink) is refused.
+            Defaults to ``template_dir`` itself.
+    """
+    env = BoundedSandbox(
+        loader=ConfinedLoader(template_dir, roots or (template_dir,)) if template_dir else None,
         undefined=StrictUndefined,
         autoescape=False,
         keep_trailing_newline=False,
@@ -72,6 +82,10 @@ def _expression(source: str) -> Template:
 
 
 def _evaluate(template: Template, context: Mapping[str, Any]) -> Any:
+    return bounded_render(lambda: _run(template, context))
+
+
+def _run(template: Template, context: Mapping[str, Any]) -> Any:
     # shared=True: read the context where it is instead of copying it into a new dict.
     ctx = template.new_context(ChainMap(context, template.globals), shared=True)  # type: ignore[arg-type]
     for _ in template.root_render_func(ctx):

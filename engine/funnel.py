@@ -19,6 +19,7 @@ from .catalog import Catalog, load_catalog
 from .errors import ConfigError, FunnelInvalid
 from .expressions import compile_condition, make_environment
 from .machine import StageMachine
+from .paths import confine, funnel_roots
 from .spec import FunnelSpec, StageSpec
 from .state import StateRules
 from .validation import check_file
@@ -40,7 +41,12 @@ class CompiledFunnel:
     def __init__(self, spec: FunnelSpec) -> None:
         self.spec = spec
         self.name = spec.name
-        self.catalog: Catalog | None = load_catalog(spec.catalog_path) if spec.catalog_path else None
+        # Every file the funnel names is re-checked here, not only by validate: a file
+        # swapped for a symlink after validation is refused all the same.
+        roots = funnel_roots(spec.path)
+        self.catalog: Catalog | None = (
+            load_catalog(confine(spec.catalog_path, roots, "catalog")) if spec.catalog_path
+            else None)
         self.machine = StageMachine(spec)
         # What templates see of the catalog, built once (the sandbox is immutable).
         self.catalog_view = [p.as_prompt() for p in self.catalog.products] if self.catalog else []
@@ -53,12 +59,19 @@ class CompiledFunnel:
             (compile_condition(src), points, src) for src, points in spec.completeness_rules
         ]
         self.rules = StateRules(spec, self.catalog, completeness)
+        # Each exit condition on its own, for explanations (engine.explain).
+        self.explain_conditions = {
+            t.when: compile_condition(t.when)
+            for t in (*spec.global_transitions,
+                      *(t for st in spec.stages.values() for t in st.transitions))
+            if t.when is not None}
         self.actions = ActionRunner(spec, self.catalog)
         self.stages: dict[str, CompiledStage] = {}
         for stage in spec.stages.values():
-            env = make_environment(stage.prompt.parent)
+            confine(stage.prompt, roots, "template")
+            env = make_environment(stage.prompt.parent, roots)
             template = env.get_template(stage.prompt.name)
-            schema = json.loads(stage.schema.read_text("utf-8"))
+            schema = json.loads(confine(stage.schema, roots, "output schema").read_text("utf-8"))
             updates = schema.get("properties", {}).get("updates", {})
             updates = resolve_local_ref(schema, updates if isinstance(updates, dict) else {})
             allowed = frozenset(updates.get("properties", {})) - spec.engine_owned

@@ -87,6 +87,7 @@ class TurnResult:
     backlog: int = 0  # messages that left the window and wait for the summary (at least)
     message_id: int = 0  # the customer's message in the log: the turn's id in the API
     model_seconds: float = 0.0  # time in model calls (first call, repair)
+    explain: list[dict[str, Any]] = field(default_factory=list)  # engine.explain, per stage
 
 
 class Engine:
@@ -421,7 +422,8 @@ class Engine:
             completion_tokens=record["completion_tokens"], handoff=handoff,
             returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
             message_id=turn.inbound.message_id or 0,
-            model_seconds=sum(c.latency_ms for c in answer.completions) / 1000)
+            model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
+            explain=turn.mover.explanation)
 
     async def _fail(self, access: SessionAccess, turn: _Turn, exc: Exception) -> TurnResult:
         """A turn that failed after its message was logged still ends well: the stage's
@@ -527,4 +529,7 @@ def _turn_record(turn: _Turn, answer: Answer, transitions: list[dict[str, Any]],
         "model": answer.model or model, "attempts": answer.attempts,
         "error": printable(answer.error, 2000) if answer.error else None,
         "knowledge": turn.knowledge,
+        "explain": turn.mover.explanation,
+        # As received, but storable: PostgreSQL's jsonb refuses NUL and lone surrogates.
+        "raw_output": [printable(c.text, 64_000) for c in answer.completions],
     }

@@ -27,6 +27,9 @@ PURAMUR = ROOT / "funnels" / "puramur.yaml"
 B2B = ROOT / "funnels" / "b2b_demo.yaml"
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Tests copy the reference funnels into temporary folders that point back at the
+# repository's prompts and schemas: the operator's FUNNEL_ROOT lets them read there.
+os.environ.setdefault("FUNNEL_ROOT", str(ROOT))
 
 from engine.cli import main as funnel_main  # noqa: E402  (after the environment is set)
 from engine.store.connect import temporary_schema  # noqa: E402

@@ -1059,3 +1059,62 @@ async def test_a_slow_manager_alert_never_delays_the_reply(make: Factory, sql: A
     await h.engine.drain()
     assert len(notifier.calls) == 1
     assert sql("SELECT count(*) FROM funnel_outbox WHERE delivered_at IS NOT NULL") == [(1,)]
+
+
+# -- explanations --------------------------------------------------------------------------
+def test_chat_and_state_explain_why_a_session_moved_or_stayed(db_url: str, sql: Any) -> None:
+    lines = ["Hi!", "I have a Sphynx cat, her skin is very dry"]
+    chat = run_cli("chat", "funnels/puramur.yaml", "--model",
+                   "scripted:funnels/puramur/demo.yaml", "--db", db_url, "--session", "why",
+                   "--explain", db_url=db_url, stdin="\n".join(lines) + "\n")
+    assert chat.returncode == 0, chat.stderr
+    assert len(chat.stdout.splitlines()) == 2  # stdout stays one reply per line
+    why = [x for x in chat.stderr.splitlines() if x.startswith("  [why] ")]
+    # Turn 1: greeting -> discovery, where nothing is known yet. Turn 2: type, problems
+    # and breed give 75 points, past the 60 that presentation needs; there nothing holds.
+    assert why == [
+        "  [why] greeting -> handoff (global): `handoff_requested == 'complaint'` was false: "
+        "handoff_requested=null",
+        "  [why] greeting -> handoff (global): `handoff_requested == 'explicit_request'` was "
+        "false: handoff_requested=null",
+        "  [why] greeting -> discovery: always",
+        "  [why] discovery -> handoff (global): `handoff_requested == 'complaint'` was false: "
+        "handoff_requested=null",
+        "  [why] discovery -> handoff (global): `handoff_requested == 'explicit_request'` was "
+        "false: handoff_requested=null",
+        "  [why] discovery -> presentation: `discovery_completeness >= 60` was false: "
+        "discovery_completeness=0 (no rule holds)",
+        "  [why] discovery -> handoff (global): `handoff_requested == 'complaint'` was false: "
+        "handoff_requested=null",
+        "  [why] discovery -> handoff (global): `handoff_requested == 'explicit_request'` was "
+        "false: handoff_requested=null",
+        "  [why] discovery -> presentation: `discovery_completeness >= 60` was true: "
+        "discovery_completeness=75 (pet.type 25 + pet.problems 25 + pet.breed 25)",
+        "  [why] presentation -> handoff (global): `handoff_requested == 'complaint'` was "
+        "false: handoff_requested=null",
+        "  [why] presentation -> handoff (global): `handoff_requested == 'explicit_request'` "
+        "was false: handoff_requested=null",
+        "  [why] presentation -> cart_building: `cart_item_count > 0` was false: "
+        "cart_item_count=0",
+        "  [why] presentation -> objection_handling: `'record_objection' in actions` was "
+        "false: actions=[]",
+    ]
+
+    state = run_cli("state", "funnels/puramur.yaml", "why", "--explain", "--db", db_url,
+                    db_url=db_url)
+    assert state.returncode == 0, state.stderr
+    row = json.loads(state.stdout)
+    assert [(s["stage"], s["fired"]) for s in row["explain"]] == [
+        ("discovery", "presentation"), ("presentation", None)]
+    moved = [t for t in row["explain"][0]["transitions"] if not t.get("global")]
+    assert moved == [{"to": "presentation", "when": "discovery_completeness >= 60", "held": True,
+                      "values": {"discovery_completeness": 75},
+                      "derived": {"discovery_completeness":
+                                  "pet.type 25 + pet.problems 25 + pet.breed 25"}}]
+    assert "discovery_completeness=75" in state.stderr
+    # The turn records keep every explanation and the outputs the model gave.
+    records = sql("SELECT explain, raw_output FROM funnel_turns WHERE session_id = 'why' "
+                  "ORDER BY id")
+    assert [[s["fired"] for s in r[0]] for r in records] == [
+        ["discovery", None], ["presentation", None]]
+    assert json.loads(records[0][1][0])["reply"].startswith("Hello! I'm the Puramur")

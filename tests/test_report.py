@@ -454,8 +454,13 @@ async def test_an_empty_database(db_url: str, funnel: Path) -> None:
 
 # -- the HTML page in a real browser ---------------------------------------------------
 def chromium() -> str:
+    # As the widget's browser test (test_service.py): required in CI, skipped elsewhere.
     found = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert found, "chromium is needed: apt-get install -y chromium"
+    if not found:
+        message = "chromium is needed: apt-get install -y chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
     return found
 
 

@@ -39,7 +39,10 @@ def bad_failures() -> list[str]:
                 f"{message}")
 
     return [
-        at("FAIL-stage", 'expected stage "contact_collection", got "cart_building"'),
+        # The explanation: the exit towards the expected stage, and the values it read.
+        at("FAIL-stage", 'expected stage "contact_collection", got "cart_building": '
+           "`'confirm_cart' in actions and cart_item_count > 0` was false: "
+           'actions=["add_to_cart"], cart_item_count=3'),
         at("FAIL-state", 'expected state cart.2.sku "PR251020", got "PR100999"'),
         at("FAIL-present", "expected state customer.phone present, got absent"),
         at("FAIL-regex", 'expected reply matching "^Done", got "Added."'),
@@ -123,9 +126,10 @@ def test_github_annotations(db_url: str) -> None:
     assert lines[-1] == "0 passed, 1 failed"
     assert len(lines) == 7
     stage = marker_line(BAD, "FAIL-stage")
-    assert lines[0] == (
+    assert lines[0].startswith(
         f"::error file={BAD},line={stage},title=funnel test%3A deliberately-failing::"
-        'deliberately-failing turn 2: expected stage "contact_collection", got "cart_building"')
+        'deliberately-failing turn 2: expected stage "contact_collection", got "cart_building"'
+        ": `'confirm_cart' in actions")
     assert all(line.startswith(f"::error file={BAD},line=") for line in lines[:-1])
 
 
@@ -172,6 +176,24 @@ def test_names_checked_against_the_funnel(db_url: str, tmp_path: Path) -> None:
         "'puramur' (did you mean 'add_to_cart'?)",
         "0 passed, 1 failed",
     ]
+
+
+def test_a_typo_in_a_nested_expectation_is_an_error(tmp_path: Path) -> None:
+    from engine.funnel import load_funnel
+    from engine.scenarios.load import check_against
+
+    scenario = tmp_path / "nested.yaml"
+    scenario.write_text(
+        f"scenario: nested\nfunnel: {ROOT / 'funnels' / 'puramur.yaml'}\n"
+        "turns:\n  - customer: Hi\n    llm: {reply: Hello}\n    expect:\n"
+        "      state:\n        pet.brede: absent\n        pet.breed: absent\n"
+        "        cart.0.sku: PR251010\n        cart.0.skew: PR251010\n", "utf-8")
+    loaded, problems = load_scenario(scenario)
+    assert loaded is not None and problems == []
+    found = [(f.line, f.message) for f in check_against(loaded, load_funnel(loaded.funnel))]
+    # `cart` declares no item properties: any path under it may be meant.
+    assert [line for line, _ in found] == [8], found
+    assert "'pet.brede'" in found[0][1] and "did you mean 'breed'" in found[0][1]
 
 
 def test_usage_errors(tmp_path: Path) -> None:

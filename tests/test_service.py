@@ -117,7 +117,10 @@ def test_messages_round_trip_and_state(client: TestClient, sql: Any) -> None:
     assert r.json()["stage"] == "presentation"
     state = client.get(f"{BASE}/sessions/s-1", headers=bearer(READER)).json()
     assert state["stage"] == "presentation" and state["pet"]["breed"] == "Sphynx"
-    assert state["turns"] == 2
+    assert state["turns"] == 2 and "explain" not in state
+    explained = client.get(f"{BASE}/sessions/s-1?explain=1", headers=bearer(READER)).json()
+    assert [step["stage"] for step in explained["explain"]] == ["discovery", "presentation"]
+    assert explained["explain"][0]["fired"] == "presentation"
     assert user_messages(sql, "s-1") == ["Hi!", "A Sphynx, dry skin"]
     assert client.get(f"{BASE}/sessions/nobody", headers=bearer(ADMIN)).status_code == 404
     assert client.get("/v1/funnels/nope/sessions/s-1", headers=bearer(ADMIN)).status_code == 404
@@ -136,6 +139,15 @@ def test_the_demo_conversation_reaches_handoff(client: TestClient) -> None:
     assert results[-1]["stage"] == "handoff"
 
 
+def test_each_funnels_demo_page_shows_its_own_content(db_url: str) -> None:
+    b2b = ROOT / "funnels" / "b2b_demo.yaml"
+    with TestClient(create_app(config(db_url, funnels=[PURAMUR, b2b], telegram={}))) as c:
+        page = c.get("/demo/b2b_demo").text
+    assert 'data-funnel="b2b_demo"' in page
+    assert "Qualifies a company for a B2B analytics product" in page  # its description
+    assert "UAH" not in page and "shampoo" not in page.lower()  # nothing of Puramur's
+
+
 def test_health_ready_openapi_and_static(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
@@ -149,6 +161,7 @@ def test_health_ready_openapi_and_static(client: TestClient) -> None:
     assert "fw-panel" in client.get("/widget.css").text
     demo = client.get("/demo/puramur")
     assert 'data-funnel="puramur"' in demo.text
+    assert "Brilliant White shampoo" in demo.text  # its own catalog's first products
     assert client.get("/demo/nope").status_code == 404
 
 

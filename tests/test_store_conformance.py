@@ -579,7 +579,9 @@ async def test_purge_anonymize_clears_personal_data_and_keeps_the_rows(
     assert [n for n, f in spec.state.items() if f.personal] == ["customer"]
     idle, fresh = ["idle-1", "idle-2", "idle-3"], ["fresh"]
     await _sessions(store, spec, db, idle, fresh)
-    db(f"UPDATE {ddl.TURNS} SET error = 'at $.updates.customer.phone: ' || session_id")
+    db(f"UPDATE {ddl.TURNS} SET error = 'at $.updates.customer.phone: ' || session_id, "
+       "explain = jsonb_build_array(jsonb_build_object('phone', session_id)), "
+       "raw_output = jsonb_build_array('{\"reply\": \"hi ' || session_id || '\"}')")
     before = _snapshot(db)
 
     done = await store.purge(spec, 365 * DAY, anonymize=True, batch=2)
@@ -600,6 +602,10 @@ async def test_purge_anonymize_clears_personal_data_and_keeps_the_rows(
     errors = dict(db(f"SELECT session_id, error FROM {ddl.TURNS}"))  # may quote the customer
     assert errors == {**{s: "[anonymized]" for s in idle},
                       "fresh": "at $.updates.customer.phone: fresh"}
+    # So may the model's raw output and the values an explanation read.
+    kept = {r[0]: r[1:] for r in db(f"SELECT session_id, explain, raw_output FROM {ddl.TURNS}")}
+    assert kept == {**{s: (None, None) for s in idle},
+                    "fresh": ([{"phone": "fresh"}], ['{"reply": "hi fresh"}'])}
     summaries = dict(db(f"SELECT session_id, conversation_summary FROM {TABLE}"))
     assert summaries == {**{s: "" for s in idle}, "fresh": "fresh has a cat"}  # retold messages
     payloads = dict(db(f"SELECT session_id, payload::text FROM {ddl.OUTBOX}"))
@@ -618,10 +624,17 @@ async def test_purge_anonymize_clears_personal_data_and_keeps_the_rows(
        "WHERE session_id = 'fresh'")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("FUNNEL_DB", None)
+    dry = subprocess.run([sys.executable, "-m", "engine.cli", "purge", str(PURAMUR),
+                          "--older-than", "30d", "--anonymize", "--dry-run", "--db", url],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert dry.stdout.strip() == ("would anonymize 1 session(s) idle for more than 30 days: "
+                                  "2 message(s)"), dry.stdout + dry.stderr
+    assert db(f"SELECT customer FROM {TABLE} WHERE session_id = 'fresh'") != [({},)]
     cli = subprocess.run([sys.executable, "-m", "engine.cli", "purge", str(PURAMUR),
                           "--older-than", "30d", "--anonymize", "--db", url],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
+    assert "would anonymize 1 session(s)" in cli.stderr  # counted before it is done
     assert "anonymized 1 session(s)" in cli.stdout and "2 message(s)" in cli.stdout
     assert db(f"SELECT customer FROM {TABLE} WHERE session_id = 'fresh'") == [({},)]
     assert db(f"SELECT COUNT(*) FROM {TABLE}") == [(4,)]
@@ -638,3 +651,22 @@ def test_each_backend_is_the_one_it_names(backend: str, request: pytest.FixtureR
         assert backend == SERVER_DSN
     with psycopg.connect(backend) as conn:
         assert conn.execute("SELECT 1").fetchall() == [(1,)]
+
+
+def test_purge_counts_first_and_creates_nothing(url: str, db: SQL) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("FUNNEL_DB", None)
+
+    def purge(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "engine.cli", "purge", str(PURAMUR),
+                               "--db", url, *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    tables = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"
+    before = db(tables)
+    empty = purge("--older-than", "1s")
+    assert empty.returncode == 0, empty.stderr
+    assert empty.stdout.startswith("nothing to purge: table puramur_sessions_state does not")
+    assert db(tables) == before  # nothing was created
+    dry = purge("--older-than", "1s", "--dry-run")
+    assert dry.returncode == 0 and "nothing to purge" in dry.stdout

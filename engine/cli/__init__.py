@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from ..errors import FunnelError, FunnelInvalid
 from ..llm.strategy import CHOICES
@@ -23,12 +24,24 @@ from ..validation import render
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="funnel", description="Run LLM sales funnels declared in "
                                 "YAML as finite-state machines.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     v = sub.add_parser("validate", help="check funnel files (and their templates and schemas)")
     v.add_argument("paths", nargs="+", metavar="PATH", help="funnel files or folders")
     v.add_argument("--format", choices=["text", "json", "github"], default="text")
     v.add_argument("--strict", action="store_true", help="warnings fail too")
+
+    n = sub.add_parser("new", help="create a funnel folder (funnel, prompts, generated schemas, "
+                       "scenarios) that validates and passes its scenarios")
+    n.add_argument("name", metavar="NAME", help="the funnel's name (lowercase, digits, _)")
+    n.add_argument("--from", dest="template", default="minimal",
+                   choices=["minimal", "puramur", "b2b_demo"], help="the template (default "
+                   "minimal)")
+    n.add_argument("--catalog", action="store_true",
+                   help="with --from minimal: add a product catalog and present_products")
+    n.add_argument("--dir", default=None, metavar="FOLDER",
+                   help="where to write it (default: ./NAME; must not exist)")
 
     g = sub.add_parser("graph", help="print the stage diagram")
     g.add_argument("funnel", metavar="FUNNEL")
@@ -54,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                    "else the funnel's model)")
     c.add_argument("--api-base", default=None, metavar="URL")
     structured_opt(c)
+    c.add_argument("--explain", action="store_true", help="after each reply, every exit of the "
+                   "stage: its condition, the values it read, whether it held (always on at a "
+                   "terminal; on stderr otherwise)")
     db_opts(c)
 
     dr = sub.add_parser("doctor", help="probe a model endpoint: what structured output it "
@@ -68,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("funnel", metavar="FUNNEL")
     st.add_argument("session", metavar="SESSION")
     st.add_argument("--history", action="store_true", help="add the last messages")
+    st.add_argument("--explain", action="store_true",
+                    help="add why the last turn moved or stayed (`explain`)")
     db_opts(st)
 
     cs = sub.add_parser("check-state", help="check the invariants of every session: valid "
@@ -86,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     pu.add_argument("--anonymize", action="store_true",
                     help="clear personal fields and message text instead of deleting")
     pu.add_argument("--batch", type=int, default=1000)
+    pu.add_argument("--dry-run", action="store_true",
+                    help="count what would be deleted or anonymized; change nothing")
     db_opts(pu)
 
     t = sub.add_parser("test", help="play conversation scenarios against funnels and check them")
@@ -95,6 +115,15 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default=None, metavar="FILE",
                    help="write the --format report to FILE (stdout gets the text report)")
     db_opts(t)
+
+    rc = sub.add_parser("record", help="turn a session's conversation into a scenario (its "
+                        "messages, the model outputs received, expectations from what happened)")
+    rc.add_argument("funnel", metavar="FUNNEL")
+    rc.add_argument("session", metavar="SESSION")
+    rc.add_argument("--out", default=None, metavar="FILE", help="write the scenario to FILE "
+                    "(default: stdout)")
+    rc.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    db_opts(rc)
 
     m = sub.add_parser("migrate", help="bring the funnel's table up to its declaration")
     m.add_argument("funnel", metavar="FUNNEL")
@@ -134,6 +163,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    try:
+        return metadata.version("funnel-engine")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
+
+
 def _period(text: str) -> float:
     try:
         seconds = parse_duration(text)
@@ -164,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # does not pay for the store, the machine or litellm: (module, function) by command.
 _COMMANDS = {
     "validate": ("validate", "cmd_validate"),
+    "new": ("new", "cmd_new"),
     "graph": ("show", "cmd_graph"),
     "sql": ("show", "cmd_sql"),
     "chat": ("conversation", "cmd_chat"),
@@ -172,6 +209,7 @@ _COMMANDS = {
     "migrate": ("database", "cmd_migrate"),
     "purge": ("database", "cmd_purge"),
     "test": ("scenario", "cmd_test"),
+    "record": ("record", "cmd_record"),
     "serve": ("serve", "cmd_serve"),
     "doctor": ("doctor", "cmd_doctor"),
     "report": ("report", "cmd_report"),

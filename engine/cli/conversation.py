@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import _yaml
 from ..errors import InvalidInput
+from ..explain import describe
 from ..funnel import load_funnel
 from ..models import Model, make_model
 from ..state import plain
@@ -37,6 +38,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     session = args.session or f"chat-{uuid.uuid4().hex[:12]}"
     interactive = sys.stdin.isatty()
     refused = 0
+    explain = args.explain or interactive  # a person at a terminal always sees why
     with SyncEngine(funnel, db=args.db, model=model, api_base=args.api_base) as engine:
         if interactive:
             print(f"funnel {funnel.name} v{funnel.spec.version}, session {session}. "
@@ -57,6 +59,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 print(result.reply.replace("\n", " "), flush=True)
                 if result.fallback:  # stdout stays one reply per line; say why on stderr
                     print(f"funnel: warning: fallback reply ({result.error})", file=sys.stderr)
+            if explain:
+                for text in describe(result.explain):
+                    print(f"  [why] {text}", file=sys.stdout if interactive else sys.stderr,
+                          flush=True)
     return 1 if refused else 0
 
 
@@ -107,6 +113,9 @@ def cmd_state(args: argparse.Namespace) -> int:
             out: dict[str, Any] = plain(dict(row))
             if args.history:
                 out["messages"] = plain(await store.history(funnel.spec, args.session, 20))
+            if args.explain:
+                last = await store.turn_records(funnel.spec, args.session, 1)
+                out["explain"] = plain(last[-1]["explain"]) if last else None
             return out
         finally:
             await store.close()
@@ -116,6 +125,9 @@ def cmd_state(args: argparse.Namespace) -> int:
         raise InvalidInput(f"no session {args.session!r} in funnel '{funnel.name}' "
                           f"(table {funnel.spec.table})")
     print(json.dumps(row, indent=2, ensure_ascii=False))
+    if args.explain:  # the JSON on stdout carries it too; the lines are for people
+        for text in describe(row.get("explain")) or ["no turn recorded an explanation"]:
+            print(f"  [why] {text}", file=sys.stderr)
     return 0
 
 

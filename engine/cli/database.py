@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 
 from ..errors import InvalidInput
 from ..funnel import load_funnel
@@ -45,18 +46,47 @@ def cmd_purge(args: argparse.Namespace) -> int:
         raise InvalidInput(f"funnel '{funnel.name}' declares no `retention`; give --older-than "
                           "(e.g. 90d)")
 
-    async def run() -> dict[str, int]:
+    async def run() -> tuple[dict[str, int] | None, dict[str, int] | None]:
         store = await open_store(args.db)
         try:
-            await store.ensure_schema(funnel.spec)
-            return await store.purge(funnel.spec, period, anonymize=args.anonymize,
-                                     batch=args.batch)
+            # Counted first, and nothing created: a database without the funnel's table
+            # has nothing to purge.
+            found = await store.purge_preview(funnel.spec, period, anonymize=args.anonymize)
+            if found is None or args.dry_run or not found["sessions"] + found["messages"]:
+                return found, None
+            print(_summary(found, "would " + ("anonymize" if args.anonymize else "delete"),
+                           period, args.anonymize), file=sys.stderr)
+            return found, await store.purge(funnel.spec, period, anonymize=args.anonymize,
+                                            batch=args.batch)
         finally:
             await store.close()
 
-    counts = asyncio.run(run())
-    verb = "anonymized" if args.anonymize else "deleted"
-    print(f"{verb} {counts['sessions']} session(s) idle for more than {period / 86400:g} day(s): "
-          f"{counts['messages']} message(s)" + ("" if args.anonymize else
-                                                 f", {counts['turns']} turn record(s)"))
+    found, counts = asyncio.run(run())
+    if found is None:
+        print(f"nothing to purge: table {funnel.spec.table} does not exist in this database")
+        return 0
+    if counts is None:
+        print(_summary(found, "would " + ("anonymize" if args.anonymize else "delete") if
+                       args.dry_run else ("anonymized" if args.anonymize else "deleted"),
+                       period, args.anonymize))
+        return 0
+    print(_summary(counts, "anonymized" if args.anonymize else "deleted", period,
+                   args.anonymize))
     return 0
+
+
+def _summary(counts: dict[str, int], verb: str, period: float, anonymize: bool) -> str:
+    return (f"{verb} {counts['sessions']} session(s) idle for more than {human_period(period)}"
+            f": {counts['messages']} message(s)" + ("" if anonymize else
+                                                    f", {counts['turns']} turn record(s)"))
+
+
+def human_period(seconds: float) -> str:
+    """``90 days``, ``1 second``, ``36 hours``: a period as people say it."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        if seconds >= size and (seconds % size == 0 or unit == "second"
+                                or seconds >= 10 * size):
+            value = seconds / size
+            text = f"{value:g}" if value == int(value) else f"{value:.1f}"
+            return f"{text} {unit}{'' if text == '1' else 's'}"
+    return f"{seconds:g} seconds"

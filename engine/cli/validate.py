@@ -10,7 +10,7 @@ from ..validation import render, validate_paths
 
 def cmd_validate(args: argparse.Namespace) -> int:
     diagnostics = validate_paths(args.paths)
-    if diagnostics:
+    if diagnostics or args.format == "json":  # JSON readers get `[]` when all is clean
         print(render(diagnostics, args.format))
     errors = sum(d.severity == "error" for d in diagnostics)
     warnings = len(diagnostics) - errors

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from ..explain import why_not
 from ..turn import TurnResult
 
 _MISSING = object()
@@ -25,8 +26,10 @@ def check(expect: Mapping[str, Any], result: TurnResult, row: Mapping[str, Any] 
         if not _same(want, got):
             out.append((key, f"expected {what} {_show(want)}, got {_show(got)}"))
 
-    if "stage" in expect:
-        differ("stage", "stage", expect["stage"], result.stage_after)
+    if "stage" in expect and not _same(expect["stage"], result.stage_after):
+        # Why it did not get there: the exits towards the expected stage, evaluated.
+        out.append(("stage", f"expected stage {_show(expect['stage'])}, got "
+                    f"{_show(result.stage_after)}: {why_not(result.explain, expect['stage'])}"))
     for path, want in (expect.get("state") or {}).items():
         got = _lookup(row or {}, path)
         missing = got is _MISSING or got is None

@@ -220,6 +220,11 @@ def check_against(scenario: Scenario, funnel: CompiledFunnel) -> list[Failure]:
                 problems.append(scenario.error(turn.line_of(f"state.{path}"), (
                     f"expect.state: '{head}' is neither a state field nor an engine column of "
                     f"funnel '{spec.name}'{did_you_mean(head, columns)}")))
+            elif head in spec.state:
+                problem = _undeclared_property(path, spec.state[head].schema)
+                if problem:
+                    problems.append(scenario.error(turn.line_of(f"state.{path}"),
+                                                   f"expect.state: {problem}"))
         for arrow in exp.get("transitions") or []:
             for name in (s.strip() for s in arrow.split("->")):
                 stage(name, turn.line_of("transitions"), "expect.transitions")
@@ -229,6 +234,26 @@ def check_against(scenario: Scenario, funnel: CompiledFunnel) -> list[Failure]:
                     f"expect.actions: '{name}' is not an action of funnel '{spec.name}'"
                     f"{did_you_mean(name, spec.actions)}")))
     return sorted(problems, key=lambda f: f.line)
+
+
+def _undeclared_property(path: str, schema: dict[str, Any]) -> str | None:
+    """Why ``learner.langauge`` names nothing the field declares, or None when it may."""
+    parts = path.split(".")
+    for depth, part in enumerate(parts[1:], start=1):
+        if part.isdigit() and schema.get("type") == "array":  # `lines.0.sku`
+            items = schema.get("items")
+            schema = items if isinstance(items, dict) else {}
+            continue
+        props = schema.get("properties")
+        if not isinstance(props, dict) or schema.get("additionalProperties") is True:
+            return None
+        if part not in props:
+            return (f"'{'.'.join(parts[:depth + 1])}': '{'.'.join(parts[:depth])}' declares no "
+                    f"property '{part}'{did_you_mean(part, props)}; the expectation would "
+                    "always see it absent")
+        sub = props[part]
+        schema = sub if isinstance(sub, dict) else {}
+    return None
 
 
 def _describe(error: jsonschema.ValidationError, located: _yaml.Located

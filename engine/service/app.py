@@ -109,6 +109,10 @@ async def get_session(request: Request, service: Service, funnel: str) -> Respon
     engine = await service.engine(funnel)
     try:
         state = await engine.state(session)
+        if state is not None and request.query_params.get("explain") in ("1", "true"):
+            # Why the last turn moved or stayed (engine.explain), from its turn record.
+            last = await engine.store.turn_records(engine.spec, session, 1)
+            state["explain"] = last[-1]["explain"] if last else None
     except StoreUnavailable:
         raise service.trip() from None
     if state is None:
@@ -203,7 +207,13 @@ async def demo(request: Request) -> Response:
         return error(404, "not_found", f"no funnel named {funnel[:80]!r}")
     page = (STATIC / "demo.html").read_text("utf-8")
     title = funnel.replace("_", " ").replace("-", " ").title()
-    page = page.replace("{{TITLE}}", html.escape(title))
+    # The funnel's own content: its description, and its products (else its stages).
+    compiled = service.funnels[funnel]
+    items = [p.name for p in compiled.catalog.products[:3]] if compiled.catalog else [
+        s.description for s in compiled.spec.stages.values() if s.description][:3]
+    cards = "".join(f'<div class="card"><i></i>{html.escape(str(t))}</div>' for t in items)
+    page = page.replace("{{DESCRIPTION}}", html.escape(compiled.spec.description))
+    page = page.replace("{{CARDS}}", cards).replace("{{TITLE}}", html.escape(title))
     return HTMLResponse(page.replace("{{FUNNEL}}", html.escape(funnel)))
 
 

@@ -139,6 +139,14 @@ class Store(Protocol):
                     batch: int = 1000) -> dict[str, int]:
         """Delete or anonymize sessions idle longer than ``older_than`` seconds."""
 
+    async def purge_preview(self, funnel: FunnelSpec, older_than: float, *,
+                            anonymize: bool = False) -> dict[str, int] | None:
+        """What ``purge`` would touch, counted; ``None`` when the funnel has no table."""
+
+    async def turn_records(self, funnel: FunnelSpec, session_id: str, limit: int = 1000
+                           ) -> list[dict[str, Any]]:
+        """A session's turn records, oldest first, with each turn's message and reply."""
+
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
                               limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:
         """(summary, summary_upto, messages that left the window and are not summarized)."""

@@ -237,4 +237,10 @@ SHARED_MIGRATIONS: list[str] = [
         PRIMARY KEY (funnel, lexeme)
     )""",
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS knowledge JSONB NOT NULL DEFAULT '[]'",
+    # Why each turn moved or stayed: every exit evaluated, with the values it read
+    # (engine.explain).
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS explain JSONB",
+    # The model's outputs as received (first answer, then the repair), for
+    # `funnel record`; cleared by `funnel purge --anonymize` (they quote the customer).
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS raw_output JSONB",
 ]

@@ -8,6 +8,7 @@ the folder (default: ``~/.local/share/funnel``).
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ def embedded_url(path: Path | None = None) -> str:
 
                 target = path or data_dir()
                 target.parent.mkdir(parents=True, exist_ok=True)
+                if not (target / "PG_VERSION").exists():  # initdb runs: say why we wait
+                    print("starting the embedded PostgreSQL (first run: ~8 s)…",
+                          file=sys.stderr, flush=True)
                 _server = get_server(target, cleanup_mode="stop")
         except Exception as exc:
             raise StoreUnavailable(

@@ -25,7 +25,7 @@ from ..errors import SchemaOutdated, StoreUnavailable, first_line
 from ..knowledge import sql as knowledge_sql
 from ..knowledge.chunks import Chunk
 from ..spec import FunnelSpec
-from . import ddl, retention
+from . import ddl, retention, turns
 from .base import TurnWrite
 from .connect import safe_url
 from .delivery import DeliveryMixin
@@ -190,6 +190,23 @@ class PostgresStore(DeliveryMixin):
         Raises:
             StoreUnavailable: no connection within ``timeout`` seconds.
         """
+        # One direct attempt first: a wrong database name, user or password is then
+        # reported at once, in PostgreSQL's words, instead of after the pool's
+        # `timeout` of silent retries (and its log lines).
+        try:
+            probe = await psycopg.AsyncConnection.connect(
+                url, autocommit=True, connect_timeout=max(1, int(timeout)))
+        except psycopg.OperationalError as exc:
+            text = str(exc)
+            if "FATAL:" in text:  # the server answered: no such database, user, password
+                reason = text.split("FATAL:", 1)[1].strip().splitlines()[0]
+                raise StoreUnavailable(
+                    f"cannot connect to PostgreSQL at {safe_url(url)}: {reason}; check the "
+                    "URL (--db / FUNNEL_DB)") from None
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL at {safe_url(url)} within {timeout:g} s; "
+                "check that it runs and the URL (--db / FUNNEL_DB) is right") from None
+        await probe.close()
         kwargs: dict[str, Any] = {"autocommit": True}
         health = _Health()
         # psycopg_pool retries a failed connection in the background with a doubling
@@ -282,9 +299,15 @@ class PostgresStore(DeliveryMixin):
     async def load(self, funnel: FunnelSpec, session_id: str) -> dict[str, Any] | None:
         async with self._conn() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            # Not prepared: its columns change when a migration adds one (a prepared
-            # `SELECT *` would then fail with "cached plan must not change result type").
-            await cur.execute(self.table(funnel).select_row, (session_id,), prepare=False)
+            try:
+                # Not prepared: its columns change when a migration adds one (a prepared
+                # `SELECT *` would then fail with "cached plan must not change result type").
+                await cur.execute(self.table(funnel).select_row, (session_id,), prepare=False)
+            except psycopg.errors.UndefinedTable:
+                raise SchemaOutdated(
+                    f"table {funnel.table} does not exist in {safe_url(self.url)} yet: no "
+                    f"session of funnel '{funnel.name}' was saved there; run `funnel migrate` "
+                    "for it, or check --db / FUNNEL_DB") from None
             return await cur.fetchone()
 
     async def save_turn(self, funnel: FunnelSpec, write: TurnWrite) -> int:
@@ -305,6 +328,16 @@ class PostgresStore(DeliveryMixin):
         """Delete (or anonymize) sessions idle for more than ``older_than`` seconds, with their
         messages, turn records and outbox rows, ``batch`` sessions per transaction."""
         return await retention.purge(self._conn, funnel, older_than, anonymize=anonymize, batch=batch)
+
+    async def purge_preview(self, funnel: FunnelSpec, older_than: float, *,
+                            anonymize: bool = False) -> dict[str, int] | None:
+        """What :meth:`purge` would touch, counted; ``None`` when the funnel has no table."""
+        return await retention.preview(self._conn, funnel, older_than, anonymize=anonymize)
+
+    async def turn_records(self, funnel: FunnelSpec, session_id: str, limit: int = 1000
+                           ) -> list[dict[str, Any]]:
+        """A session's turn records, oldest first, with each turn's message and reply."""
+        return await turns.turn_records(self._conn, funnel.name, session_id, limit)
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
                               limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:

@@ -115,11 +115,12 @@ async def _anonymize_sessions(conn: psycopg.AsyncConnection[Any], funnel: Funnel
     # Delivery keys keep the answer they replay.
     await conn.execute(sql.SQL("DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)")
                        .format(sql.Identifier(ddl.INBOUND)), (funnel.name, ids))
-    # A turn's error may quote the model's output, and so the customer.
+    # A turn's error and raw output may quote the model's output, and so the customer;
+    # its explanation, the values of the fields its conditions read.
     await conn.execute(sql.SQL(
-        "UPDATE {} SET error = %s WHERE funnel = %s AND session_id = ANY(%s) "
-        "AND error IS NOT NULL").format(sql.Identifier(ddl.TURNS)),
-        (ANONYMIZED, funnel.name, ids))
+        "UPDATE {} SET error = CASE WHEN error IS NULL THEN NULL ELSE %s END, "
+        "explain = NULL, raw_output = NULL WHERE funnel = %s AND session_id = ANY(%s)"
+    ).format(sql.Identifier(ddl.TURNS)), (ANONYMIZED, funnel.name, ids))
     return len(ids)
 
 
@@ -145,3 +146,36 @@ async def _orphan_messages(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpe
     if rows and not anonymize:
         await _free_leases(conn, funnel, sorted({r[0] for r in rows}))
     return len(rows)
+
+
+async def preview(connect: Connect, funnel: FunnelSpec, older_than: float, *,
+                  anonymize: bool = False) -> dict[str, int] | None:
+    """What :func:`purge` would touch now, counted; ``None`` when the funnel has no table yet.
+
+    Sessions idle for more than ``older_than`` seconds, their messages and turn
+    records, and the messages of sessions that never saved a turn.
+    """
+    async with connect() as conn:
+        exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                           (funnel.table,))).fetchone()
+        if not exists or not exists[0]:
+            return None
+        done = sql.SQL("AND NOT (notices @> '[\"anonymized\"]')" if anonymize else "")
+        idle = sql.SQL("SELECT session_id FROM {t} WHERE last_message_at < NOW() - "
+                       "%(s)s * INTERVAL '1 s' {done}").format(t=sql.Identifier(funnel.table),
+                                                             done=done)
+        row = await (await conn.execute(sql.SQL(
+            "SELECT (SELECT count(*) FROM ({idle}) i), "
+            "(SELECT count(*) FROM {m} WHERE funnel = %(f)s AND session_id IN ({idle})), "
+            "(SELECT count(*) FROM {tr} WHERE funnel = %(f)s AND session_id IN ({idle})), "
+            "(SELECT count(*) FROM {m} m WHERE m.funnel = %(f)s AND NOT EXISTS (SELECT 1 FROM "
+            "{t} s WHERE s.session_id = m.session_id) {left} AND m.session_id IN (SELECT session_id "
+            "FROM {m} WHERE funnel = %(f)s GROUP BY session_id HAVING max(created_at) < NOW() - "
+            "%(s)s * INTERVAL '1 s'))"
+        ).format(idle=idle, m=sql.Identifier(ddl.MESSAGES), tr=sql.Identifier(ddl.TURNS),
+                 t=sql.Identifier(funnel.table),
+                 left=sql.SQL("AND m.content <> %(a)s" if anonymize else "")),
+            {"s": older_than, "f": funnel.name, "a": ANONYMIZED})
+        ).fetchone()
+    assert row is not None
+    return {"sessions": row[0], "messages": row[1] + row[3], "turns": row[2]}

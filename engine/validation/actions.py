@@ -8,9 +8,11 @@ never run here: its functions are read from its source.
 from __future__ import annotations
 
 import ast
+import importlib.machinery
 import importlib.util
 import sys
 from functools import lru_cache
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +83,39 @@ def hook_module_exists(module: str, base: Path) -> bool:
         return True
     if module in sys.modules:
         return True
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+    return find_spec_without_import(module) is not None
+
+
+def find_spec_without_import(module: str) -> ModuleSpec | None:
+    """``importlib.util.find_spec`` that runs no code, not even a dotted name's parents.
+
+    ``find_spec("this.x")`` imports ``this`` (which prints the Zen of Python):
+    here each level is looked up in the previous one's folder instead. A
+    namespace or extension module found on the way is looked through the same way.
+    """
+    spec: ModuleSpec | None = None
+    path: list[str] | None = None
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if not part.isidentifier():
+            return None
+        name = ".".join(parts[: i + 1])
+        if name in sys.modules:
+            loaded = sys.modules[name]
+            spec = getattr(loaded, "__spec__", None)
+        else:
+            try:
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+                if spec is None and path is None:
+                    spec = importlib.util.find_spec(name)  # top level: built-ins, frozen; no import
+            except (ImportError, ValueError):
+                return None
+        if spec is None:
+            return None
+        path = list(spec.submodule_search_locations or [])
+        if i < len(parts) - 1 and not path:
+            return None
+    return spec
 
 
 def hook_function_defined(module: str, function: str, base: Path) -> tuple[bool | None, str]:
@@ -104,10 +135,7 @@ def hook_function_defined(module: str, function: str, base: Path) -> tuple[bool 
             callables = [n for n, v in vars(loaded).items() if callable(v)]
             return False, (f"module '{module}' has no function "
                            f"'{function}'{did_you_mean(function, callables)}")
-        try:
-            spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            return None, ""
+        spec = find_spec_without_import(module)
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             return None, ""
         source_file = Path(spec.origin)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,10 @@ from .. import _yaml
 from ..catalog import load_catalog
 from ..errors import CatalogError, did_you_mean
 from ..expressions import attribute_paths, make_environment
+from ..paths import funnel_roots, is_confined
 from ..spec import PROMPT_NAMES
 from .diagnostics import Report, as_dict, as_list
+from .sandbox import refused
 from .semantics import check_paths, engine_owned_names
 
 
@@ -33,23 +36,45 @@ def stage_paths(data: dict[str, Any], base: Path, stage: str) -> tuple[Path, Pat
     )
 
 
+def _outside(report: Report, keys: tuple[str | int, ...], what: str, path: Path) -> None:
+    report.at(keys, "error", "F007", f"{what} {path} is outside the funnel's folder (or "
+              "hidden): a funnel may only read visible files inside its own project; move it "
+              "there", key=True)
+
+
 def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
     base = report.path.parent
+    roots = funnel_roots(report.path)
     declared_actions = set(as_dict(data.get("actions")))
     owned = engine_owned_names(data, state)
     known_names = set(state) | set(PROMPT_NAMES)
     checked_templates: set[Path] = set()
-    for stage in as_dict(data.get("stages")):
+    stages = as_dict(data.get("stages"))
+    # A folder outside the funnel is reported once, at `prompts:`/`schemas:`, not per stage.
+    folders_out = {key for key, default in (("prompts", "prompts"), ("schemas", "schemas"))
+                   if not is_confined(base / str(data.get(key, default)), roots)}
+    for key in sorted(folders_out):
+        _outside(report, (key,), f"the {key} folder", base / str(data.get(key, key)))
+    for stage in stages:
         prompt, prompts_dir, schema, _ = stage_paths(data, base, stage)
+        raw = as_dict(stages.get(stage))
+        if "prompts" in folders_out or not is_confined(prompt, roots):
+            if "prompts" not in folders_out:
+                _outside(report, ("stages", stage, "prompt"), f"stage '{stage}': template", prompt)
         # At the stage's `prompt:`/`schema:` line when it names the file, else at the stage.
-        if not prompt.is_file():
+        elif not prompt.is_file():
             report.at(("stages", stage, "prompt"), "error", "F201", f"stage '{stage}': template "
                       f"{prompt} does not exist; create it or set `prompt:` for the stage",
                       key=True)
         else:
-            _check_template(prompt, prompts_dir, state, known_names, report, checked_templates)
+            _check_template(prompt, prompts_dir, state, known_names, report, checked_templates,
+                            roots)
             _check_budget(data, stage, prompt, prompts_dir, report)
-        if not schema.is_file():
+        if "schemas" in folders_out or not is_confined(schema, roots):
+            if "schemas" not in folders_out:
+                _outside(report, ("stages", stage, "schema") if "schema" in raw else
+                         ("stages", stage), f"stage '{stage}': output schema", schema)
+        elif not schema.is_file():
             report.at(("stages", stage, "schema"), "error", "F301", f"stage '{stage}': output "
                       f"schema {schema} does not exist; create it or set `schema:` for the stage",
                       key=True)
@@ -64,6 +89,7 @@ def _check_template(
     known: set[str],
     report: Report,
     seen: set[Path],
+    roots: tuple[Path, ...],
 ) -> None:
     if path in seen:
         return
@@ -75,20 +101,70 @@ def _check_template(
         return
     tree, error_line, error = _parse_template(source, path.name, str(path))
     if tree is None:
-        report.add(path, error_line, 1, "error", "F202", f"template syntax error: {error}")
+        line, col = syntax_error_position(source, error_line, error)
+        report.add(path, line, col, "error", "F202", f"template syntax error: {error}")
         return
     check_paths(tree, state, known, report, None, "template", "F203", file=path,
                 paths=_template_names(source, path.name, str(path)))
+    lines = source.splitlines()
+    for line, token, message in _refused(source, path.name, str(path)):
+        report.add(path, line, column(lines, line, token), "error", "F205", message)
     for ref in meta.find_referenced_templates(tree):
         if ref is None:
             continue
+        line = next((i for i, text in enumerate(lines, 1) if ref in text), 1)
+        col = column(lines, line, ref)
+        pieces = ref.replace("\\", "/").split("/")
         included = folder / ref
-        if not included.is_file():
-            line = next((i for i, text in enumerate(source.splitlines(), 1) if ref in text), 0)
-            report.add(path, line, 1, "error", "F201", f"included template '{ref}' does not "
+        if ref.startswith("/") or ".." in pieces or not is_confined(included, roots):
+            report.add(path, line, col, "error", "F007", f"included template '{ref}' is outside "
+                       f"the prompts folder {folder}: include a template of the funnel's own, "
+                       "by a path relative to that folder without `..`")
+        elif not included.is_file():
+            report.add(path, line, col, "error", "F201", f"included template '{ref}' does not "
                        f"exist in {folder}")
         else:
-            _check_template(included, folder, state, known, report, seen)
+            _check_template(included, folder, state, known, report, seen, roots)
+
+
+def column(lines: list[str], line: int, token: str) -> int:
+    """1-based column of ``token`` on ``line`` (1 when it is not there)."""
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    return text.find(token) + 1 if token in text else 1
+
+
+_BLOCK = re.compile(r"\{%-?\s*(\w+)")
+_CLOSES = re.compile(r"innermost block that needs to be closed is '(\w+)'")
+
+
+def syntax_error_position(source: str, line: int, message: str) -> tuple[int, int]:
+    """Where a template syntax error is: the unclosed tag's opening, else the line's first tag.
+
+    Jinja reports a missing ``{% endif %}`` at the end of the file; the
+    mistake is the ``{% if %}`` it does not close.
+    """
+    lines = source.splitlines()
+    unclosed = _CLOSES.search(message) if message.startswith("Unexpected end of template") \
+        else None
+    if unclosed:
+        stack: list[tuple[str, int, int]] = []
+        for m in _BLOCK.finditer(source):
+            tag = m[1]
+            at = source.count("\n", 0, m.start()) + 1, m.start() - source.rfind("\n", 0, m.start())
+            if tag.startswith("end"):
+                for i in range(len(stack) - 1, -1, -1):
+                    if stack[i][0] == tag[3:]:
+                        del stack[i:]
+                        break
+            elif tag in ("if", "for", "macro", "block", "call", "filter", "with", "raw",
+                         "autoescape", "trans"):
+                stack.append((tag, *at))
+        for tag, tline, tcol in reversed(stack):
+            if tag == unclosed[1]:
+                return tline, tcol
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    starts = [i for i in (text.find("{%"), text.find("{{")) if i >= 0]
+    return max(line, 1), (min(starts) + 1 if starts else 1)
 
 
 # Funnels in one repository share templates and schemas (a `_base.j2`, a whole
@@ -111,6 +187,13 @@ def _template_names(source: str, name: str, filename: str) -> tuple[tuple[tuple[
     return tuple(attribute_paths(tree)) if tree is not None else ()
 
 
+@lru_cache(maxsize=512)
+def _refused(source: str, name: str, filename: str) -> tuple[tuple[int, str, str], ...]:
+    """What the sandbox would refuse in a (parsable) template, with its lines."""
+    tree = _parse_template(source, name, filename)[0]
+    return tuple(refused(tree)) if tree is not None else ()
+
+
 @lru_cache(maxsize=1)
 def _parse_env() -> Environment:
     # Parsing needs no loader: the same sandbox settings as the runtime, minus the folder.
@@ -128,6 +211,9 @@ def _load_schema(text: str) -> tuple[Any, tuple[int, int, str] | None, tuple[tup
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, _json_error(text, exc), None
+    except RecursionError:  # `[[[[...]]]]` thousands deep: the decoder recurses
+        return None, (1, 1, "not valid JSON here: nested far too deeply; an output schema "
+                      "needs a dozen levels at most"), None
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -148,8 +234,9 @@ def _check_budget(data: dict[str, Any], stage: str, prompt: Path, folder: Path,
         tree = _parse_template(source, prompt.name, str(prompt))[0]
         if tree is None:
             return
+        roots = funnel_roots(report.path)
         for ref in meta.find_referenced_templates(tree):
-            if ref and (folder / ref).is_file():
+            if ref and is_confined(folder / ref, roots) and (folder / ref).is_file():
                 source += (folder / ref).read_text("utf-8")
     except (OSError, UnicodeDecodeError):
         return
@@ -192,6 +279,8 @@ def check_output_schema(
         return
     if not isinstance(schema, dict):
         return
+    for keys, ref, problem in _dangling_refs(schema, schema, ()):
+        at(keys, "F306", f"`$ref` {ref!r} {problem}")
     props = as_dict(schema.get("properties"))
     if "reply" not in props or "reply" not in as_list(schema.get("required")):
         at(("properties",), "F302", "the output schema must declare `reply` (a string) under "
@@ -211,7 +300,7 @@ def check_output_schema(
                    f"declare{did_you_mean(name, state)}")
             else:
                 _check_nested(resolve_local_ref(schema, as_dict(sub)), as_dict(state[name]), keys, name, at)
-    for keys, action in _action_types(schema):
+    for keys, action in action_types(schema):
         if action not in declared_actions:
             at(keys, "F305", f"action type '{action}' is not declared under `actions` in the "
                f"funnel{did_you_mean(action, declared_actions)}")
@@ -245,6 +334,48 @@ def _check_nested(sub: dict[str, Any], field: dict[str, Any], keys: tuple[Any, .
                f"the state field '{dotted}' does not declare{did_you_mean(name, declared)}")
 
 
+def _dangling_refs(root: Any, node: Any, keys: tuple[str | int, ...]
+                   ) -> list[tuple[tuple[str | int, ...], str, str]]:
+    """Every ``$ref`` that does not resolve inside the schema itself, with where it is."""
+    found: list[tuple[tuple[str | int, ...], str, str]] = []
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if not ref.startswith("#"):
+                found.append(((*keys, "$ref"), ref, "points outside this file; an output schema "
+                              "must be self-contained: use `#/$defs/<name>`"))
+            elif _pointer(root, ref[1:]) is _MISSING:
+                defs = as_dict(root.get("$defs")) if isinstance(root, dict) else {}
+                name = ref.rsplit("/", 1)[-1]
+                found.append(((*keys, "$ref"), ref, "points at nothing in this schema"
+                              f"{did_you_mean(name, defs)}; fix the name or add the definition "
+                              "under `$defs`"))
+        for k, v in node.items():
+            if k not in ("const", "enum", "default", "examples"):
+                found.extend(_dangling_refs(root, v, (*keys, k)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found.extend(_dangling_refs(root, v, (*keys, i)))
+    return found
+
+
+_MISSING = object()
+
+
+def _pointer(root: Any, pointer: str) -> Any:
+    """Resolve a JSON pointer (``/$defs/x``) in ``root``; ``_MISSING`` when it does not."""
+    target = root
+    for raw in pointer.split("/")[1:] if pointer else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return _MISSING
+    return target
+
+
 def resolve_local_ref(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     """Follow a ``{"$ref": "#/$defs/x"}`` inside the same document (one level)."""
     ref = node.get("$ref")
@@ -256,7 +387,7 @@ def resolve_local_ref(root: dict[str, Any], node: dict[str, Any]) -> dict[str, A
     return node
 
 
-def _action_types(schema: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+def action_types(schema: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
     """Every action ``type`` the schema allows, with where it is written."""
     actions = resolve_local_ref(schema, as_dict(as_dict(schema.get("properties")).get("actions")))
     items = resolve_local_ref(schema, as_dict(actions.get("items")))
@@ -282,6 +413,9 @@ def check_catalog(data: dict[str, Any], report: Report) -> None:
     if not isinstance(catalog, str):
         return
     path = report.path.parent / catalog
+    if not is_confined(path, funnel_roots(report.path)):
+        _outside(report, ("catalog",), "the catalog", path)
+        return
     if not path.is_file():
         report.at(("catalog",), "error", "F502", f"catalog {path} does not exist (or is not a "
                   "file); create it or fix `catalog:`")

@@ -78,7 +78,8 @@ def check_file(
     try:
         located = _yaml.load(text)
     except _yaml.YamlSyntaxError as exc:
-        report.add(path, exc.line, exc.col, "error", "F001", f"{exc}; fix the YAML syntax")
+        hint = "" if str(exc).startswith("YAML refused") else "; fix the YAML syntax"
+        report.add(path, exc.line, exc.col, "error", "F001", f"{exc}{hint}")
         return None, report.items
     report.located = located
     for keys, line, col, first in located.duplicates:

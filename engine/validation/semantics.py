@@ -25,6 +25,8 @@ from ..spec import (
     implied_engine_fields,
 )
 from .diagnostics import Report, as_dict, as_list
+from .format import format_schema
+from .sandbox import refused, unguarded_comparisons
 
 
 def check_semantics(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
@@ -83,7 +85,13 @@ def _check_stage_refs(
         raw = as_dict(raw)
         for i, t in enumerate(as_list(raw.get("transitions"))):
             ref(("stages", name, "transitions", i, "to"), as_dict(t).get("to"))
-        ref(("stages", name, "max_iterations", "to"), as_dict(raw.get("max_iterations")).get("to"))
+        limit = as_dict(raw.get("max_iterations"))
+        ref(("stages", name, "max_iterations", "to"), limit.get("to"))
+        if limit.get("to") is not None and limit.get("offer") is not None:
+            report.at(("stages", name, "max_iterations", "offer"), "error", "F405", f"stage "
+                      f"'{name}': `max_iterations` has both `to` and `offer`; the session moves "
+                      "at the end of the turn that reaches the limit, so the offer never reaches "
+                      "the prompt: keep one of them", key=True)
         if raw.get("final") and raw.get("transitions"):
             report.at(("stages", name, "transitions"), "warning", "F106", f"stage '{name}' is "
                       "final, so its transitions never fire; remove them or `final: true`")
@@ -117,6 +125,11 @@ def _check_graph(
 ) -> None:
     initial = data.get("initial")
     if not stages or not isinstance(initial, str) or initial not in stages:
+        return
+    # A stage with a mistyped key (`transitons:`, F003) has transitions the graph
+    # cannot see: every stage after it would be reported too. F003 says it all.
+    stage_keys = set(format_schema()["properties"]["stages"]["additionalProperties"]["properties"])
+    if any(set(as_dict(raw)) - stage_keys for raw in stages.values()):
         return
     succ = _successors(data, stages)
     reachable = {initial}
@@ -217,6 +230,14 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
                       f"{exc.message}; write a Jinja expression such as `pet.type and pet.breed`")
             continue
         check_paths(tree, state, known, report, keys, "condition", "F402")
+        for message in _refused_condition(source):
+            report.at(keys, "error", "F205", f"condition {source!r}: {message}")
+        for path, _ in unguarded_comparisons(tree, state):
+            dotted = ".".join(path)
+            report.at(keys, "warning", "F404", f"condition {source!r} compares '{dotted}', which "
+                      "is None until it is known, and a comparison with None is an error: the "
+                      f"condition never holds then; guard it (`{dotted} is not none and ...`) "
+                      f"or give a default (`{dotted}|default(0)`)")
         if comp_field and data.get("completeness"):
             _check_threshold(tree, comp_field, max_points, keys, report)
 
@@ -225,6 +246,11 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
 def _parse_condition(source: str) -> nodes.Template:
     # Funnels repeat conditions (`handoff_requested == 'complaint'`); callers only read the AST.
     return parse_expression(source)
+
+
+@lru_cache(maxsize=1024)
+def _refused_condition(source: str) -> tuple[str, ...]:
+    return tuple(message for _, _, message in refused(_parse_condition(source)))
 
 
 def check_paths(

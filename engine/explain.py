@@ -1,0 +1,154 @@
+"""Why a session moved, or did not: every exit of the stage, its condition, what it read.
+
+:class:`~engine.advance.Mover` calls :func:`explain_stage` each time it
+evaluates a stage's exits. The result is plain JSON (stored in the turn
+record's ``explain`` column, returned in ``TurnResult.explain``)::
+
+    {"stage": "discovery", "fired": null, "transitions": [
+        {"to": "presentation", "when": "discovery_completeness >= 60", "held": false,
+         "values": {"discovery_completeness": 50},
+         "derived": {"discovery_completeness": "pet.type 25 + pet.problems 25"}}],
+     "iterations": {"count": 2, "limit": 4, "to": "handoff"}}
+
+:func:`describe` turns it into the lines ``funnel chat --explain``,
+``funnel state --explain`` and ``funnel test`` print.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from .expressions import attribute_paths, compact_json, parse_expression
+
+if TYPE_CHECKING:
+    from .funnel import CompiledFunnel
+
+__all__ = ["describe", "explain_stage", "why_not"]
+
+_MAX_VALUE = 120  # characters of one value's JSON kept in an explanation
+
+
+@lru_cache(maxsize=1024)
+def condition_names(source: str) -> tuple[str, ...]:
+    """The dotted names a condition reads, in order, without repeats."""
+    try:
+        paths = attribute_paths(parse_expression(source))
+    except Exception:  # validated funnels parse; this is only an explanation
+        return ()
+    return tuple(dict.fromkeys(".".join(p) for p, _ in paths))
+
+
+def _lookup(ctx: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = ctx
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value if not isinstance(value, str) or len(value) <= _MAX_VALUE \
+            else value[:_MAX_VALUE] + "…"
+    text = compact_json(value)
+    return value if len(text) <= _MAX_VALUE else text[:_MAX_VALUE] + "…"
+
+
+def _derived(funnel: CompiledFunnel, name: str, ctx: Mapping[str, Any]) -> str | None:
+    """How a derived field got its value: the completeness rules that held."""
+    if name != funnel.spec.completeness_field:
+        return None
+    parts = []
+    for condition, points, source in funnel.rules.completeness:
+        try:
+            held = condition(ctx)
+        except Exception:
+            held = False
+        if held and points:
+            parts.append(f"{source} {points}")
+    return " + ".join(parts) if parts else "no rule holds"
+
+
+def _evaluate(condition: Any, ctx: Mapping[str, Any]) -> tuple[bool | None, str | None]:
+    try:
+        return bool(condition(ctx)), None
+    except Exception as exc:  # the machine records it as a notice; here it is a reason
+        return None, str(exc)
+
+
+def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any]
+                  ) -> dict[str, Any]:
+    """Every exit of ``stage`` (global ones first, as the machine tries them), evaluated."""
+    spec = funnel.spec
+    own = spec.stages[stage].transitions if stage in spec.stages else ()
+    candidates = [(t, True) for t in spec.global_transitions if t.to != stage] + \
+        [(t, False) for t in own]
+    compiled = funnel.explain_conditions
+    out: list[dict[str, Any]] = []
+    for t, is_global in candidates:
+        entry: dict[str, Any] = {"to": t.to, "when": t.when}
+        if is_global:
+            entry["global"] = True
+        if t.when is None:
+            entry["held"] = True
+        else:
+            held, error = _evaluate(compiled[t.when], ctx)
+            entry["held"] = held
+            if error:
+                entry["error"] = error
+            names = condition_names(t.when)
+            entry["values"] = {n: _short(_lookup(ctx, n)) for n in names}
+            derived = {n: d for n in names if (d := _derived(funnel, n, ctx)) is not None}
+            if derived:
+                entry["derived"] = derived
+        out.append(entry)
+    return {"stage": stage, "fired": None, "transitions": out}
+
+
+def _value(value: Any) -> str:
+    return value if isinstance(value, str) and value.endswith("…") else compact_json(value)
+
+
+def _line(stage: str, t: Mapping[str, Any]) -> str:
+    arrow = f"{stage} -> {t['to']}{' (global)' if t.get('global') else ''}"
+    if t.get("when") is None:
+        return f"{arrow}: always"
+    verdict = {True: "true", False: "false", None: "an error"}[t.get("held")]
+    values = ", ".join(f"{k}={_value(v)}" + (f" ({t['derived'][k]})" if k in t.get("derived", {})
+                                             else "")
+                       for k, v in (t.get("values") or {}).items())
+    text = f"{arrow}: `{t['when']}` was {verdict}"
+    if values:
+        text += f": {values}"
+    if t.get("error"):
+        text += f" [{t['error']}]"
+    return text
+
+
+def describe(explanation: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """One line per exit evaluated, in order, and one for the iteration count."""
+    lines: list[str] = []
+    for step in explanation or []:
+        for t in step.get("transitions") or []:
+            lines.append(_line(step["stage"], t))
+        it = step.get("iterations")
+        if it:
+            dest = f", then -> {it['to']}" if it.get("to") else ""
+            lines.append(f"{step['stage']}: turn {it['count']} of at most {it['limit']} in the "
+                         f"stage{dest}")
+    return lines
+
+
+def why_not(explanation: Sequence[Mapping[str, Any]] | None, expected: str) -> str:
+    """Why the session did not reach ``expected``: the exits towards it that did not hold.
+
+    ``"`discovery_completeness >= 60` was false: discovery_completeness=50 (...)"``,
+    or every exit evaluated when none leads there.
+    """
+    towards = [_line(step["stage"], t).split(": ", 1)[1]
+               for step in explanation or [] for t in step.get("transitions") or []
+               if t.get("to") == expected and not t.get("held")]
+    if towards:
+        return "; ".join(towards)
+    return "; ".join(describe(explanation)) or "no exit was evaluated"

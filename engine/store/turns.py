@@ -1,0 +1,40 @@
+"""Reading a session's turn records back: what `funnel state --explain` and `funnel record` show."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from . import ddl
+from .session import Connect
+
+_COLUMNS = ("id", "stage_before", "stage_after", "transitions", "actions", "refused",
+            "fallback", "error", "explain", "raw_output", "created_at")
+
+
+async def turn_records(connect: Connect, funnel: str, session_id: str, limit: int = 1000
+                       ) -> list[dict[str, Any]]:
+    """A session's last ``limit`` turn records, oldest first, each with the messages of its turn.
+
+    A turn's customer message is the last ``user`` message logged before its
+    record; its reply, the first ``assistant`` message after that.
+    """
+    q = sql.SQL(
+        "SELECT {cols}, "
+        "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
+        " AND m.role = 'user' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
+        " AS customer, "
+        "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
+        " AND m.role = 'assistant' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
+        " AS reply "
+        "FROM (SELECT * FROM {t} WHERE funnel = %s AND session_id = %s ORDER BY id DESC "
+        "LIMIT %s) t ORDER BY t.id"
+    ).format(cols=sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
+                                     for c in _COLUMNS),
+             m=sql.Identifier(ddl.MESSAGES), t=sql.Identifier(ddl.TURNS))
+    async with connect() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(q, (funnel, session_id, limit))
+        return await cur.fetchall()
