@@ -44,6 +44,8 @@ class CompiledFunnel:
         # Every file the funnel names is re-checked here, not only by validate: a file
         # swapped for a symlink after validation is refused all the same.
         roots = funnel_roots(spec.path)
+        if spec.knowledge is not None:
+            confine(spec.knowledge.folder, roots, "knowledge folder")
         self.catalog: Catalog | None = (
             load_catalog(confine(spec.catalog_path, roots, "catalog")) if spec.catalog_path
             else None)

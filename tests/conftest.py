@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PURAMUR = ROOT / "funnels" / "puramur.yaml"
@@ -34,7 +35,8 @@ os.environ.setdefault("FUNNEL_ROOT", str(ROOT))
 from engine.cli import main as funnel_main  # noqa: E402  (after the environment is set)
 from engine.store.connect import temporary_schema  # noqa: E402
 
-__all__ = ["ROOT", "run_funnel", "seed_queries", "sql_runner", "temporary_schema"]
+__all__ = ["ROOT", "puramur_data", "run_funnel", "seed_queries", "sql_runner",
+           "temporary_schema"]
 
 
 @dataclass
@@ -131,6 +133,18 @@ def sql_runner(url: str) -> Iterator[Any]:
         yield run
     finally:
         conn.close()
+
+
+def puramur_data() -> dict[str, Any]:
+    """Puramur's funnel file as data, with every file it names absolute (prompts, schemas,
+    catalog, knowledge), so that a copy written anywhere reads the repository's files
+    (the tests' FUNNEL_ROOT)."""
+    data: dict[str, Any] = yaml.safe_load(PURAMUR.read_text("utf-8"))
+    for key in ("prompts", "schemas"):
+        data[key] = str(ROOT / key / "puramur")
+    data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
+    data["knowledge"]["folder"] = str(ROOT / "funnels" / "puramur" / "knowledge")
+    return data
 
 
 def seed_queries() -> dict[str, str]:

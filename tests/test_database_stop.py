@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import httpx
@@ -86,7 +87,7 @@ def cluster() -> Iterator[Cluster]:
 
 def test_database_stopped_15_s_under_load_from_two_workers(cluster: Cluster) -> None:
     model = ScriptedModel.from_data({"default": {"reply": "ok"}, "delay": 0.2})
-    config = {"funnels": [PURAMUR], "db": cluster.url, "model": model,
+    config: dict[str, Any] = {"funnels": [PURAMUR], "db": cluster.url, "model": model,
               "api_keys": {KEY: frozenset({"converse"})}, "secret": b"s" * 32,
               "rate_limit": (100_000, 60.0), "db_timeout": 1.0, "retry_after": 1,
               "replay_wait": 10.0}

@@ -84,7 +84,7 @@ async def test_a_worker_killed_during_the_model_call_blocks_its_session_for_seco
 
 async def test_the_heartbeat_keeps_a_long_turn_s_lease(puramur: Any, db_url: str,
                                                        sql: Any) -> None:
-    store = await open_store(db_url)
+    store: Any = await open_store(db_url)  # the PostgreSQL store: its heartbeat, its tables
     store.heartbeat.seconds, store.heartbeat.every = 1.0, 0.25
     store.table(puramur.spec).lease_seconds = 1.0
     engine = await Engine.open(puramur, store=store, model=Thinking(2.5))

@@ -28,7 +28,7 @@ import jsonschema
 import psycopg
 import pytest
 import yaml
-from conftest import PURAMUR, ROOT, sql_runner, temporary_schema
+from conftest import puramur_data, sql_runner, temporary_schema
 from fake_openai import FakeOpenAI
 from hostile_corpus import CUSTOMER_INPUTS, MODEL_OUTPUTS, env
 from psycopg.rows import dict_row
@@ -69,11 +69,8 @@ def fake() -> Iterator[FakeOpenAI]:
 @pytest.fixture(scope="module")
 def funnel(tmp_path_factory: pytest.TempPathFactory) -> CompiledFunnel:
     """Puramur (model timeout 1 s, no retries) whose stage schemas accept any reply."""
-    data = yaml.safe_load(PURAMUR.read_text("utf-8"))
+    data = puramur_data()
     data["model"].update(timeout=2, retries=0)
-    data["prompts"] = str(ROOT / "prompts" / "puramur")
-    data["schemas"] = str(ROOT / "schemas" / "puramur")
-    data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
     path = tmp_path_factory.mktemp("hostile") / "puramur.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
     compiled = load_funnel(path)

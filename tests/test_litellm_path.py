@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PURAMUR, ROOT
+from conftest import PURAMUR, ROOT, puramur_data
 
 pytestmark = pytest.mark.postgres
 
@@ -92,14 +92,8 @@ def api_key(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def fast_puramur(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the puramur funnel with ``model: {timeout: 1, retries: 0}``."""
-    data = yaml.safe_load(PURAMUR.read_text("utf-8"))
+    data = puramur_data()
     data["model"].update(timeout=1, retries=0)
-    data["prompts"] = str(ROOT / "prompts" / "puramur")
-    data["schemas"] = str(ROOT / "schemas" / "puramur")
-    data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
-    data.pop("knowledge")  # a funnel reads knowledge only from its own folder
-    for stage in data["stages"].values():
-        stage.pop("knowledge", None)
     path = tmp_path_factory.mktemp("funnel") / "puramur_fast.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
     return path

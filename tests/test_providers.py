@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PURAMUR, ROOT
+from conftest import PURAMUR, ROOT, puramur_data
 from fake_providers import FakeProvider
 from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
 
@@ -113,11 +113,8 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def make_funnel(tmp_path: Path, **model: Any) -> Path:
     """A copy of the puramur funnel with ``model`` settings changed."""
-    data = yaml.safe_load(PURAMUR.read_text("utf-8"))
+    data = puramur_data()
     data["model"].update(model)
-    data["prompts"] = str(ROOT / "prompts" / "puramur")
-    data["schemas"] = str(ROOT / "schemas" / "puramur")
-    data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
     path = tmp_path / "puramur_models.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
     return path
@@ -427,7 +424,7 @@ async def test_a_hanging_primary_leaves_time_for_the_fallback(
 async def test_report_counts_the_turns_without_cost(db_url: str, keys: None) -> None:
     """One priced turn (gpt-4o-mini) and two of a self-hosted model litellm has no price for:
     the report sums the one and says two had none, rather than costing them at 0."""
-    from engine.analytics import build_report, render_table
+    from engine.report import build_report, render_table
 
     with FakeProvider("openai") as fake:
         for model, session, turns in (("openai/gpt-4o-mini", "priced", 1),
@@ -482,12 +479,9 @@ def test_doctor_reports_what_the_endpoint_accepts(keys: None,
 
 async def test_the_summarizer_uses_the_funnels_endpoint(db_url: str, keys: None,
                                                         tmp_path: Path) -> None:
-    data = yaml.safe_load(PURAMUR.read_text("utf-8"))
+    data = puramur_data()
     data["memory"]["summarizer_model"] = "openai/summarizer"
     data["model"]["api_base"] = "http://127.0.0.1:9/v1"
-    for key in ("prompts", "schemas"):
-        data[key] = str(ROOT / key / "puramur")
-    data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
     funnel = tmp_path / "summarized.yaml"
     funnel.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
     from engine.turn import Engine

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PURAMUR, ROOT
+from conftest import ROOT, puramur_data
 from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
 
 if os.environ.get("CI"):
@@ -94,11 +94,8 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def slow_funnel(tmp_path: Path) -> Path:
     """Puramur, given the time a 135M model on a laptop CPU needs, and temperature 0."""
-    data = yaml.safe_load(PURAMUR.read_text("utf-8"))
+    data = puramur_data()
     data["model"].update(deadline=300, timeout=240, retries=0, temperature=0)
-    data["prompts"] = str(ROOT / "prompts" / "puramur")
-    data["schemas"] = str(ROOT / "schemas" / "puramur")
-    data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
     path = tmp_path / "puramur_local.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
     return path

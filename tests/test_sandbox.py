@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jinja2.sandbox import SecurityError
+from jinja2.exceptions import SecurityError
 
 from engine.errors import ConfigError
 from engine.expressions import compile_condition, make_environment

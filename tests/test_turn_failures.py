@@ -45,6 +45,7 @@ def funnel_copy(tmp: Path, *, funnel: Any = None, files: dict[str, str] | None =
     data = yaml.safe_load(PURAMUR.read_text("utf-8"))
     data.update(prompts="prompts", schemas="schemas",
                 catalog=str(ROOT / "funnels" / "puramur" / "catalog.yaml"))
+    data["knowledge"]["folder"] = str(ROOT / "funnels" / "puramur" / "knowledge")
     if funnel is not None:
         funnel(data)
     for rel, text in (files or {}).items():

@@ -13,6 +13,7 @@ from typing import Any
 from lingua import IsoCode639_1
 
 from ..errors import did_you_mean
+from ..paths import funnel_roots, is_confined
 from .diagnostics import Report, as_dict, as_list
 
 _CODES = sorted(c.lower() for c in dir(IsoCode639_1) if c.isupper() and len(c) == 2)
@@ -42,28 +43,33 @@ def check_language(data: dict[str, Any], report: Report) -> None:
                   "state field that keeps the language of the replies", key=True)
 
 
-def knowledge_folder(data: dict[str, Any], base: Path) -> tuple[Path | None, str]:
-    """The knowledge folder a funnel names, resolved, or (None, why not)."""
+def knowledge_folder(data: dict[str, Any], funnel_path: Path) -> tuple[Path | None, str]:
+    """The knowledge folder a funnel names, resolved, or (None, why not).
+
+    Confined like every file a funnel reads (`engine.paths`): inside the funnel's
+    project or a folder the operator lists in ``FUNNEL_ROOT``, never a hidden one.
+    """
     raw = data.get("knowledge")
     folder = raw if isinstance(raw, str) else as_dict(raw).get("folder")
     if not isinstance(folder, str):
         return None, ""
-    path = Path(os.path.normpath(base / folder))
-    root = Path(os.path.normpath(base))
-    if path != root and root not in path.parents:
-        return None, (f"knowledge folder {folder!r} is outside the funnel's folder {root}; "
-                      "a funnel may only read files in its own folder")
+    path = Path(os.path.normpath(funnel_path.parent / folder))
+    roots = funnel_roots(funnel_path)
+    if not is_confined(path, roots):
+        return None, (f"knowledge folder {folder!r} is outside the funnel's folder "
+                      f"({', '.join(map(str, roots))}) or hidden; a funnel may only read "
+                      "visible files inside its own project")
     if not path.is_dir():
         return None, f"knowledge folder {path} does not exist; create it or fix `knowledge:`"
     return path, ""
 
 
 def check_knowledge(data: dict[str, Any], report: Report) -> None:
-    """F702: the folder exists inside the funnel's folder and holds Markdown files;
+    """F702: the folder exists inside the funnel's project and holds Markdown files;
     F703: a stage asks for knowledge the funnel does not have."""
     keys: tuple[str, ...] = ("knowledge",) if isinstance(data.get("knowledge"), str) \
         else ("knowledge", "folder")
-    path, problem = knowledge_folder(data, report.path.parent)
+    path, problem = knowledge_folder(data, report.path)
     if problem:
         report.at(keys, "error", "F702", problem)
     elif path is not None and not any(path.rglob("*.md")):
