@@ -129,7 +129,7 @@ def scaffold(name: str, folder: Path, template: str = "minimal", *, catalog: boo
     Raises:
         ConfigError: a bad name or template, or the folder exists.
     """
-    if not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", name) or not SQL_IDENTIFIER.match(name):
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", name) or not SQL_IDENTIFIER.fullmatch(name):
         raise ConfigError(f"funnel name {name!r}: use lowercase letters, digits and `_`, "
                           "starting with a letter (at most 41 characters)")
     if template not in TEMPLATES:
@@ -175,6 +175,12 @@ def _copy(name: str, folder: Path, template: str) -> None:
     shutil.copytree(Path(source.parent / data.get("prompts", "prompts")), folder / "prompts")
     if data.get("catalog"):
         shutil.copy(source.parent / data["catalog"], folder / "catalog.yaml")
+    knowledge = data.get("knowledge")
+    if knowledge:  # the knowledge folder travels with the funnel, as `knowledge/`
+        shipped_folder = knowledge if isinstance(knowledge, str) else knowledge["folder"]
+        shutil.copytree(source.parent / shipped_folder, folder / "knowledge")
+        text = text.replace(str(shipped_folder), "knowledge", 1)
+        (folder / "funnel.yaml").write_text(text, "utf-8")
     for raw in (data.get("actions") or {}).values():  # hook modules travel with the funnel
         hook = (raw or {}).get("hook")
         if isinstance(hook, str) and (source.parent / f"{hook.split(':')[0]}.py").is_file():

@@ -88,7 +88,7 @@ def normalize_formats(value: Any, schema: Mapping[str, Any], path: str, notices:
         return value.strip()
     if isinstance(value, str) and fmt == "email":
         email = value.strip().lower()
-        if not _EMAIL.match(email):
+        if not _EMAIL.fullmatch(email):
             notices.append(f"{excerpt(value)} is not a valid e-mail address for {path}; it was not saved")
             return None
         return email

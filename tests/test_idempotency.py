@@ -95,8 +95,10 @@ def test_keys_are_checked_and_scoped(db_url: str, sql: Any) -> None:
         for bad in ("", "has space", "x" * 201):
             r = client.post(url, json={"text": "Hi!"}, headers=headers(bad))
             assert r.status_code == 400 and "Idempotency-Key" in r.json()["message"], bad
-        r = client.post(url, json={"text": "Hi!", "client_message_id": "ключ"}, headers=headers())
-        assert r.status_code == 400 and "client_message_id" in r.json()["message"]
+        for bad_id in ("ключ", "m-2\n"):  # a trailing newline too: patterns match whole
+            r = client.post(url, json={"text": "Hi!", "client_message_id": bad_id},
+                            headers=headers())
+            assert r.status_code == 400 and "client_message_id" in r.json()["message"], bad_id
         r = client.post(url, json={"text": "Hi!", "client_message_id": "a"}, headers=headers("m-1"))
         assert r.json()["replayed"] is True  # the header wins
         r = client.post(url, json={"text": "Hi!", "client_message_id": 7}, headers=headers())

@@ -42,6 +42,8 @@ def next_version(tmp_path: Path) -> Path:
     """Puramur v+1: one more state field (what a rollout's `funnel migrate` adds)."""
     for folder in ("funnels", "prompts", "schemas"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
+    # A copy of the project: its funnels read ../prompts and ../schemas (engine.paths)
+    (tmp_path / "pyproject.toml").write_text("", "utf-8")
     path = tmp_path / "funnels" / "puramur.yaml"
     text = path.read_text("utf-8").replace(
         "\nstate:\n", "\nstate:\n  source: {type: string, nullable: true, owner: engine}\n", 1)

@@ -234,6 +234,8 @@ def test_groups_topics_and_start_payload(db_url: str, telegram: FakeTelegram, sq
     reply in the topic; `/start PAYLOAD` kept in the declared `source` field."""
     for folder in ("funnels", "prompts", "schemas"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
+    # A copy of the project: its funnels read ../prompts and ../schemas (engine.paths)
+    (tmp_path / "pyproject.toml").write_text("", "utf-8")
     funnel = tmp_path / "funnels" / "puramur.yaml"
     text = funnel.read_text("utf-8")
     funnel.write_text(text.replace("\nstate:\n", "\nstate:\n  source: {type: string, nullable: "

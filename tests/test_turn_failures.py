@@ -96,9 +96,13 @@ async def two_turns(funnel: Any, db_url: str, second: Any, sql: Any) -> tuple[An
 ])
 async def test_a_template_the_sandbox_refuses_at_run_time_ends_in_the_fallback(
         trap: str, tmp_path: Path, db_url: str, sql: Any) -> None:
+    # `funnel validate` refuses these (F205, F007): the template is swapped in after
+    # loading, as a construct the static checks cannot see would be.
     source = (ROOT / "prompts" / "puramur" / "discovery.j2").read_text("utf-8")
-    path = funnel_copy(tmp_path, files={"prompts/discovery.j2": source + "\n" + trap})
-    funnel = load_funnel(path)
+    funnel = load_funnel(funnel_copy(tmp_path))
+    stage = funnel.stages["discovery"]
+    hostile = stage.template.environment.from_string(source + "\n" + trap)
+    funnel.stages["discovery"] = dataclasses.replace(stage, template=hostile)
     result, _, after = await two_turns(funnel, db_url, OK, sql)
     assert result.fallback and result.reply == funnel.stage("discovery").spec.fallback
     assert "template" in (result.error or "") and after["stage"] == "discovery"
@@ -106,11 +110,15 @@ async def test_a_template_the_sandbox_refuses_at_run_time_ends_in_the_fallback(
 
 async def test_a_dangling_ref_in_an_output_schema_ends_in_the_fallback(
         tmp_path: Path, db_url: str, sql: Any) -> None:
+    # `funnel validate` refuses it (F306): the validator is swapped in after loading.
     schema = json.loads((ROOT / "schemas" / "puramur" / "discovery.json").read_text())
     schema["properties"]["updates"]["properties"]["pet"] = {"$ref": "#/$defs/nowhere"}
-    path = funnel_copy(tmp_path, files={"schemas/discovery.json": json.dumps(schema)})
+    funnel = load_funnel(funnel_copy(tmp_path))
+    stage = funnel.stages["discovery"]
+    funnel.stages["discovery"] = dataclasses.replace(
+        stage, validator=jsonschema.Draft202012Validator(schema))
     second = {"reply": "Noted.", "updates": {"pet": {"breed": "Yorkie"}}}
-    result, _, _ = await two_turns(load_funnel(path), db_url, second, sql)
+    result, _, _ = await two_turns(funnel, db_url, second, sql)
     assert result.fallback and "cannot be evaluated" in (result.error or "")
     assert "discovery.json" in (result.error or "")
 

@@ -64,7 +64,7 @@ def _turn(turn: dict[str, Any]) -> Response:
 
 def _session_param(request: Request) -> str:
     session = str(request.path_params["session"])
-    if not _SESSION.match(session):
+    if not _SESSION.fullmatch(session):  # `$` alone would let a trailing newline through
         raise RequestRefused(400, "bad_request", f"a session id matches {SESSION_PATTERN}")
     return session
 

@@ -53,7 +53,7 @@ def delivery_key(request: Request, body: Any) -> str | None:
         raise RequestRefused(400, "bad_request", "`client_message_id` must be a string")
     for value, name in ((header, "the Idempotency-Key header"),
                         (field, "`client_message_id`")):
-        if value is not None and not _KEY.match(value):
+        if value is not None and not _KEY.fullmatch(value):
             raise RequestRefused(400, "bad_request", f"{name} must be 1 to {MAX_KEY} printable "
                                  "ASCII characters without spaces (a UUID is a good key)")
     return header if header is not None else field

@@ -41,7 +41,7 @@ def check_semantics(data: dict[str, Any], state: dict[str, Any], report: Report)
     stage_names = [s for s in stages if isinstance(s, str)]
 
     table = data.get("table")
-    if isinstance(table, str) and not SQL_IDENTIFIER.match(table):
+    if isinstance(table, str) and not SQL_IDENTIFIER.fullmatch(table):
         report.at(("table",), "error", "F005", f"table name {table!r} is not a valid SQL "
                   "identifier: use letters, digits and _ (not starting with a digit), at most 63")
     elif isinstance(table, str) and table.lower() in SHARED_TABLES:

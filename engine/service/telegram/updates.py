@@ -121,7 +121,7 @@ def parse(update: dict[str, Any], *, bot_id: int | None, username: str | None,
         if command.split("@")[0] == "/start":
             payload = rest.strip()
             return replace(base, kind="start", text="/start", start_payload=payload if
-                           _START_PAYLOAD.match(payload) else None)
+                           _START_PAYLOAD.fullmatch(payload) else None)
         if username:
             text = re.sub(rf"@{re.escape(username)}\b", "", text, flags=re.I).strip() or text
         return replace(base, kind="text", text=text)
