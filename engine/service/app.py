@@ -39,6 +39,7 @@ from .inbound import REPLAY_HEADER, delivery_key
 from .limits import RequestRefused, error, message_text, read_json
 from .openapi import SESSION_PATTERN, document
 from .readiness import readiness
+from .telegram import TelegramChannel
 
 log = logging.getLogger("funnel.service")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -239,6 +240,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
         log.warning("FUNNEL_SECRET is not set: widget tokens are signed with a random key and "
                     "stop working when this process restarts")
     service = Service(config)
+    service.attach_telegram(TelegramChannel(service, config.telegram_api))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

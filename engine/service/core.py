@@ -16,9 +16,10 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from ..errors import (
     ConcurrentUpdate,
@@ -38,9 +39,44 @@ from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
 from .config import ServiceConfig
 from .limits import RateLimiter, RequestRefused, SessionQueue
 from .metrics import Metrics
-from .telegram import TelegramChannel
 
 log = logging.getLogger("funnel.service")
+
+
+class Channel(Protocol):
+    """What the service's life cycle needs of a channel that delivers its own replies."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def queued(self) -> int: ...
+
+    async def webhook(self, request: Request, funnel: str) -> Response: ...
+
+    async def sweep(self, funnel: str) -> int: ...
+
+    async def deliver_due(self, funnel: str, session_id: str | None = None) -> int: ...
+
+
+class _NoChannel:
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def queued(self) -> int:
+        return 0
+
+    async def webhook(self, request: Request, funnel: str) -> Response:
+        raise RequestRefused(404, "not_found", f"funnel '{funnel}' has no Telegram bot")
+
+    async def sweep(self, funnel: str) -> int:
+        return 0
+
+    async def deliver_due(self, funnel: str, session_id: str | None = None) -> int:
+        return 0
 
 
 class Service:
@@ -59,8 +95,9 @@ class Service:
         self.limiter = RateLimiter(*config.rate_limit)
         self.queue = SessionQueue(config.session_queue)
         self.metrics = Metrics(config.metrics_dir)
-        self.telegram = TelegramChannel(self, config.telegram_api)
-        self.metrics.queued = self.telegram.queued
+        # The Telegram channel needs the service, so app.py builds it and attaches it
+        # (attach_telegram); until then, a channel that does nothing.
+        self.telegram: Channel = _NoChannel()
         for name, compiled in self.funnels.items():
             self.metrics.declare(name, compiled.spec.stages,
                                  telegram=config.telegram_bot(name) is not None)
@@ -83,6 +120,11 @@ class Service:
         self._dispatcher: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._metrics_writer: asyncio.Task[None] | None = None
+
+    def attach_telegram(self, channel: Channel) -> None:
+        """The service's Telegram channel (built in app.py: it needs the service)."""
+        self.telegram = channel
+        self.metrics.queued = channel.queued
 
     # -- life cycle --------------------------------------------------------------------
     async def start(self) -> None:
