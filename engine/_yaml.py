@@ -74,6 +74,9 @@ def load(text: str) -> Located:
             pass  # report it with pure Python's clearer message, below
     try:
         return _load(yaml.SafeLoader(text))
+    except RecursionError:  # a last resort: _check_size refuses what nests this deep
+        raise YamlSyntaxError(f"YAML refused: nested more than {MAX_DEPTH} levels deep; "
+                              "flatten it", 1, 1) from None
     except YamlSyntaxError as exc:
         if "expected <block end>" not in str(exc):
             raise
@@ -130,7 +133,14 @@ def _check_size(text: str) -> None:
             if total > MAX_NODES:
                 _refuse(event, f"expands to more than {MAX_NODES:,} values (aliases `*name` "
                         "repeat what their anchor holds: an alias bomb?); write the values out")
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        # libyaml refuses deep nesting itself (newer versions, at 1,000 levels): say why, as
+        # pure Python's parser, which the load falls back to for its messages, recurses.
+        mark = getattr(exc, "problem_mark", None)
+        if _depth_bound(text) > MAX_DEPTH and mark is not None:
+            raise YamlSyntaxError(f"YAML refused: nested more than {MAX_DEPTH} levels deep; a "
+                                  "funnel needs far fewer: flatten it", mark.line + 1,
+                                  mark.column + 1) from None
         return  # the load reports it, with its position
 
 

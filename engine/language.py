@@ -26,7 +26,7 @@ from typing import Any
 
 from lingua import IsoCode639_1, Language, LanguageDetector, LanguageDetectorBuilder
 
-from .spec import BASE_LANGUAGES, LanguagePolicy
+from .settings import BASE_LANGUAGES, LanguagePolicy
 
 # Below this confidence (lingua's, 0..1) a message is undecided. Measured on
 # tests/data/language_messages.tsv: 0.6 leaves 4% wrong and 6% undecided (docs/language.md).

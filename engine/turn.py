@@ -1,7 +1,7 @@
 """The turn: LOAD -> PROCESS -> SAVE, one customer message at a time.
 
 The LLM proposes; code decides. :meth:`Engine.handle` runs one turn as a short
-sequence of named steps over a :class:`_Turn` (the turn in flight):
+sequence of named steps over a :class:`Turn` (the turn in flight):
 
 1. ``_load``: the message is logged in its own commit (durable even if all else
    fails) and the session's row read under its lease (new sessions get defaults);
@@ -27,13 +27,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from . import knowledge, language
-from .actions import ActionOutcome, TurnScratch
+from .actions import TurnScratch
 from .advance import Mover, Position, enter, handoff_payload, start_position
 from .budget import bound_notices, fit
 from .chat import Message
@@ -47,47 +46,21 @@ from .errors import (
     StoreUnavailable,
 )
 from .funnel import CompiledFunnel, load_funnel
-from .machine import Firing
-from .memory import RollingSummary, Summarizer, SummaryJob
+from .memory import RollingSummary, Summarizer
 from .models import Model, make_model
 from .notify import Notifier, dispatch, make_notifier
 from .output import Answer, ask
 from .prompts import at_level, build_context, prompt_data, render
-from .sanitize import printable
 from .state import defaults, plain
 from .store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
+from .turn_data import Incoming, Turn, TurnResult, turn_record
+
+__all__ = ["TECHNICAL_REPLY", "Engine", "TurnResult"]
 
 log = logging.getLogger("funnel.engine")
 
 # The reply when not even the stage's fallback is at hand (the stage is unknown).
 TECHNICAL_REPLY = "Sorry, something went wrong on our side. Please send your message again."
-
-
-@dataclass
-class TurnResult:
-    """What one turn did. ``reply`` is what to send the customer."""
-
-    session_id: str
-    reply: str
-    stage_before: str
-    stage_after: str
-    state: dict[str, Any]
-    transitions: list[dict[str, Any]] = field(default_factory=list)
-    actions: list[ActionOutcome] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    notices: list[str] = field(default_factory=list)
-    validation_failures: int = 0
-    repaired: bool = False
-    fallback: bool = False
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    handoff: bool = False
-    returning: bool = False
-    error: str | None = None
-    backlog: int = 0  # messages that left the window and wait for the summary (at least)
-    message_id: int = 0  # the customer's message in the log: the turn's id in the API
-    model_seconds: float = 0.0  # time in model calls (first call, repair)
-    explain: list[dict[str, Any]] = field(default_factory=list)  # engine.explain, per stage
 
 
 class Engine:
@@ -193,7 +166,7 @@ class Engine:
             DuplicateDelivery: ``key`` was received before (nothing is written).
         """
         check_input(session_id, text)
-        inbound = _Incoming(session_id, text, channel, time.perf_counter(),
+        inbound = Incoming(session_id, text, channel, time.perf_counter(),
                             message_id=message_id or None,
                             delivery=Inbound(channel, key) if key else None,
                             reply_to=reply_to, facts=facts or {})
@@ -247,7 +220,7 @@ class Engine:
         return await self.summary.run(session_id)
 
     # -- the turn, step by step ----------------------------------------------------------
-    async def _run(self, access: SessionAccess, turn: _Turn) -> TurnResult:
+    async def _run(self, access: SessionAccess, turn: Turn) -> TurnResult:
         """LOAD (done) -> route -> ask -> apply -> advance -> SAVE."""
         await self._fold_summary(turn)
         self._route(turn)
@@ -257,7 +230,7 @@ class Engine:
         turn.firings += turn.mover.advance(turn.state)
         return await self._record(access, turn, answer)
 
-    async def _load(self, access: SessionAccess, inbound: _Incoming) -> _Turn:
+    async def _load(self, access: SessionAccess, inbound: Incoming) -> Turn:
         """Log the message (once, however often the turn is retried) and read the row."""
         if inbound.message_id is None:
             message_id, row, recent = await access.load(3 * self._window, text=inbound.text,
@@ -268,8 +241,8 @@ class Engine:
                                                inbound=inbound.delivery)
         return self._start(inbound, self.clock(), row, recent)
 
-    def _start(self, inbound: _Incoming, now: datetime, row: dict[str, Any] | None,
-               recent: list[Message]) -> _Turn:
+    def _start(self, inbound: Incoming, now: datetime, row: dict[str, Any] | None,
+               recent: list[Message]) -> Turn:
         """The turn in flight, from the row as read (a new session gets the defaults)."""
         spec = self.spec
         if row is None:
@@ -287,10 +260,10 @@ class Engine:
             if fact in spec.state and not state.get(fact):
                 state[fact] = value
         scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now)
-        return _Turn(inbound, now, row, recent, state, pos, expected, last_seen,
+        return Turn(inbound, now, row, recent, state, pos, expected, last_seen,
                      stage_before=pos["stage"], mover=Mover(self.funnel, pos, now, scratch))
 
-    async def _fold_summary(self, turn: _Turn) -> None:
+    async def _fold_summary(self, turn: Turn) -> None:
         """Plan folding old messages into the summary: inline now, or after the reply."""
         # Messages outside the window not yet in the summary, once the reply is logged,
         # counted in what the turn read (three windows): when all of those are
@@ -303,7 +276,7 @@ class Engine:
         if planned and turn.folded is None:
             turn.summary_job = planned  # folded in the background, after the reply
 
-    def _route(self, turn: _Turn) -> None:
+    def _route(self, turn: Turn) -> None:
         """Where the turn runs: a removed stage mapped, a return after the idle gap."""
         spec, pos = self.spec, turn.pos
         if pos["stage"] not in self.funnel.stages and pos["stage"] in spec.removed_stages:
@@ -319,7 +292,7 @@ class Engine:
             for call in self.funnel.stage(pos["stage"]).spec.on_enter:
                 self.funnel.actions.run(call, turn.state, turn.mover.scratch)
 
-    def _language(self, turn: _Turn) -> None:
+    def _language(self, turn: Turn) -> None:
         """Decide the reply's language in code (docs/language.md); the prompt reads it."""
         spec = self.spec
         current = turn.state.get(spec.language_response) if spec.language_response else None
@@ -328,12 +301,12 @@ class Engine:
         if spec.language_response and turn.lang.response:
             turn.state[spec.language_response] = turn.lang.response
 
-    def _reply_check(self, turn: _Turn) -> Callable[[dict[str, Any]], str | None]:
+    def _reply_check(self, turn: Turn) -> Callable[[dict[str, Any]], str | None]:
         policy, decision = self.spec.language_policy, turn.lang
         return lambda envelope: language.reply_problem(policy, decision,
                                                        str(envelope.get("reply", "")))
 
-    async def _ask(self, turn: _Turn) -> Answer:
+    async def _ask(self, turn: Turn) -> Answer:
         """Render the stage prompt within its budget and ask the model (validated, repaired
         once, else the stage's fallback)."""
         stage = self.funnel.stage(turn.pos["stage"])
@@ -362,7 +335,7 @@ class Engine:
         return await ask(self.model, stage, fitted.messages, turn.session_id,
                          turn.pos["turns"] + 1, turn.text, reply_check=self._reply_check(turn))
 
-    def _apply(self, turn: _Turn, answer: Answer) -> None:
+    def _apply(self, turn: Turn, answer: Answer) -> None:
         """Apply what the model proposed and the code allows; derive the computed fields."""
         funnel, spec, state = self.funnel, self.spec, turn.state
         scratch = turn.mover.scratch
@@ -383,7 +356,7 @@ class Engine:
         turn.handoff_before = self._handoff_time(state)
         funnel.rules.recompute(state, turn.mover.context(state), turn.now.isoformat())
 
-    async def _record(self, access: SessionAccess, turn: _Turn, answer: Answer) -> TurnResult:
+    async def _record(self, access: SessionAccess, turn: Turn, answer: Answer) -> TurnResult:
         """SAVE: state, reply, turn record and outbox in one transaction."""
         spec, state, pos = self.spec, turn.state, turn.pos
         handoff = turn.handoff_before is None and self._handoff_time(state) is not None
@@ -407,7 +380,7 @@ class Engine:
         transitions = [{"from": f.source, "to": f.dest, "trigger": f.trigger,
                         "when": f.spec.when if f.spec else None} for f in turn.firings]
         values = {**state, **pos, "funnel_version": spec.version}
-        record = _turn_record(turn, answer, transitions, getattr(self.model, "name", None))
+        record = turn_record(turn, answer, transitions, getattr(self.model, "name", None))
         await access.save(TurnWrite(
             session_id=turn.session_id, values=values, expected_version=turn.expected,
             reply=reply, stage_after=pos["stage"], turn=record, outbox=outbox,
@@ -425,7 +398,7 @@ class Engine:
             model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
             explain=turn.mover.explanation)
 
-    async def _fail(self, access: SessionAccess, turn: _Turn, exc: Exception) -> TurnResult:
+    async def _fail(self, access: SessionAccess, turn: Turn, exc: Exception) -> TurnResult:
         """A turn that failed after its message was logged still ends well: the stage's
         fallback (or a technical reply when the stage is unknown), the state as it was
         read, and a turn record naming the error. A failure that is not a
@@ -452,84 +425,3 @@ class Engine:
     def _handoff_time(self, state: Mapping[str, Any]) -> Any:
         h = self.spec.handoff
         return state.get(h.triggered_at) if h and h.triggered_at else None
-
-
-@dataclass
-class _Incoming:
-    """The message a turn answers; ``message_id`` once it is durable (kept across retries)."""
-
-    session_id: str
-    text: str
-    channel: str
-    started: float
-    message_id: int | None = None
-    delivery: Inbound | None = None  # the delivery key, recorded with the message
-    reply_to: Mapping[str, Any] | None = None  # where the outbox sends the reply
-    facts: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Turn:
-    """One turn in flight: what the steps read and write (one per attempt)."""
-
-    inbound: _Incoming
-    now: datetime
-    row: dict[str, Any] | None
-    recent: list[Message]
-    state: dict[str, Any]
-    pos: Position
-    expected: int  # the row version the save is checked against
-    last_seen: datetime | None
-    stage_before: str
-    mover: Mover
-    idle: float | None = None
-    firings: list[Firing] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    outcomes: list[ActionOutcome] = field(default_factory=list)
-    handoff_before: Any = None
-    backlog: int = 0
-    folded: tuple[str, int] | None = None  # (summary, last id) folded inside the turn
-    summary_job: SummaryJob | None = None  # folded after the reply
-    knowledge: list[str] = field(default_factory=list)  # ids of the chunks the prompt got
-    lang: language.Decision = field(default_factory=lambda: language.Decision(
-        None, None, frozenset()))
-
-    @property
-    def session_id(self) -> str:
-        return self.inbound.session_id
-
-    @property
-    def text(self) -> str:
-        return self.inbound.text
-
-    @property
-    def channel(self) -> str:
-        return self.inbound.channel
-
-
-def _turn_record(turn: _Turn, answer: Answer, transitions: list[dict[str, Any]],
-                 model: str | None) -> dict[str, Any]:
-    """The turn record's columns (``funnel_turns``)."""
-    costs = [c.cost for c in answer.completions if c.cost is not None]
-    return {
-        "stage_before": turn.stage_before, "stage_after": turn.pos["stage"],
-        "transitions": transitions,
-        "actions": [o.type for o in turn.outcomes if o.accepted],
-        "refused": [{"type": o.type, "reason": o.reason} for o in turn.outcomes
-                    if not o.accepted],
-        "validation_failures": answer.failures,
-        "repaired": answer.failures > 0 and not answer.fallback,
-        "fallback": answer.fallback,
-        "llm_ms": round(sum(c.latency_ms for c in answer.completions)),
-        "turn_ms": round((time.perf_counter() - turn.inbound.started) * 1000),
-        "prompt_tokens": sum(c.prompt_tokens for c in answer.completions),
-        "completion_tokens": sum(c.completion_tokens for c in answer.completions),
-        # One completion of unknown cost makes the turn's cost unknown.
-        "cost": sum(costs) if costs and len(costs) == len(answer.completions) else None,
-        "model": answer.model or model, "attempts": answer.attempts,
-        "error": printable(answer.error, 2000) if answer.error else None,
-        "knowledge": turn.knowledge,
-        "explain": turn.mover.explanation,
-        # As received, but storable: PostgreSQL's jsonb refuses NUL and lone surrogates.
-        "raw_output": [printable(c.text, 64_000) for c in answer.completions],
-    }

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..funnel import CompiledFunnel
 from ..models import LiteLLMModel, ModelRequest
-from ..spec import ModelSettings
+from ..settings import ModelSettings
 from . import strategy as _strategy
 from .client import Caller, close_clients, error_detail
 from .portable import portable_schema

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..spec import ModelSettings
+from ..settings import ModelSettings
 
 __all__ = ["Completion", "Model", "ModelRequest"]
 
