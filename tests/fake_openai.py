@@ -21,8 +21,10 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from loopback import LoopbackServer
 
 PATHS = ("/v1/chat/completions", "/chat/completions")
 
@@ -39,17 +41,16 @@ class Behaviour:
     then: Behaviour | None = None
 
 
-class FakeOpenAI:
+class FakeOpenAI(LoopbackServer):
     """The server and its programme. ``start()`` / ``stop()``; ``api_base`` for clients."""
 
     def __init__(self) -> None:
+        super().__init__()
+        self.name = "fake-openai"
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self._queue: deque[Behaviour] = deque()
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     # -- programming -------------------------------------------------------------------
     def reply(self, content: str, *, prompt_tokens: int = 120,
@@ -95,37 +96,9 @@ class FakeOpenAI:
 
     # -- lifecycle ---------------------------------------------------------------------
     @property
-    def port(self) -> int:
-        assert self._httpd is not None, "the server is not started"
-        return int(self._httpd.server_address[1])
-
-    @property
     def api_base(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self) -> FakeOpenAI:
-        handler = type("Handler", (_Handler,), {"fake": self})
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        httpd.daemon_threads = True
-        self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"fake-openai-{self.port}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopping.set()  # wakes handlers that are sleeping
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeOpenAI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -197,3 +170,6 @@ class _Handler(BaseHTTPRequestHandler):
 def _error(message: str, kind: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None,
                       "code": str(status)}}
+
+
+FakeOpenAI.handler = _Handler  # defined after the server class it serves

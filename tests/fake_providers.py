@@ -32,8 +32,10 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from loopback import LoopbackServer
 
 WIRES = ("openai", "azure", "anthropic", "ollama", "gemini", "lmstudio", "llamacpp")
 
@@ -51,10 +53,12 @@ class Behaviour:
     then: Behaviour | None = None
 
 
-class FakeProvider:
+class FakeProvider(LoopbackServer):
     """A fake server for one wire format; ``start()``/``stop()``, ``api_base`` for clients."""
 
     def __init__(self, wire: str, *, key: str | None = None, require_key: bool = True) -> None:
+        super().__init__()
+        self.name = f"fake-{wire}"
         assert wire in WIRES, wire
         self.wire = wire
         self.key = key  # when set, only this key is accepted (401 otherwise)
@@ -64,9 +68,6 @@ class FakeProvider:
         self.headers: list[dict[str, str]] = []
         self._queue: deque[Behaviour] = deque()
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     # -- programming -------------------------------------------------------------------
     def reply(self, content: str, *, prompt_tokens: int = 120,
@@ -106,11 +107,6 @@ class FakeProvider:
 
     # -- lifecycle ---------------------------------------------------------------------
     @property
-    def port(self) -> int:
-        assert self._httpd is not None, "the server is not started"
-        return int(self._httpd.server_address[1])
-
-    @property
     def api_base(self) -> str:
         """The base a litellm client is given for this wire."""
         root = f"http://127.0.0.1:{self.port}"
@@ -118,29 +114,6 @@ class FakeProvider:
             return root + "/v1"
         return root
 
-    def start(self) -> FakeProvider:
-        handler = type("Handler", (_Handler,), {"fake": self})
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        httpd.daemon_threads = True
-        self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"fake-{self.wire}-{self.port}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeProvider:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -322,3 +295,6 @@ def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[
                          "finish_reason": finish}],
             "usage": {"prompt_tokens": b.prompt_tokens, "completion_tokens": b.completion_tokens,
                       "total_tokens": b.prompt_tokens + b.completion_tokens}}
+
+
+FakeProvider.handler = _Handler  # defined after the server class it serves
