@@ -51,6 +51,7 @@ from .models import Model, make_model
 from .notify import Notifier, dispatch, make_notifier
 from .output import Answer, ask
 from .prompts import at_level, build_context, prompt_data, render
+from .spec import FunnelSpec
 from .state import defaults, plain
 from .store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
 from .turn_data import Incoming, Turn, TurnResult, turn_record
@@ -241,10 +242,21 @@ class Engine:
                                                inbound=inbound.delivery)
         return self._start(inbound, self.clock(), row, recent)
 
+    def _funnel_for(self, session_id: str, row: Mapping[str, Any] | None) -> CompiledFunnel:
+        """The compiled funnel this session's turn runs on.
+
+        The one seam where a session is matched to a funnel: the steps below read
+        ``turn.funnel`` and ``turn.spec``, never ``self.funnel``, so that a session can
+        run on another version or variant of the funnel than the newest one.
+        """
+        del session_id, row
+        return self.funnel
+
     def _start(self, inbound: Incoming, now: datetime, row: dict[str, Any] | None,
                recent: list[Message]) -> Turn:
         """The turn in flight, from the row as read (a new session gets the defaults)."""
-        spec = self.spec
+        funnel = self._funnel_for(inbound.session_id, row)
+        spec = funnel.spec
         if row is None:
             state, pos = defaults(spec), start_position(spec.initial, now)
             expected, last_seen = 0, None
@@ -261,7 +273,8 @@ class Engine:
                 state[fact] = value
         scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now)
         return Turn(inbound, now, row, recent, state, pos, expected, last_seen,
-                     stage_before=pos["stage"], mover=Mover(self.funnel, pos, now, scratch))
+                    stage_before=pos["stage"], mover=Mover(funnel, pos, now, scratch),
+                    funnel=funnel)
 
     async def _fold_summary(self, turn: Turn) -> None:
         """Plan folding old messages into the summary: inline now, or after the reply."""
@@ -278,23 +291,23 @@ class Engine:
 
     def _route(self, turn: Turn) -> None:
         """Where the turn runs: a removed stage mapped, a return after the idle gap."""
-        spec, pos = self.spec, turn.pos
-        if pos["stage"] not in self.funnel.stages and pos["stage"] in spec.removed_stages:
+        spec, pos = turn.spec, turn.pos
+        if pos["stage"] not in turn.funnel.stages and pos["stage"] in spec.removed_stages:
             enter(pos, spec.removed_stages[pos["stage"]], turn.now)
             turn.mover.scratch.stage, turn.mover.scratch.stage_iteration = pos["stage"], 0
         turn.idle = (turn.now - turn.last_seen).total_seconds() if turn.last_seen else None
-        gap = self.funnel.stage(pos["stage"]).spec.memory.idle_return_after
+        gap = turn.funnel.stage(pos["stage"]).spec.memory.idle_return_after
         turn.mover.returning = bool(turn.idle is not None and gap is not None
                                     and turn.idle >= gap)
         if turn.mover.returning and spec.memory.idle_return_stage:
             turn.firings += turn.mover.fire("idle_return", {}, notify=False)
         if turn.row is None:  # a new session enters its initial stage: run its on_enter
-            for call in self.funnel.stage(pos["stage"]).spec.on_enter:
-                self.funnel.actions.run(call, turn.state, turn.mover.scratch)
+            for call in turn.funnel.stage(pos["stage"]).spec.on_enter:
+                turn.funnel.actions.run(call, turn.state, turn.mover.scratch)
 
     def _language(self, turn: Turn) -> None:
         """Decide the reply's language in code (docs/language.md); the prompt reads it."""
-        spec = self.spec
+        spec = turn.spec
         current = turn.state.get(spec.language_response) if spec.language_response else None
         turn.lang = language.decide(spec.language_policy, turn.text,
                                         current if isinstance(current, str) else None)
@@ -302,28 +315,28 @@ class Engine:
             turn.state[spec.language_response] = turn.lang.response
 
     def _reply_check(self, turn: Turn) -> Callable[[dict[str, Any]], str | None]:
-        policy, decision = self.spec.language_policy, turn.lang
+        policy, decision = turn.spec.language_policy, turn.lang
         return lambda envelope: language.reply_problem(policy, decision,
                                                        str(envelope.get("reply", "")))
 
     async def _ask(self, turn: Turn) -> Answer:
         """Render the stage prompt within its budget and ask the model (validated, repaired
         once, else the stage's fallback)."""
-        stage = self.funnel.stage(turn.pos["stage"])
+        stage = turn.funnel.stage(turn.pos["stage"])
         window = stage.spec.memory.window
         history = turn.recent[-window:] if window else []
-        context = build_context(self.funnel, stage, turn.state, turn.pos,
+        context = build_context(turn.funnel, stage, turn.state, turn.pos,
                                 customer_message=turn.text, messages=history,
                                 returning=turn.mover.returning, idle_seconds=turn.idle,
                                 now=turn.now.isoformat())
         if stage.spec.knowledge is not None:
-            found = await knowledge.retrieve(self.store, self.spec, stage.spec.knowledge,
+            found = await knowledge.retrieve(self.store, turn.spec, stage.spec.knowledge,
                                              turn.text, turn.state)
             context["knowledge"], turn.knowledge = found.chunks, found.ids
-        summary, notices = prompt_data(self.funnel, turn.state, turn.pos)
+        summary, notices = prompt_data(turn.funnel, turn.state, turn.pos)
         try:
             fitted = fit(stage.spec.name, lambda level: render(
-                stage, at_level(self.funnel, stage, turn.state, context, level)),
+                stage, at_level(turn.funnel, stage, turn.state, context, level)),
                 summary, notices, history, turn.text, stage.spec.memory.prompt_budget)
         except MessageTooLong as exc:
             # Not the model's fault nor the session's: ask the customer to shorten it.
@@ -337,7 +350,7 @@ class Engine:
 
     def _apply(self, turn: Turn, answer: Answer) -> None:
         """Apply what the model proposed and the code allows; derive the computed fields."""
-        funnel, spec, state = self.funnel, self.spec, turn.state
+        funnel, spec, state = turn.funnel, turn.spec, turn.state
         scratch = turn.mover.scratch
         if not answer.fallback:
             env = answer.envelope
@@ -353,20 +366,20 @@ class Engine:
                             env.get("language"))
         turn.mover.accepted = [o.type for o in turn.outcomes if o.accepted]
         turn.pos["turns"] += 1
-        turn.handoff_before = self._handoff_time(state)
+        turn.handoff_before = self._handoff_time(spec, state)
         funnel.rules.recompute(state, turn.mover.context(state), turn.now.isoformat())
 
     async def _record(self, access: SessionAccess, turn: Turn, answer: Answer) -> TurnResult:
         """SAVE: state, reply, turn record and outbox in one transaction."""
-        spec, state, pos = self.spec, turn.state, turn.pos
-        handoff = turn.handoff_before is None and self._handoff_time(state) is not None
+        spec, state, pos = turn.spec, turn.state, turn.pos
+        handoff = turn.handoff_before is None and self._handoff_time(spec, state) is not None
         outbox = []
         if handoff and spec.handoff is not None:
             if spec.handoff.channel and not state.get(spec.handoff.channel):
                 state[spec.handoff.channel] = turn.channel
             outbox.append(OutboxItem(
                 key=f"{spec.name}:{turn.session_id}:handoff", kind="handoff",
-                payload=handoff_payload(self.funnel, turn.session_id, state, turn.channel)))
+                payload=handoff_payload(turn.funnel, turn.session_id, state, turn.channel)))
         reply = str(answer.envelope["reply"])
         if turn.inbound.reply_to is not None:  # delivered by the outbox, with retries
             outbox.insert(0, OutboxItem(
@@ -413,15 +426,16 @@ class Engine:
                         turn.session_id, exc)
         fresh = self._start(turn.inbound, turn.now, turn.row, turn.recent)
         try:
-            reply = self.funnel.stage(fresh.pos["stage"]).spec.fallback
+            reply = fresh.funnel.stage(fresh.pos["stage"]).spec.fallback
         except ConfigError:  # a stage neither declared nor mapped under removed_stages
             reply = TECHNICAL_REPLY
         error = f"{'bug: ' if bug else ''}the turn failed: {type(exc).__name__}: {exc}"
         fresh.pos["turns"] += 1
-        fresh.handoff_before = self._handoff_time(fresh.state)  # nothing new to hand off
+        fresh.handoff_before = self._handoff_time(fresh.spec, fresh.state)  # nothing new to hand off
         return await self._record(access, fresh, Answer({"reply": reply}, [], fallback=True,
                                                         error=error))
 
-    def _handoff_time(self, state: Mapping[str, Any]) -> Any:
-        h = self.spec.handoff
+    @staticmethod
+    def _handoff_time(spec: FunnelSpec, state: Mapping[str, Any]) -> Any:
+        h = spec.handoff
         return state.get(h.triggered_at) if h and h.triggered_at else None

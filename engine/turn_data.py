@@ -13,10 +13,12 @@ from . import language
 from .actions import ActionOutcome
 from .advance import Mover, Position
 from .chat import Message
+from .funnel import CompiledFunnel
 from .machine import Firing
 from .memory import SummaryJob
 from .output import Answer
 from .sanitize import printable
+from .spec import FunnelSpec
 from .store import Inbound
 
 __all__ = ["Incoming", "Turn", "TurnResult", "turn_record"]
@@ -77,6 +79,7 @@ class Turn:
     last_seen: datetime | None
     stage_before: str
     mover: Mover
+    funnel: CompiledFunnel  # the version (or variant) of the funnel this turn runs on
     idle: float | None = None
     firings: list[Firing] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
@@ -88,6 +91,10 @@ class Turn:
     knowledge: list[str] = field(default_factory=list)  # ids of the chunks the prompt got
     lang: language.Decision = field(default_factory=lambda: language.Decision(
         None, None, frozenset()))
+
+    @property
+    def spec(self) -> FunnelSpec:
+        return self.funnel.spec
 
     @property
     def session_id(self) -> str:
