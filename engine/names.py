@@ -53,5 +53,8 @@ UNREACHABLE = "funnel_unreachable"
 KNOWLEDGE = "funnel_knowledge"
 KNOWLEDGE_SETS = "funnel_knowledge_sets"
 KNOWLEDGE_TERMS = "funnel_knowledge_terms"
+CONVERSIONS = "funnel_conversions"
+VERSIONS = "funnel_versions"
 SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
-                                  UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS)
+                                  UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS,
+                                  CONVERSIONS, VERSIONS)

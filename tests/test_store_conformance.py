@@ -36,7 +36,8 @@ PURAMUR = ROOT / "funnels" / "puramur.yaml"
 B2B = ROOT / "funnels" / "b2b_demo.yaml"
 TABLE = "puramur_sessions_state"
 SHARED = {ddl.MESSAGES, ddl.TURNS, ddl.OUTBOX, ddl.MIGRATIONS, ddl.LEASES, ddl.INBOUND,
-          ddl.UNREACHABLE, ddl.KNOWLEDGE, ddl.KNOWLEDGE_SETS, ddl.KNOWLEDGE_TERMS}
+          ddl.UNREACHABLE, ddl.KNOWLEDGE, ddl.KNOWLEDGE_SETS, ddl.KNOWLEDGE_TERMS,
+          ddl.CONVERSIONS}
 DAY = 86400.0
 
 SERVER_DSN = os.environ.get("FUNNEL_TEST_DSN")

@@ -6,6 +6,7 @@ import json
 
 from psycopg import sql
 
+from ..names import CONVERSIONS as CONVERSIONS
 from ..names import INBOUND as INBOUND  # the shared tables' names, re-exported
 from ..names import KNOWLEDGE as KNOWLEDGE
 from ..names import KNOWLEDGE_SETS as KNOWLEDGE_SETS
@@ -243,4 +244,18 @@ SHARED_MIGRATIONS: list[str] = [
     # The model's outputs as received (first answer, then the repair), for
     # `funnel record`; cleared by `funnel purge --anonymize` (they quote the customer).
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS raw_output JSONB",
+    # What was actually bought: orders recorded against a session (a channel's or a
+    # shop's webhook, Engine.record_conversion), idempotent on the order id.
+    f"""CREATE TABLE IF NOT EXISTS {CONVERSIONS} (
+        funnel TEXT NOT NULL,
+        order_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        amount NUMERIC(14, 2) NOT NULL CHECK (amount >= 0),
+        currency TEXT NOT NULL,
+        lines JSONB NOT NULL DEFAULT '[]',
+        ordered_at TIMESTAMPTZ NOT NULL,
+        recorded_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        PRIMARY KEY (funnel, order_id)
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{CONVERSIONS}_session ON {CONVERSIONS} (funnel, session_id)",
 ]
