@@ -8,7 +8,8 @@ path or session), what was expected, and what to do about it::
     ├── InvalidInput            a caller's input was refused (session id, message): nothing ran
     ├── ConfigError             a funnel, template, schema or catalog is wrong
     │   ├── FunnelInvalid       `funnel validate` found errors (carries them all)
-    │   └── CatalogError        the catalog file is wrong (names file and line)
+    │   ├── CatalogError        the catalog file is wrong (names file and line)
+    │   └── MigrationError      a declared state migration cannot apply to a session's state
     ├── ModelError              the model could not be called
     ├── ActionRefused           an action's arguments were refused (unknown SKU, ...)
     ├── StoreError              the database failed or is unreachable
@@ -40,6 +41,7 @@ __all__ = [
     "FunnelInvalid",
     "InvalidInput",
     "MessageTooLong",
+    "MigrationError",
     "ModelError",
     "PromptTooLarge",
     "SchemaOutdated",
@@ -118,6 +120,20 @@ class CatalogError(ConfigError):
     def __init__(self, detail: str, *, file: Path | str, line: int | None = None) -> None:
         self.detail = detail
         super().__init__(detail, file=str(file), line=line)
+
+
+class MigrationError(ConfigError):
+    """A step of the funnel's ``migrations:`` cannot be applied to a session's state (a
+    move through a value that is not an object, say); names the step and the path.
+
+    Attributes:
+        detail: the problem without the file and line.
+    """
+
+    def __init__(self, detail: str, *, file: Path | str | None = None,
+                 line: int | None = None) -> None:
+        self.detail = detail
+        super().__init__(detail, file=str(file) if file else None, line=line)
 
 
 class ModelError(FunnelError):

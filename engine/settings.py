@@ -131,3 +131,35 @@ class KnowledgeSpec:
     folder: Path
     chunk_tokens: int = 200
     language: str | None = None  # the text search configuration's language; None: simple
+
+
+@dataclass(frozen=True)
+class MigrationStep:
+    """One of ``migrations:``: how a session's state moves from version ``source`` to
+    ``target`` (docs/versions.md). Paths are state fields, or dotted paths into an
+    object field (``pet.breed``); applied in the order rename, move, stages, defaults, drop.
+    """
+
+    source: int
+    target: int
+    rename: tuple[tuple[str, str], ...] = ()  # (old field, new field)
+    move: tuple[tuple[str, str], ...] = ()  # (from path, to path)
+    defaults: tuple[tuple[str, Any], ...] = ()  # (path, value) set when missing or null
+    drop: tuple[str, ...] = ()  # paths removed
+    stages: tuple[tuple[str, str], ...] = ()  # (old stage, new stage)
+    line: int = 0
+
+
+def migration_steps(raw: Any, line_of: Any = None) -> tuple[MigrationStep, ...]:
+    """The ``migrations:`` list (schema-valid) as steps, in the order declared."""
+    steps = []
+    for i, item in enumerate(raw or []):
+        steps.append(MigrationStep(
+            source=int(item["from"]), target=int(item["to"]),
+            rename=tuple((str(k), str(v)) for k, v in (item.get("rename") or {}).items()),
+            move=tuple((str(k), str(v)) for k, v in (item.get("move") or {}).items()),
+            defaults=tuple((str(k), v) for k, v in (item.get("defaults") or {}).items()),
+            drop=tuple(str(p) for p in item.get("drop") or ()),
+            stages=tuple((str(k), str(v)) for k, v in (item.get("stages") or {}).items()),
+            line=line_of(i) if line_of else 0))
+    return tuple(steps)

@@ -19,9 +19,11 @@ from .settings import FallbackModel as FallbackModel
 from .settings import KnowledgeSpec as KnowledgeSpec
 from .settings import LanguagePolicy as LanguagePolicy
 from .settings import MemorySettings as MemorySettings
+from .settings import MigrationStep as MigrationStep
 from .settings import ModelSettings as ModelSettings
 from .settings import StageKnowledge as StageKnowledge
 from .settings import language_policy as language_policy
+from .settings import migration_steps as migration_steps
 from .settings import parse_duration as parse_duration
 
 # Columns every session table has, whatever the funnel declares. The engine
@@ -179,6 +181,11 @@ class FunnelSpec:
     located: Located | None = field(default=None, repr=False, compare=False)
     language_policy: LanguagePolicy = field(default_factory=LanguagePolicy)
     knowledge: KnowledgeSpec | None = None
+    # Versions (docs/versions.md): whether sessions stay on the version they started
+    # with, when an idle one has ended, and how state moves between versions.
+    pin: bool = True
+    session_ttl: float | None = None
+    migrations: tuple[MigrationStep, ...] = ()
 
     @property
     def engine_owned(self) -> frozenset[str]:
@@ -392,6 +399,10 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
         located=located,
         language_policy=language_policy(language),
         knowledge=_knowledge(data.get("knowledge"), base),
+        pin=bool(data.get("pin", True)),
+        session_ttl=parse_duration(data["session_ttl"]) if data.get("session_ttl") else None,
+        migrations=migration_steps(data.get("migrations"),
+                                   lambda i: line_of("migrations", i)),
     )
 
 

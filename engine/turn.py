@@ -55,6 +55,7 @@ from .spec import FunnelSpec
 from .state import defaults, plain
 from .store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
 from .turn_data import Incoming, Turn, TurnResult, turn_record
+from .versions import Versions
 
 __all__ = ["TECHNICAL_REPLY", "Engine", "TurnResult"]
 
@@ -88,6 +89,7 @@ class Engine:
         self._window = max(s.spec.memory.window for s in funnel.stages.values())
         self._tasks: set[asyncio.Task[Any]] = set()
         self.summary = RollingSummary(funnel.spec, store, self._window)
+        self.versions = Versions(funnel, store)  # pinning (docs/versions.md)
 
     @classmethod
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
@@ -116,18 +118,44 @@ class Engine:
         try:
             await store.ensure_schema(compiled.spec)
             await knowledge.ensure_index(store, compiled.spec)
+            engine = cls(compiled, store, model, notifier=notifier, clock=clock)
+            await engine.versions.store_newest(compiled)  # for its sessions, once it is old
         except BaseException:
             if owns:
                 await store.close()
             raise
-        engine = cls(compiled, store, model, notifier=notifier, clock=clock)
         engine._owns_store = owns
         engine.summary = RollingSummary(compiled.spec, store, engine._window, summarizer,
                                         api_base=api_base)
         return engine
 
+    async def deploy(self, funnel: CompiledFunnel) -> None:
+        """Make ``funnel`` the newest version: new sessions start on it, and it is stored in
+        the version store (when new). Turns in flight keep the version they run on;
+        sessions pinned to an older one stay on it until they end (docs/versions.md).
+
+        Raises:
+            ConfigError: ``funnel`` is another funnel (its name differs).
+            SchemaOutdated: its table lacks columns (run ``funnel migrate`` first);
+                the engine keeps running the version it had.
+        """
+        if funnel.name != self.funnel.name:
+            raise ConfigError(f"cannot deploy funnel '{funnel.name}' on the engine of funnel "
+                              f"'{self.funnel.name}'; open an Engine for it")
+        await self.store.ensure_schema(funnel.spec)
+        await self.versions.store_newest(funnel)
+        self.funnel, self.spec = funnel, funnel.spec
+        self._window = max(self._window, *(s.spec.memory.window
+                                           for s in funnel.stages.values()))
+
+    def loaded_versions(self) -> dict[int, str]:
+        """The versions compiled in this engine, ``{version: content hash}``: the newest
+        (new sessions start on it) and the old ones that pinned sessions came back to."""
+        return self.versions.loaded()
+
     async def close(self) -> None:
         await self.drain()
+        self.versions.close()
         if self._owns_store:
             await self.store.close()
 
@@ -240,6 +268,7 @@ class Engine:
         else:
             _, row, recent = await access.load(3 * self._window, current_id=inbound.message_id,
                                                inbound=inbound.delivery)
+        await self.versions.prepare(row)  # a pinned session's version, from the store
         return self._start(inbound, self.clock(), row, recent)
 
     def _funnel_for(self, session_id: str, row: Mapping[str, Any] | None) -> CompiledFunnel:
@@ -249,13 +278,16 @@ class Engine:
         ``turn.funnel`` and ``turn.spec``, never ``self.funnel``, so that a session can
         run on another version or variant of the funnel than the newest one.
         """
-        del session_id, row
-        return self.funnel
+        del session_id
+        return self.versions.choose(row, self.clock())
 
     def _start(self, inbound: Incoming, now: datetime, row: dict[str, Any] | None,
                recent: list[Message]) -> Turn:
         """The turn in flight, from the row as read (a new session gets the defaults)."""
         funnel = self._funnel_for(inbound.session_id, row)
+        read, migration = row, None
+        if row is not None:  # moving to another version: the declared migrations
+            funnel, row, migration = self.versions.move(inbound.session_id, row, funnel)
         spec = funnel.spec
         if row is None:
             state, pos = defaults(spec), start_position(spec.initial, now)
@@ -272,9 +304,9 @@ class Engine:
             if fact in spec.state and not state.get(fact):
                 state[fact] = value
         scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now)
-        return Turn(inbound, now, row, recent, state, pos, expected, last_seen,
+        return Turn(inbound, now, read, recent, state, pos, expected, last_seen,
                     stage_before=pos["stage"], mover=Mover(funnel, pos, now, scratch),
-                    funnel=funnel)
+                    funnel=funnel, migration=migration)
 
     async def _fold_summary(self, turn: Turn) -> None:
         """Plan folding old messages into the summary: inline now, or after the reply."""
@@ -398,7 +430,7 @@ class Engine:
             session_id=turn.session_id, values=values, expected_version=turn.expected,
             reply=reply, stage_after=pos["stage"], turn=record, outbox=outbox,
             message_time=turn.now, summary=turn.folded[0] if turn.folded else None,
-            summary_upto=turn.folded[1] if turn.folded else None))
+            summary_upto=turn.folded[1] if turn.folded else None, spec=spec))
         return TurnResult(
             session_id=turn.session_id, reply=reply, stage_before=turn.stage_before,
             stage_after=pos["stage"], state=values, transitions=transitions,

@@ -80,6 +80,7 @@ class Turn:
     stage_before: str
     mover: Mover
     funnel: CompiledFunnel  # the version (or variant) of the funnel this turn runs on
+    migration: dict[str, Any] | None = None  # the row moved to this version (engine.versions)
     idle: float | None = None
     firings: list[Firing] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
@@ -134,4 +135,5 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         "explain": turn.mover.explanation,
         # As received, but storable: PostgreSQL's jsonb refuses NUL and lone surrogates.
         "raw_output": [printable(c.text, 64_000) for c in answer.completions],
+        "migration": turn.migration,
     }

@@ -129,7 +129,17 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("funnel", metavar="FUNNEL")
     m.add_argument("--check", action="store_true", help="report, change nothing")
     m.add_argument("--drop", action="store_true", help="drop columns no longer declared")
+    m.add_argument("--sessions", action="store_true", help="move the sessions that would move "
+                   "at their next turn (ended, or `pin: false`) to this version now, through "
+                   "its `migrations:`")
     db_opts(m)
+
+    dp = sub.add_parser("deploy", help="make the funnel the newest version: migrate its table "
+                        "and store it in the version store (docs/versions.md)")
+    dp.add_argument("funnel", metavar="FUNNEL")
+    dp.add_argument("--drop", action="store_true", help="drop columns no longer declared")
+    dp.add_argument("--sessions", action="store_true", help="as `funnel migrate --sessions`")
+    db_opts(dp)
 
     sv = sub.add_parser("serve", help="serve funnels over HTTP: API, web widget, Telegram webhook")
     sv.add_argument("funnels", nargs="+", metavar="FUNNEL", help="each served under its name")
@@ -207,6 +217,7 @@ _COMMANDS = {
     "state": ("conversation", "cmd_state"),
     "demo": ("conversation", "cmd_demo"),
     "migrate": ("database", "cmd_migrate"),
+    "deploy": ("deploy", "cmd_deploy"),
     "purge": ("database", "cmd_purge"),
     "test": ("scenario", "cmd_test"),
     "record": ("record", "cmd_record"),

@@ -10,6 +10,7 @@ from ..errors import InvalidInput
 from ..funnel import load_funnel
 from ..spec import parse_duration
 from ..store import open_store
+from ..versions import deploy
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -18,14 +19,22 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     async def run() -> list[str]:
         store = await open_store(args.db)
         try:
-            return await store.migrate(funnel.spec, drop=args.drop, check=args.check)
+            changes = await store.migrate(funnel.spec, drop=args.drop, check=args.check)
+            if not args.check and not any(c.startswith("error:") for c in changes):
+                # The version store (docs/versions.md): sessions pinned to this version
+                # run from it once a newer one is deployed.
+                stored = await deploy.store_version(store, funnel)
+                changes += [stored] if stored else []
+                if getattr(args, "sessions", False):
+                    changes += await deploy.move_sessions(store, funnel)
+            return changes
         finally:
             await store.close()
 
     changes = asyncio.run(run())
     for line in changes:
         print(line)
-    if not changes:
+    if not any(c.startswith(("would ", "create ", "add ", "drop ")) for c in changes):
         print(f"table {funnel.spec.table} is up to date")
     # Informational lines ("column x is no longer declared; kept") are not pending work.
     pending = args.check and any(c.startswith("would ") or " will move to " in c

@@ -62,6 +62,9 @@ class TurnWrite:
     # turn's answer under the key (set by the session handle, like ``holder``).
     inbound: Inbound | None = None
     message_id: int = 0
+    # The version of the funnel the turn ran on, when it is not the one the session was
+    # opened with (a session pinned to an old version): its columns are the ones saved.
+    spec: FunnelSpec | None = None
 
 
 class SessionAccess(Protocol):
@@ -188,5 +191,24 @@ class Store(Protocol):
     async def knowledge_search(self, funnel: str, query: str, limit: int
                                ) -> list[tuple[Chunk, float]]:
         """The funnel's best chunks for a query, best first, with their ranks."""
+
+    async def save_version(self, funnel: str, version: int, digest: str, entry: str,
+                           files: dict[str, str]) -> bool:
+        """Store a version's bundle in the version store; True when it was new."""
+
+    async def load_version(self, funnel: str, version: int
+                           ) -> tuple[str, str, dict[str, str]] | None:
+        """(hash, entry, files) of the version's current bundle, or None."""
+
+    async def list_versions(self, funnel: str) -> list[dict[str, Any]]:
+        """Every stored bundle of the funnel."""
+
+    async def sessions_on_other_versions(self, funnel: FunnelSpec, after: str = "",
+                                         limit: int = 500) -> list[dict[str, Any]]:
+        """Rows not on ``funnel.version``, by session id after ``after``."""
+
+    async def move_session(self, funnel: FunnelSpec, values: dict[str, Any],
+                           expected_version: int) -> bool:
+        """Write a migrated session's state if its row is still at ``expected_version``."""
 
     async def close(self) -> None: ...

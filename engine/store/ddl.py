@@ -17,6 +17,7 @@ from ..names import MIGRATIONS as MIGRATIONS
 from ..names import OUTBOX as OUTBOX
 from ..names import TURNS as TURNS
 from ..names import UNREACHABLE as UNREACHABLE
+from ..names import VERSIONS as VERSIONS
 from ..spec import COLUMN_TYPE, FieldSpec, FunnelSpec
 
 
@@ -258,4 +259,20 @@ SHARED_MIGRATIONS: list[str] = [
         PRIMARY KEY (funnel, order_id)
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{CONVERSIONS}_session ON {CONVERSIONS} (funnel, session_id)",
+    # The version store (engine.versions, docs/versions.md): every deployed version of a
+    # funnel as its bundle of files, once per content hash; a version's current bundle is
+    # the one deployed last. Sessions pinned to an old version are run from here.
+    f"""CREATE TABLE IF NOT EXISTS {VERSIONS} (
+        funnel TEXT NOT NULL,
+        version INT NOT NULL,
+        hash TEXT NOT NULL,
+        entry TEXT NOT NULL,
+        files JSONB NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        deployed_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        PRIMARY KEY (funnel, version, hash)
+    )""",
+    # The declared state migration a turn applied when its session moved to a newer
+    # version (from, to, the steps and what each changed); NULL for every other turn.
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS migration JSONB",
 ]

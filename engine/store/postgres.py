@@ -39,6 +39,7 @@ from .migrate import (
 )
 from .session import SessionHandle, save_turn_on
 from .statements import Statements
+from .versions import VersionsMixin
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -151,7 +152,7 @@ class _Turn:
         key = f"{self.funnel.name}/{self.session_id}"
         self.handle = SessionHandle(store.table(self.funnel), store._conn, self.session_id,
                                     wait=store.turn_wait, holder=store._orphans.pop(key, None),
-                                    renew=store.heartbeat.hold)
+                                    renew=store.heartbeat.hold, tables=store.table)
         return self.handle
 
     async def __aexit__(self, *exc: object) -> None:
@@ -165,7 +166,7 @@ class _Turn:
             store._turns.release()
 
 
-class PostgresStore(DeliveryMixin):
+class PostgresStore(DeliveryMixin, VersionsMixin):
     """A :class:`engine.store.Store` on PostgreSQL."""
 
     def __init__(self, url: str, pool: AsyncConnectionPool, timeout: float,
@@ -179,7 +180,7 @@ class PostgresStore(DeliveryMixin):
         # A turn may wait this long for its session (another turn's model call) or a slot.
         self.turn_wait = timeout * 24
         self.health = health or _Health()
-        self._tables: dict[str, Statements] = {}
+        self._tables: dict[tuple[str, int], Statements] = {}
         self.heartbeat = Heartbeat(self._conn)
 
     @classmethod
@@ -251,9 +252,11 @@ class PostgresStore(DeliveryMixin):
             "nothing was written")
 
     def table(self, spec: FunnelSpec) -> Statements:
-        t = self._tables.get(spec.name)
+        # Per version: sessions pinned to an old version save with its statements.
+        key = (spec.name, spec.version)
+        t = self._tables.get(key)
         if t is None or t.spec is not spec:
-            t = self._tables[spec.name] = Statements(spec)
+            t = self._tables[key] = Statements(spec)
         return t
 
     # -- schema ------------------------------------------------------------------------

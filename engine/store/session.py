@@ -27,6 +27,7 @@ import psycopg
 
 from ..chat import Message
 from ..errors import ConcurrentUpdate, DuplicateDelivery, StoreUnavailable
+from ..spec import FunnelSpec
 from .base import Inbound, TurnWrite
 from .statements import RELEASE, Statements
 
@@ -62,8 +63,10 @@ class SessionHandle:
 
     def __init__(self, table: Statements, connect: Connect, session_id: str,
                  wait: float, holder: str | None = None,
-                 renew: Callable[[str, str], None] | None = None) -> None:
+                 renew: Callable[[str, str], None] | None = None,
+                 tables: Callable[[FunnelSpec], Statements] | None = None) -> None:
         self.table = table
+        self.tables = tables  # the statements of another version of the funnel
         self.connect = connect
         self.session_id = session_id
         self.key = f"{table.spec.name}/{session_id}"
@@ -140,9 +143,12 @@ class SessionHandle:
         """Save the turn and give the lease back, in one statement and one commit."""
         write.holder = self.holder
         write.inbound, write.message_id = self.inbound, self.message_id
+        table = self.table
+        if write.spec is not None and write.spec is not table.spec and self.tables:
+            table = self.tables(write.spec)  # a session on another version (docs/versions.md)
         async with self.connect() as conn:
             try:
-                version = await save_turn_on(conn, self.table, write)
+                version = await save_turn_on(conn, table, write)
             except ConcurrentUpdate:
                 self.locked = False  # the statement ran, and released the lease
                 raise

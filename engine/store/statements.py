@@ -37,7 +37,7 @@ def _default(value: Any) -> Any:
 _TURN_COLUMNS = ("funnel_version", "stage_before", "transitions", "actions", "refused",
                  "validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
                  "prompt_tokens", "completion_tokens", "cost", "model", "error", "attempts",
-                 "knowledge", "explain", "raw_output")
+                 "knowledge", "explain", "raw_output", "migration")
 
 
 class Statements:
