@@ -55,7 +55,7 @@ from .spec import FunnelSpec
 from .state import defaults, plain
 from .store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
 from .turn_data import Incoming, Turn, TurnResult, turn_record
-from .versions import Versions
+from .versions.pinning import Versions
 
 __all__ = ["TECHNICAL_REPLY", "Engine", "TurnResult"]
 

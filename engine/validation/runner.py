@@ -26,6 +26,7 @@ from .diagnostics import Diagnostic, Report, as_dict
 from .files import check_catalog, check_stage_files
 from .format import check_format
 from .knowledge import check_knowledge, check_language
+from .migrations import check_migrations
 from .semantics import check_semantics
 from .storage import StorageNames
 
@@ -107,6 +108,7 @@ def check_file(
     check_catalog(data, report)
     check_language(data, report)
     check_knowledge(data, report)
+    check_migrations(data, state, report)
     (names if names is not None else StorageNames()).check(data, report)
     if report.has_errors:
         return None, sorted(report.items)
