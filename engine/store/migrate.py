@@ -119,10 +119,25 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
             if not (exists and exists[0]):
                 changes.append((f"create index {ix.name}", stmt))
         if have:
+            # Sessions on older versions keep their stages: they run on their own
+            # version until they move to this one, through `migrations:` and
+            # `removed_stages` then (docs/versions.md).
+            older = sql.SQL("funnel_version < %s") if spec.pin and "funnel_version" in have \
+                else sql.SQL("FALSE AND %s::int IS NULL")
             stages = await (await conn.execute(sql.SQL(
-                "SELECT stage, COUNT(*) FROM {} GROUP BY stage").format(
-                    sql.Identifier(spec.table)))).fetchall()
-            for stage, count in stages:
+                "SELECT stage, {} AS older, COUNT(*) FROM {} GROUP BY 1, 2").format(
+                    older, sql.Identifier(spec.table)), (spec.version,))).fetchall()
+            renamed = {old for step in spec.migrations for old, _ in step.stages}
+            for stage, pinned, count in stages:
+                if pinned:
+                    if stage not in spec.stages and stage not in spec.removed_stages \
+                            and stage not in renamed:
+                        report.append(f"error: {count} session(s) sit in stage '{stage}' on "
+                                      f"older versions, which v{spec.version} does not "
+                                      "declare: they cannot move to it when they end; add "
+                                      f"`removed_stages: {{{stage}: <stage>}}` or a migration "
+                                      "`stages:` rename")
+                    continue
                 if stage not in spec.stages:
                     target = spec.removed_stages.get(stage)
                     if target:

@@ -120,6 +120,8 @@ class Versions:
         if row is None or version is None or version == newest.spec.version:
             return newest
         loaded = self._old.get(version)
+        if loaded is not None and version > newest.spec.version:
+            return loaded.funnel  # a worker not yet restarted: never move a session back
         if loaded is None or not newest.spec.pin or _ended(loaded.funnel, row, now,
                                                            newest.spec.session_ttl):
             return newest
