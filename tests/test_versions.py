@@ -378,3 +378,58 @@ def test_validate_applies_every_step_to_every_scenario_state(tmp_path: Path) -> 
     # As JSON for the editor's problem list, the same finding.
     out = cli("validate", str(v2), "--format", "json")
     assert out.returncode == 1 and "F803" in json.dumps(json.loads(out.stdout))
+
+
+async def test_a_worker_not_yet_restarted_runs_a_newer_session_from_the_store(
+        tmp_path: Path, db_url: str) -> None:
+    v1 = make_v1(tmp_path)
+    v2 = scaffold(tmp_path, "v2", "V2 PROMPT")
+    edit(v2, v2_rules)
+    deploy(v2, db_url)
+    rec, clock = model(), [T0]
+    engine = await engine_on(v2, db_url, rec, clock)
+    try:
+        await engine.handle("s", "Hi")
+    finally:
+        await engine.close()
+    old = await engine_on(v1, db_url, rec, clock)  # an old worker, in a rolling restart
+    try:
+        clock[0] = T0 + timedelta(days=1)  # ended (session_ttl 2h): still never moved back
+        turn = await old.handle("s", "Hello again")
+        assert "V2 PROMPT" in rec.prompts[-1] and turn.state["funnel_version"] == 2
+        assert "budget" in turn.state  # v2's field, saved by v2's statements
+    finally:
+        await old.close()
+
+
+async def test_migrate_leaves_the_stages_of_pinned_sessions_alone(tmp_path: Path,
+                                                                  db_url: str,
+                                                                  sql: Any) -> None:
+    v1 = make_v1(tmp_path)
+    v2 = scaffold(tmp_path, "v2", "V2 PROMPT")
+
+    def no_contact(data: dict[str, Any]) -> None:
+        v2_rules(data)
+        del data["stages"]["contact"]
+        data["stages"]["discovery"]["transitions"] = [{"to": "done", "when": "need"}]
+
+    edit(v2, no_contact)
+    rec, clock = model(), [datetime.now(UTC)]
+    engine = await engine_on(v1, db_url, rec, clock)
+    try:
+        await engine.handle("c", "I need a website")  # greeting -> discovery -> contact
+        assert (await engine.state("c") or {})["stage"] == "contact"
+    finally:
+        await engine.close()
+    refused = cli("deploy", str(v2), "--db", db_url)
+    assert refused.returncode == 1
+    assert "error: 1 session(s) sit in stage 'contact' on older versions" in refused.stdout
+    edit(v2, lambda d: d.update(removed_stages={"contact": "done"}))
+    assert deploy(v2, db_url).returncode == 0
+    assert sql(f"SELECT stage, funnel_version FROM {TABLE}") == [("contact", 1)]
+    engine = await engine_on(v2, db_url, rec, clock)
+    try:
+        turn = await engine.handle("c", "Anna, +15551234567")  # still v1's contact stage
+        assert turn.stage_before == "contact" and turn.state["funnel_version"] == 1
+    finally:
+        await engine.close()
