@@ -119,7 +119,7 @@ class Engine:
             await store.ensure_schema(compiled.spec)
             await knowledge.ensure_index(store, compiled.spec)
             engine = cls(compiled, store, model, notifier=notifier, clock=clock)
-            await engine.versions.store_newest(compiled)  # for its sessions, once it is old
+            await engine.versions.store_newest(compiled, strict=False)  # for when it is old
         except BaseException:
             if owns:
                 await store.close()
@@ -271,20 +271,21 @@ class Engine:
         await self.versions.prepare(row)  # a pinned session's version, from the store
         return self._start(inbound, self.clock(), row, recent)
 
-    def _funnel_for(self, session_id: str, row: Mapping[str, Any] | None) -> CompiledFunnel:
+    def _funnel_for(self, session_id: str, row: Mapping[str, Any] | None,
+                    now: datetime | None = None) -> CompiledFunnel:
         """The compiled funnel this session's turn runs on.
 
         The one seam where a session is matched to a funnel: the steps below read
         ``turn.funnel`` and ``turn.spec``, never ``self.funnel``, so that a session can
         run on another version or variant of the funnel than the newest one.
         """
-        del session_id
-        return self.versions.choose(row, self.clock())
+        del session_id  # pinning (docs/versions.md): the session's version while it is open
+        return self.versions.choose(row, now or self.clock())
 
     def _start(self, inbound: Incoming, now: datetime, row: dict[str, Any] | None,
                recent: list[Message]) -> Turn:
         """The turn in flight, from the row as read (a new session gets the defaults)."""
-        funnel = self._funnel_for(inbound.session_id, row)
+        funnel = self._funnel_for(inbound.session_id, row, now)
         read, migration = row, None
         if row is not None:  # moving to another version: the declared migrations
             funnel, row, migration = self.versions.move(inbound.session_id, row, funnel)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from ..errors import FunnelError, MigrationError
+from ..errors import ConfigError, FunnelError, MigrationError
 from ..funnel import CompiledFunnel
 from ..store import Store
 from .bundle import Bundle, LoadedVersion, bundle_of, compile_bundle
@@ -43,9 +43,22 @@ class Versions:
         self._loading: dict[int, asyncio.Task[None]] = {}
 
     # -- deploying ------------------------------------------------------------------------
-    async def store_newest(self, funnel: CompiledFunnel) -> bool:
-        """Store ``funnel``'s bundle and make it the newest; True when it was new."""
-        bundle = bundle_of(funnel.spec)
+    async def store_newest(self, funnel: CompiledFunnel, *, strict: bool = True) -> bool:
+        """Store ``funnel``'s bundle and make it the newest; True when it was new.
+
+        Raises:
+            ConfigError: a file of the funnel cannot be read any more (unless not
+                ``strict``: then it is logged, and the version is not stored).
+        """
+        try:
+            bundle = bundle_of(funnel.spec)
+        except ConfigError as exc:
+            if strict:
+                raise
+            log.warning("funnel '%s' v%d is not stored in the version store: %s",
+                        funnel.name, funnel.spec.version, exc)
+            self.newest = funnel
+            return False
         new = await self.store.save_version(bundle.name, bundle.version, bundle.digest,
                                             bundle.entry, bundle.files)
         old = self.newest
