@@ -83,6 +83,7 @@ class Engine:
         self.store = store
         self.model = model
         self.notifier = notifier or make_notifier(funnel.spec)
+        self._own_notifier = notifier is None  # made from the funnel: a deploy remakes it
         self.clock = clock or (lambda: datetime.now(UTC))
         self._owns_store = False
         # The window is read with the row, before the stage is known: read the widest.
@@ -145,8 +146,13 @@ class Engine:
         await self.store.ensure_schema(funnel.spec)
         await self.versions.store_newest(funnel)
         self.funnel, self.spec = funnel, funnel.spec
+        # Wide enough for every version loaded (the window is read before the version
+        # is known).
         self._window = max(self._window, *(s.spec.memory.window
                                            for s in funnel.stages.values()))
+        self.summary.spec, self.summary.window = funnel.spec, self._window
+        if self._own_notifier:
+            self.notifier = make_notifier(funnel.spec)
 
     def loaded_versions(self) -> dict[int, str]:
         """The versions compiled in this engine, ``{version: content hash}``: the newest
