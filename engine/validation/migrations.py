@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 
 from .. import _yaml
-from ..errors import MigrationError
+from ..errors import MigrationError, did_you_mean
 from ..settings import MigrationStep, migration_steps
 from ..versions.migrations import apply_step
 from .diagnostics import Report, as_dict
@@ -58,8 +58,9 @@ def check_migrations(data: dict[str, Any], state: dict[str, Any], report: Report
             if new not in stages and new not in renamed_later:
                 report.at(("migrations", i, "stages", old), "error", "F802",
                           f"migration {step.source}->{step.target} renames stage '{old}' to "
-                          f"'{new}', which version {version} does not declare; name one of "
-                          f"its stages ({', '.join(sorted(as_dict(data.get('stages'))))})",
+                          f"'{new}', which version {version} does not declare"
+                          f"{did_you_mean(new, stages)}; name one of its stages "
+                          f"({', '.join(sorted(as_dict(data.get('stages'))))})",
                           key=True)
     _check_examples(data, state, steps, report)
 
