@@ -8,6 +8,7 @@ prompts say so and whose discovery stage goes straight to the hand-off.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,7 @@ import yaml
 from conftest import CliResult, run_funnel
 
 from engine import Engine, ScriptedModel
-from engine.errors import MigrationError
+from engine.errors import ConfigError, MigrationError, SchemaOutdated
 from engine.funnel import load_funnel
 from engine.llm.request import ModelRequest
 from engine.models import Completion
@@ -433,3 +434,85 @@ async def test_migrate_leaves_the_stages_of_pinned_sessions_alone(tmp_path: Path
         assert turn.stage_before == "contact" and turn.state["funnel_version"] == 1
     finally:
         await engine.close()
+
+
+# -- Engine.deploy ------------------------------------------------------------------------
+class Held(Recording):
+    """The recording model, holding each call until ``release`` is set."""
+
+    started: asyncio.Event
+    release: asyncio.Event
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        self.started.set()
+        await self.release.wait()
+        return await super().complete(request)
+
+
+async def test_a_turn_in_flight_keeps_its_version_across_a_deploy(tmp_path: Path,
+                                                                  db_url: str) -> None:
+    v1 = make_v1(tmp_path)
+    v2 = scaffold(tmp_path, "v2", "V2 PROMPT")
+    edit(v2, v2_rules)
+    deploy(v2, db_url)  # the table has v2's columns; v1 is deployed again below
+    deploy(v1, db_url)
+    held = Held.from_data({"default": {"reply": "Hello!"}})
+    assert isinstance(held, Held)
+    held.prompts, held.started, held.release = [], asyncio.Event(), asyncio.Event()
+    engine = await Engine.open(v1, db=db_url, model=held)
+    try:
+        in_flight = asyncio.create_task(engine.handle("early", "Hi"))
+        await held.started.wait()  # the turn is asking the model: its version is chosen
+        await engine.deploy(load_funnel(v2))
+        held.release.set()
+        early = await in_flight
+        late = await engine.handle("late", "Hi")
+    finally:
+        await engine.close()
+    assert early.state["funnel_version"] == 1 and "V1 PROMPT" in held.prompts[0]
+    assert late.state["funnel_version"] == 2 and "V2 PROMPT" in held.prompts[1]
+
+
+async def test_deploy_refuses_another_funnel_and_a_table_that_is_behind(
+        tmp_path: Path, db_url: str) -> None:
+    v1 = make_v1(tmp_path)
+    v2 = scaffold(tmp_path, "v2", "V2 PROMPT")
+    edit(v2, v2_rules)  # adds a field: its column does not exist yet
+    other = scaffold(tmp_path, "other", "OTHER")
+    edit(other, lambda d: d.update(funnel="other", table="other_sessions_state"))
+    engine = await engine_on(v1, db_url, model(), [T0])
+    try:
+        with pytest.raises(ConfigError, match="cannot deploy funnel 'other'"):
+            await engine.deploy(load_funnel(other))
+        with pytest.raises(SchemaOutdated, match="budget"):
+            await engine.deploy(load_funnel(v2))
+        assert engine.loaded_versions() == {1: bundle_of(load_funnel(v1).spec).digest}
+        turn = await engine.handle("a", "Hi")  # still v1
+        assert turn.state["funnel_version"] == 1
+    finally:
+        await engine.close()
+
+
+async def test_a_migration_that_cannot_apply_leaves_the_session_where_it_was(
+        tmp_path: Path, db_url: str, sql: Any) -> None:
+    v1 = make_v1(tmp_path)
+    v2 = v2_renamed(tmp_path)
+
+    def through_a_string(data: dict[str, Any]) -> None:
+        data["migrations"][0] = {"from": 1, "to": 2, "move": {"need.text": "request"}}
+
+    edit(v2, through_a_string)  # a v1 session's `need` holds a string
+    rec, clock = model(), [T0]
+    engine = await engine_on(v1, db_url, rec, clock)
+    try:
+        await engine.handle("m", "I need a website")
+        deploy(v2, db_url)
+        await engine.deploy(load_funnel(v2))
+        turn = await engine.handle("m", "Anna, +15551234567")
+    finally:
+        await engine.close()
+    assert turn.state["funnel_version"] == 1 and turn.state["need"] == "a website"
+    assert "V1 PROMPT" in rec.prompts[-1]
+    (record,) = sql(f"SELECT migration FROM {ddl.TURNS} WHERE session_id = 'm' AND "
+                    "migration IS NOT NULL")
+    assert record[0]["to"] == 1 and "'need' holds str" in record[0]["error"]
