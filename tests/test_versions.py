@@ -516,3 +516,24 @@ async def test_a_migration_that_cannot_apply_leaves_the_session_where_it_was(
     (record,) = sql(f"SELECT migration FROM {ddl.TURNS} WHERE session_id = 'm' AND "
                     "migration IS NOT NULL")
     assert record[0]["to"] == 1 and "'need' holds str" in record[0]["error"]
+
+
+async def test_funnel_versions_lists_the_store_and_the_sessions(tmp_path: Path,
+                                                                db_url: str) -> None:
+    v1 = make_v1(tmp_path)
+    assert "no version of funnel 'shop' is stored" in cli("versions", str(v1), "--db",
+                                                          db_url).stdout
+    v2 = scaffold(tmp_path, "v2", "V2 PROMPT")
+    edit(v2, v2_rules)
+    engine = await engine_on(v1, db_url, model(), [T0])
+    try:
+        await engine.handle("a", "Hi")
+    finally:
+        await engine.close()
+    deploy(v2, db_url)
+    out = cli("versions", str(v2), "--db", db_url)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("v1  ") and lines[0].endswith("1 session(s)")
+    assert lines[1].startswith("v2  ") and lines[1].endswith("0 session(s)")

@@ -141,6 +141,11 @@ def _parser() -> argparse.ArgumentParser:
     dp.add_argument("--sessions", action="store_true", help="as `funnel migrate --sessions`")
     db_opts(dp)
 
+    vs = sub.add_parser("versions", help="the funnel's versions in the version store, with "
+                        "their sessions")
+    vs.add_argument("funnel", metavar="FUNNEL")
+    db_opts(vs)
+
     sv = sub.add_parser("serve", help="serve funnels over HTTP: API, web widget, Telegram webhook")
     sv.add_argument("funnels", nargs="+", metavar="FUNNEL", help="each served under its name")
     sv.add_argument("--host", default="127.0.0.1")
@@ -218,6 +223,7 @@ _COMMANDS = {
     "demo": ("conversation", "cmd_demo"),
     "migrate": ("database", "cmd_migrate"),
     "deploy": ("deploy", "cmd_deploy"),
+    "versions": ("deploy", "cmd_versions"),
     "purge": ("database", "cmd_purge"),
     "test": ("scenario", "cmd_test"),
     "record": ("record", "cmd_record"),

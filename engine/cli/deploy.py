@@ -1,9 +1,14 @@
-"""`funnel deploy`: `funnel migrate` and the version store, as one step (docs/versions.md)."""
+"""`funnel deploy` (`funnel migrate` and the version store, as one step) and `funnel
+versions` (what the version store holds), docs/versions.md."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+from typing import Any
 
+from ..funnel import load_funnel
+from ..store import open_store
 from .database import cmd_migrate
 
 
@@ -12,3 +17,32 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     does, never in ``--check`` mode)."""
     args.check = False
     return cmd_migrate(args)
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    """The funnel's stored versions, newest deployment last, with their sessions."""
+    funnel = load_funnel(args.funnel)
+
+    async def run() -> tuple[list[dict[str, Any]], dict[int, int]]:
+        store = await open_store(args.db)
+        try:
+            return await store.list_versions(funnel.name), \
+                await store.sessions_by_version(funnel.spec)
+        finally:
+            await store.close()
+
+    stored, sessions = asyncio.run(run())
+    if not stored:
+        print(f"no version of funnel '{funnel.name}' is stored; run `funnel deploy "
+              f"{args.funnel}`")
+        return 0
+    current = {row["version"]: row["hash"] for row in stored}  # the last deployed wins
+    for row in stored:
+        mark = "" if current[row["version"]] == row["hash"] else "  (replaced)"
+        print(f"v{row['version']}  {row['hash'][:12]}  deployed "
+              f"{row['deployed_at']:%Y-%m-%d %H:%M}  "
+              f"{sessions.get(row['version'], 0)} session(s){mark}")
+    for version in sorted(set(sessions) - set(current)):
+        print(f"v{version}  not stored  {sessions[version]} session(s): they run on the "
+              "newest version")
+    return 0

@@ -203,6 +203,9 @@ class Store(Protocol):
     async def list_versions(self, funnel: str) -> list[dict[str, Any]]:
         """Every stored bundle of the funnel."""
 
+    async def sessions_by_version(self, funnel: FunnelSpec) -> dict[int, int]:
+        """How many sessions each version holds."""
+
     async def sessions_on_other_versions(self, funnel: FunnelSpec, after: str = "",
                                          limit: int = 500) -> list[dict[str, Any]]:
         """Rows not on ``funnel.version``, by session id after ``after``."""

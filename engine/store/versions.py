@@ -48,13 +48,30 @@ class VersionsMixin:
         return (str(row[0]), str(row[1]), dict(row[2])) if row else None
 
     async def list_versions(self, funnel: str) -> list[dict[str, Any]]:
-        """Every stored bundle of the funnel: version, hash, created_at, deployed_at."""
+        """Every stored bundle of the funnel: version, hash, created_at, deployed_at (none
+        when the version store does not exist yet)."""
         async with self._conn() as conn:
+            exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                               (ddl.VERSIONS,))).fetchone()
+            if not (exists and exists[0]):
+                return []
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 f"SELECT version, hash, created_at, deployed_at FROM {ddl.VERSIONS} "
                 "WHERE funnel = %s ORDER BY version, deployed_at", (funnel,))
             return await cur.fetchall()
+
+    async def sessions_by_version(self, funnel: FunnelSpec) -> dict[int, int]:
+        """How many sessions each version holds (``{}`` when the table does not exist)."""
+        q = sql.SQL("SELECT funnel_version, COUNT(*) FROM {} GROUP BY 1").format(
+            sql.Identifier(funnel.table))
+        async with self._conn() as conn:
+            exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                               (f'"{funnel.table}"',))).fetchone()
+            if not (exists and exists[0]):
+                return {}
+            rows = await (await conn.execute(q)).fetchall()
+        return {int(r[0]): int(r[1]) for r in rows}
 
     async def sessions_on_other_versions(self, funnel: FunnelSpec, after: str = "",
                                          limit: int = 500) -> list[dict[str, Any]]:
