@@ -537,3 +537,24 @@ async def test_funnel_versions_lists_the_store_and_the_sessions(tmp_path: Path,
     assert len(lines) == 2
     assert lines[0].startswith("v1  ") and lines[0].endswith("1 session(s)")
     assert lines[1].startswith("v2  ") and lines[1].endswith("0 session(s)")
+
+
+async def test_a_patch_without_a_version_bump_reaches_the_sessions_of_that_version(
+        tmp_path: Path, db_url: str, sql: Any) -> None:
+    v1 = make_v1(tmp_path)
+    rec, clock = model(), [T0]
+    engine = await engine_on(v1, db_url, rec, clock)
+    try:
+        await engine.handle("a", "Hi")
+        before = engine.loaded_versions()
+        prompt = v1.parent / "prompts" / "discovery.j2"
+        prompt.write_text(prompt.read_text("utf-8") + "PATCHED\n", "utf-8")
+        await engine.deploy(load_funnel(v1))
+        after = engine.loaded_versions()
+        await engine.handle("a", "Still here")
+    finally:
+        await engine.close()
+    assert set(before) == set(after) == {1} and before[1] != after[1]
+    assert "PATCHED" in rec.prompts[-1]
+    assert sql(f"SELECT version, hash FROM {ddl.VERSIONS} ORDER BY deployed_at") == [
+        (1, before[1]), (1, after[1])]
