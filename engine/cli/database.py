@@ -16,26 +16,30 @@ from ..versions import deploy
 def cmd_migrate(args: argparse.Namespace) -> int:
     funnel = load_funnel(args.funnel)
 
-    async def run() -> list[str]:
+    async def run() -> tuple[list[str], list[str]]:
         store = await open_store(args.db)
         try:
             changes = await store.migrate(funnel.spec, drop=args.drop, check=args.check)
+            versions: list[str] = []
             if not args.check and not any(c.startswith("error:") for c in changes):
                 # The version store (docs/versions.md): sessions pinned to this version
                 # run from it once a newer one is deployed.
                 stored = await deploy.store_version(store, funnel)
-                changes += [stored] if stored else []
+                versions += [stored] if stored else []
                 if getattr(args, "sessions", False):
-                    changes += await deploy.move_sessions(store, funnel)
-            return changes
+                    versions += await deploy.move_sessions(store, funnel)
+            return changes, versions
         finally:
             await store.close()
 
-    changes = asyncio.run(run())
+    changes, versions = asyncio.run(run())
     for line in changes:
         print(line)
-    if not any(c.startswith(("would ", "create ", "add ", "drop ")) for c in changes):
+    if not changes:
         print(f"table {funnel.spec.table} is up to date")
+    for line in versions:
+        print(line)
+    changes += versions
     # Informational lines ("column x is no longer declared; kept") are not pending work.
     pending = args.check and any(c.startswith("would ") or " will move to " in c
                                  for c in changes)
