@@ -126,6 +126,26 @@ class Engine:
                                         api_base=api_base)
         return engine
 
+    # -- versions: a STAND-IN, to be replaced by 16-versions' version store ---------------
+    async def deploy(self, funnel: CompiledFunnel) -> None:
+        """Run new turns on ``funnel`` (STAND-IN: replaced by the version store of issue 16).
+
+        Turns in flight keep the funnel they started with (``turn.funnel``, chosen once by
+        :meth:`_funnel_for`); every turn that starts after this call runs on ``funnel``.
+        This stand-in pins nothing: a live session's next turn runs the new version too.
+        The caller has validated ``funnel`` and checked its table (engine.service.reload).
+        """
+        window = max(s.spec.memory.window for s in funnel.stages.values())
+        summary = RollingSummary(funnel.spec, self.store, window, api_base=self.summary.api_base)
+        if funnel.spec.memory.summarizer_model == self.spec.memory.summarizer_model:
+            summary.summarizer = self.summary.summarizer  # keep a summarizer given to open()
+        # One assignment after another, no await between: a turn sees all or none of them.
+        self.funnel, self.spec, self._window, self.summary = funnel, funnel.spec, window, summary
+
+    def loaded_versions(self) -> list[int]:
+        """The funnel versions this engine runs turns on (STAND-IN: only the newest)."""
+        return [self.spec.version]
+
     async def close(self) -> None:
         await self.drain()
         if self._owns_store:

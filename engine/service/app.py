@@ -11,12 +11,15 @@ while it is down, again on later requests, so the process starts, answers
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import html
 import json
 import logging
 import re
+import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -184,6 +187,7 @@ async def metrics(request: Request) -> Response:
             service.client(request, "metrics")
         except RequestRefused as exc:
             return exc.response()
+    await service.reloader.versions()  # refreshes the version gauges (cached counts)
     return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
@@ -233,6 +237,15 @@ async def _crash(request: Request, exc: Exception) -> Response:
     return error(500, "internal", "internal error; see the service log")
 
 
+def _on_sighup(service: Service) -> bool:
+    """SIGHUP reloads the funnels (engine.service.reload); False where no handler can be set
+    (a server run in a thread, as tests do, or a platform without SIGHUP)."""
+    if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
+        return False
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, service.reloader.on_signal)
+    return True
+
+
 def create_app(config: ServiceConfig | None = None) -> Starlette:
     """Build the app (from the environment when ``config`` is None)."""
     config = config or ServiceConfig.from_env()
@@ -245,6 +258,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await service.start()
+        hup = _on_sighup(service)
         # What startup built (imports, funnels, templates, validators, machines) lives
         # as long as the process: move it out of the collector's reach, or every full
         # collection walks all of it and stalls the worker's turns for tens of ms.
@@ -253,6 +267,8 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
         try:
             yield
         finally:
+            if hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await service.close()
 
     f = "/v1/funnels/{funnel}"

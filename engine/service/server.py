@@ -9,9 +9,12 @@ metrics folder.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +25,8 @@ from ..funnel import load_funnel
 from ..store.embedded import embedded_url
 from .config import ServiceConfig
 
+APP = "engine.service.app:create_app"
+
 
 def proxy_options(trusted: list[str]) -> dict[str, Any]:
     """uvicorn's proxy settings: ``X-Forwarded-For`` is believed only from the proxies in
@@ -30,6 +35,30 @@ def proxy_options(trusted: list[str]) -> dict[str, Any]:
     if not trusted:
         return {"proxy_headers": False}
     return {"proxy_headers": True, "forwarded_allow_ips": ",".join(trusted)}
+
+
+def _run_workers(config: Any) -> None:
+    """uvicorn's worker supervisor, except that SIGHUP is handed to every worker (each
+    reloads its funnels, engine.service.reload) instead of replacing the workers: a
+    replacement would drop nothing, but it would not validate an edit before taking it."""
+    import uvicorn
+    from uvicorn.supervisors.multiprocess import Multiprocess
+
+    class Workers(Multiprocess):
+        def handle_hup(self) -> None:
+            print(f"funnel serve: SIGHUP: reloading the funnels in {len(self.processes)} "
+                  "workers", file=sys.stderr)
+            for process in self.processes:
+                if process.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, signal.SIGHUP)
+
+    sock = config.bind_socket()
+    if "target" in inspect.signature(Multiprocess.__init__).parameters:  # uvicorn < 0.36
+        server = uvicorn.Server(config)
+        Workers(config, target=server.run, sockets=[sock]).run()  # type: ignore[call-arg]
+    else:
+        Workers(config, sockets=[sock]).run()
 
 
 def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: int,
@@ -75,10 +104,14 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
               "converse", file=sys.stderr)
     print(f"funnel serve: {', '.join(sorted(names))} on http://{host}:{port} "
           f"({workers} worker{'s' if workers > 1 else ''})", file=sys.stderr)
+    options: dict[str, Any] = {
+        "factory": True, "host": host, "port": port, "workers": workers, "ws": "none",
+        "log_level": env.get("FUNNEL_LOG_LEVEL", "info"), **proxy_options(config.trusted_proxies)}
     try:
-        uvicorn.run("engine.service.app:create_app", factory=True, host=host, port=port,
-                    workers=workers, ws="none", log_level=env.get("FUNNEL_LOG_LEVEL", "info"),
-                    **proxy_options(config.trusted_proxies))
+        if workers > 1:
+            _run_workers(uvicorn.Config(APP, **options))
+        else:  # one process: the app's own SIGHUP handler reloads (engine.service.app)
+            uvicorn.run(APP, **options)
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
