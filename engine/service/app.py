@@ -17,6 +17,7 @@ import gc
 import html
 import json
 import logging
+import os
 import re
 import signal
 import threading
@@ -237,6 +238,18 @@ async def _crash(request: Request, exc: Exception) -> Response:
     return error(500, "internal", "internal error; see the service log")
 
 
+def _log_to_stderr(level: str) -> None:
+    """uvicorn configures its own loggers only: without a handler, the engine's lines
+    (a reload, a refused edit) would reach stderr only from WARNING up, and bare."""
+    logger = logging.getLogger("funnel")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")
+
+
 def _on_sighup(service: Service) -> bool:
     """SIGHUP reloads the funnels (engine.service.reload); False where no handler can be set
     (a server run in a thread, as tests do, or a platform without SIGHUP)."""
@@ -248,6 +261,8 @@ def _on_sighup(service: Service) -> bool:
 
 def create_app(config: ServiceConfig | None = None) -> Starlette:
     """Build the app (from the environment when ``config`` is None)."""
+    if config is None:  # `funnel serve` (a uvicorn worker): the engine's own log lines too
+        _log_to_stderr(os.environ.get("FUNNEL_LOG_LEVEL", "info"))
     config = config or ServiceConfig.from_env()
     if config.secret_generated:
         log.warning("FUNNEL_SECRET is not set: widget tokens are signed with a random key and "

@@ -106,7 +106,7 @@ class Metrics:
                 self.counters.setdefault((name, _labels(funnel=funnel)), 0.0)
             self.counters.setdefault(("funnel_inbound_recovered_total",
                                       _labels(funnel=funnel, channel="telegram")), 0.0)
-        for name in _SHARED_GAUGES:
+        for name in ("funnel_outbox_backlog", "funnel_outbox_oldest_due_seconds"):
             self.gauges.setdefault((name, _labels(funnel=funnel)), 0.0)
 
     def gauge(self, name: str, value: float, **labels: str) -> None:
