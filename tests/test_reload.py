@@ -1,0 +1,107 @@
+"""engine.service.reload in process: what is watched, what counts as a change, what is refused.
+
+The end-to-end cases (a running `funnel serve`, 50 conversations, SIGHUP) are in
+tests/test_service_reload.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from engine.funnel import load_funnel
+from engine.service.config import ServiceConfig
+from engine.service.core import Service
+from engine.service.reload import watched_files
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    (root / "funnels" / "puramur").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("")
+    shutil.copy(ROOT / "funnels" / "puramur.yaml", root / "funnels" / "puramur.yaml")
+    shutil.copy(ROOT / "funnels" / "puramur" / "catalog.yaml", root / "funnels" / "puramur")
+    shutil.copytree(ROOT / "funnels" / "puramur" / "knowledge",
+                    root / "funnels" / "puramur" / "knowledge")
+    for kind in ("prompts", "schemas"):
+        shutil.copytree(ROOT / kind / "puramur", root / kind / "puramur")
+    return root
+
+
+@pytest.fixture
+async def service(project: Path, db_url: str, tmp_path: Path) -> AsyncIterator[Service]:
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"default": {"reply": "ok"}}))
+    svc = Service(ServiceConfig(funnels=[project / "funnels" / "puramur.yaml"], db=db_url,
+                                model=f"scripted:{script}", reload=False))
+    await svc.start()
+    try:
+        yield svc
+    finally:
+        await svc.close()
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text("utf-8")
+    assert old in text
+    path.write_text(text.replace(old, new, 1), "utf-8")
+
+
+def test_the_watched_set_is_every_file_the_funnel_reads(project: Path) -> None:
+    spec = load_funnel(project / "funnels" / "puramur.yaml").spec
+    files = {p.relative_to(project).as_posix() for p in watched_files(spec)}
+    assert {"funnels/puramur.yaml", "funnels/puramur/catalog.yaml",
+            "prompts/puramur/greeting.j2", "prompts/puramur/_base.j2",  # included, not named
+            "schemas/puramur/greeting.json", "funnels/puramur/knowledge/cats.md"} <= files
+    assert "pyproject.toml" not in files
+    (project / "prompts" / "puramur" / ".greeting.j2.swp").write_text("x")  # an editor's
+    assert not any(".swp" in str(p) for p in watched_files(spec))
+
+
+async def test_a_touch_reloads_nothing_and_a_template_edit_is_taken(
+        service: Service, project: Path) -> None:
+    engine = service.engines["puramur"]
+    before = engine.funnel
+    os.utime(project / "funnels" / "puramur.yaml")
+    assert await service.reloader.reload("puramur", "test") == "unchanged"
+    assert engine.funnel is before
+    # An included template (not named by the funnel file) is part of the funnel.
+    _replace(project / "prompts" / "puramur" / "_base.j2", "Be warm", "Be very warm")
+    assert await service.reloader.reload("puramur", "test") == "applied"
+    assert engine.funnel is not before and service.funnels["puramur"] is engine.funnel
+    result = await engine.handle("s-1", "hello")
+    assert result.fallback is False
+
+
+async def test_a_broken_template_is_refused_naming_its_file(
+        service: Service, project: Path, caplog: Any) -> None:
+    engine = service.engines["puramur"]
+    before = engine.funnel
+    _replace(project / "prompts" / "puramur" / "greeting.j2", '{% include "_base.j2" %}',
+             '{% include "_base.j2" %}{% if %}')
+    assert await service.reloader.reload("puramur", "test") == "refused"
+    assert engine.funnel is before
+    assert any("edit refused" in r.getMessage() and "greeting.j2" in r.getMessage()
+               for r in caplog.records)
+    assert (await engine.handle("s-2", "hello")).fallback is False  # turns go on
+    body = await service.reloader.versions()
+    assert "refused" in body["puramur"] and "greeting.j2" not in body["puramur"]["refused"]
+    assert service.metrics.counters[
+        ("funnel_reloads_total", (("funnel", "puramur"), ("result", "refused")))] == 1
+
+
+async def test_a_renamed_funnel_is_refused(service: Service, project: Path) -> None:
+    _replace(project / "funnels" / "puramur.yaml", "funnel: puramur", "funnel: puramur2")
+    assert await service.reloader.reload("puramur", "test") == "refused"
+    assert service.funnels["puramur"].name == "puramur"
