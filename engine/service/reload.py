@@ -252,7 +252,8 @@ class Reloader:
                 f" (and {len(errors) - 3} more: run `funnel validate`)" if len(errors) > 3
                 else "")
         elif isinstance(exc, StoreUnavailable):
-            problem = f"the database cannot check the new version's table: {exc}"
+            problem = (f"the database could not check the new version's table ({exc}); "
+                       "save again or send SIGHUP once it answers")
         elif isinstance(exc, FunnelError | OSError):
             problem = str(exc)
         else:  # a bug in loading, not in the edit: keep the traceback for the report
