@@ -20,7 +20,9 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -50,10 +52,10 @@ def edit(path: Path, n: int) -> None:
     path.write_text("".join(text), "utf-8")
 
 
-async def lag_during(work: object) -> list[float]:
+async def lag_during(work: Coroutine[Any, Any, None]) -> list[float]:
     """Lateness (ms) of 1 ms sleeps on the loop while ``work`` (a coroutine) runs."""
     lags: list[float] = []
-    task = asyncio.ensure_future(work)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(work)
     while not task.done():
         t = time.perf_counter()
         await asyncio.sleep(0.001)
