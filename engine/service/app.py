@@ -250,6 +250,13 @@ def _log_to_stderr(level: str) -> None:
     logger.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")
 
 
+def _hold_sighup() -> None:
+    """Ignore SIGHUP until the app's handler is set (and after it is removed): by default
+    the signal ends the process, and a reload asked for during start-up must not."""
+    if hasattr(signal, "SIGHUP") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def _on_sighup(service: Service) -> bool:
     """SIGHUP reloads the funnels (engine.service.reload); False where no handler can be set
     (a server run in a thread, as tests do, or a platform without SIGHUP)."""
@@ -263,6 +270,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
     """Build the app (from the environment when ``config`` is None)."""
     if config is None:  # `funnel serve` (a uvicorn worker): the engine's own log lines too
         _log_to_stderr(os.environ.get("FUNNEL_LOG_LEVEL", "info"))
+        _hold_sighup()
     config = config or ServiceConfig.from_env()
     if config.secret_generated:
         log.warning("FUNNEL_SECRET is not set: widget tokens are signed with a random key and "
@@ -284,6 +292,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
         finally:
             if hup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+                _hold_sighup()  # a reload asked for while stopping must not kill the process
             await service.close()
 
     f = "/v1/funnels/{funnel}"
