@@ -93,6 +93,9 @@ class Metrics:
         for reason in _REFUSALS:
             self.counters.setdefault(("funnel_requests_refused_total",
                                       _labels(funnel=funnel, reason=reason)), 0.0)
+        for result in ("applied", "refused"):
+            self.counters.setdefault(("funnel_reloads_total",
+                                      _labels(funnel=funnel, result=result)), 0.0)
         for kind in ("prompt", "completion"):
             self.counters.setdefault(("funnel_tokens_total", _labels(funnel=funnel, kind=kind)),
                                      0.0)

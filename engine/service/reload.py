@@ -134,9 +134,6 @@ class Reloader:
             self.funnels[name] = _Watched(compiled.spec.path, files, snapshot(files),
                                           digest(files))
             service.metrics.version(name, [compiled.spec.version])
-            for result in ("applied", "refused"):
-                service.metrics.counters.setdefault(
-                    ("funnel_reloads_total", (("funnel", name), ("result", result))), 0.0)
         self._task: asyncio.Task[None] | None = None
         self._jobs: set[asyncio.Task[Any]] = set()
 
@@ -302,6 +299,9 @@ class Reloader:
             counts = await open_sessions(store, spec, ttl)
         except StoreUnavailable:
             return  # readiness reports the database; the last counts stay
+        except Exception as exc:  # a probe or a scrape never fails for a count
+            log.warning("funnel %s: counting open sessions failed: %s", name, exc)
+            return
         for version in set(watched.open) - set(counts):
             self.service.metrics.drop_gauge("funnel_open_sessions", funnel=name,
                                             version=str(version))
