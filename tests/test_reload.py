@@ -6,6 +6,7 @@ tests/test_service_reload.py.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -105,3 +106,37 @@ async def test_a_renamed_funnel_is_refused(service: Service, project: Path) -> N
     _replace(project / "funnels" / "puramur.yaml", "funnel: puramur", "funnel: puramur2")
     assert await service.reloader.reload("puramur", "test") == "refused"
     assert service.funnels["puramur"].name == "puramur"
+
+
+async def test_a_file_an_edit_names_is_watched_from_the_moment_it_appears(
+        project: Path, db_url: str, tmp_path: Path) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"default": {"reply": "ok"}}))
+    svc = Service(ServiceConfig(funnels=[project / "funnels" / "puramur.yaml"], db=db_url,
+                                model=f"scripted:{script}", reload_interval=0.05))
+    await svc.start()
+    try:
+        # The edit names a schema that does not exist yet: refused by the watcher.
+        _replace(project / "funnels" / "puramur.yaml",
+                 "    description: Say hello and ask whether the pet is a cat or a dog.\n",
+                 "    description: Say hello and ask whether the pet is a cat or a dog.\n"
+                 "    schema: greeting_v2.json\n")
+        refused = ("funnel_reloads_total", (("funnel", "puramur"), ("result", "refused")))
+        await _until(lambda: svc.metrics.counters[refused] == 1)
+        assert svc.funnels["puramur"].spec.stages["greeting"].schema.name == "greeting.json"
+        # Writing the file it names is the change that makes the edit valid.
+        shutil.copy(project / "schemas" / "puramur" / "greeting.json",
+                    project / "schemas" / "puramur" / "greeting_v2.json")
+        await _until(lambda: svc.funnels["puramur"].spec.stages["greeting"].schema.name
+                     == "greeting_v2.json")
+        assert svc.engines["puramur"].funnel is svc.funnels["puramur"]
+        assert svc.metrics.counters[refused] == 1
+    finally:
+        await svc.close()
+
+
+async def _until(check: Any, seconds: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "the watcher did not act"
+        await asyncio.sleep(0.05)

@@ -1,9 +1,9 @@
 """Hot reload: an edited funnel is validated, then new turns run on it, without a restart.
 
 Every worker process of ``funnel serve`` runs one :class:`Reloader`. It polls the
-files each funnel reads (:func:`watched_files`: the funnel file, its stages'
-templates with their folders, output schemas, the catalog, the knowledge folder)
-every ``FUNNEL_RELOAD_INTERVAL`` seconds, comparing size, mtime and inode; a
+files each funnel reads (:func:`watched_files`: the funnel file, the catalog, the
+folders of its stages' templates and output schemas, the knowledge folder), listed
+again every ``FUNNEL_RELOAD_INTERVAL`` seconds, comparing size, mtime and inode; a
 change is acted on once the files have been quiet for one more poll (an editor's
 save is a burst: a temporary file, a rename, sometimes a second write), and only
 when the content hash differs from the running version's (a ``touch`` reloads
@@ -55,16 +55,17 @@ Snapshot = tuple[tuple[str, int, int, int], ...]
 
 
 def watched_files(spec: FunnelSpec) -> list[Path]:
-    """Every file the funnel reads, as of now: the funnel file, the catalog, each stage's
-    output schema, every visible file in its template's folder (``{% include %}`` reads
-    them) and in the knowledge folder. Sorted, without duplicates."""
+    """Every file the funnel reads, as of now: the funnel file, the catalog, and every
+    visible file in its stages' template folders (``{% include %}`` reads them), output
+    schema folders and knowledge folder. Sorted, without duplicates."""
     files: set[Path] = {spec.path}
     if spec.catalog_path is not None:
         files.add(spec.catalog_path)
     folders: set[Path] = set()
     for stage in spec.stages.values():
         files.update((stage.prompt, stage.schema))
-        folders.add(stage.prompt.parent)
+        # Whole folders: an include, or a file an edit is about to name, is in them.
+        folders.update((stage.prompt.parent, stage.schema.parent))
     if spec.knowledge is not None:
         folders.add(spec.knowledge.folder)
     for folder in folders:
@@ -105,12 +106,20 @@ def digest(files: Iterable[Path]) -> str:
     return h.hexdigest()
 
 
+def _look(spec: FunnelSpec) -> Snapshot:
+    return snapshot(watched_files(spec))
+
+
+def _read(spec: FunnelSpec) -> tuple[list[Path], Snapshot, str]:
+    files = watched_files(spec)
+    return files, snapshot(files), digest(files)
+
+
 @dataclass
 class _Watched:
     """What the reloader knows of one funnel."""
 
     source: Path
-    files: list[Path]
     applied: Snapshot  # the files as they were when last loaded (or refused)
     digest: str  # their content when the running version was loaded
     seen: Snapshot = ()  # at the previous poll
@@ -130,9 +139,8 @@ class Reloader:
         self.watch = watch
         self.funnels: dict[str, _Watched] = {}
         for name, compiled in service.funnels.items():
-            files = watched_files(compiled.spec)
-            self.funnels[name] = _Watched(compiled.spec.path, files, snapshot(files),
-                                          digest(files))
+            _, look, content = _read(compiled.spec)
+            self.funnels[name] = _Watched(compiled.spec.path, look, content)
             service.metrics.version(name, [compiled.spec.version])
         self._task: asyncio.Task[None] | None = None
         self._jobs: set[asyncio.Task[Any]] = set()
@@ -163,7 +171,8 @@ class Reloader:
             await asyncio.sleep(self.interval)
             for name, watched in self.funnels.items():
                 try:
-                    now = await asyncio.to_thread(snapshot, watched.files)
+                    # Listed again each round: a file created in a watched folder counts.
+                    now = await asyncio.to_thread(_look, self.service.funnels[name].spec)
                     changed, quiet = now != watched.applied, now == watched.seen
                     watched.seen = now
                     if changed and quiet:  # changed, and no write since the last poll
@@ -178,10 +187,8 @@ class Reloader:
         """
         watched = self.funnels[name]
         async with watched.lock:
-            files = await asyncio.to_thread(watched_files, self.service.funnels[name].spec)
-            # The funnel file may now name other files: take them in before comparing.
-            now = await asyncio.to_thread(snapshot, files)
-            content = await asyncio.to_thread(digest, files)
+            # Read before loading: a write during the load is a change still to come.
+            files, now, content = await asyncio.to_thread(_read, self.service.funnels[name].spec)
             watched.applied = watched.seen = now
             if content == watched.digest:
                 log.info("funnel %s: %s: the files are unchanged; nothing to reload", name,
@@ -203,9 +210,12 @@ class Reloader:
             self.service.metrics.version(
                 name, engine.loaded_versions() if engine else [compiled.spec.version])
             self.service.metrics.count("funnel_reloads_total", funnel=name, result="applied")
-            watched.files = await asyncio.to_thread(watched_files, compiled.spec)
-            watched.applied = watched.seen = await asyncio.to_thread(snapshot, watched.files)
-            watched.digest = await asyncio.to_thread(digest, watched.files)
+            if await asyncio.to_thread(watched_files, compiled.spec) != files:
+                # The new version reads other files: what they hold now is what it loaded
+                # (a write during the load, to exactly these, would wait for the next one).
+                _, now, content = await asyncio.to_thread(_read, compiled.spec)
+            watched.applied = watched.seen = now
+            watched.digest = content
             watched.reloaded_at = datetime.now(UTC).isoformat(timespec="seconds")
             watched.refused = None
             watched.counted_at = -1e9
