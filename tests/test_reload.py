@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from engine.funnel import load_funnel
+from engine.models import make_model
 from engine.service.config import ServiceConfig
 from engine.service.core import Service
 from engine.service.reload import watched_files
@@ -140,3 +141,42 @@ async def _until(check: Any, seconds: float = 30) -> None:
     while not check():
         assert asyncio.get_running_loop().time() < deadline, "the watcher did not act"
         await asyncio.sleep(0.05)
+
+
+class GatedModel:
+    """The scripted model behind a gate: a call waits until the test opens it (a stand-in
+    for a slow remote model, so that a turn is surely in flight)."""
+
+    def __init__(self, script: Path) -> None:
+        self.inner = make_model(f"scripted:{script}")
+        self.name = "gated"
+        self.called = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def complete(self, request: Any) -> Any:
+        self.called.set()
+        await self.gate.wait()
+        return await self.inner.complete(request)
+
+
+async def test_a_turn_in_flight_finishes_on_the_version_it_started_with(
+        project: Path, db_url: str, tmp_path: Path) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"default": {"reply": "ok"}}))
+    model = GatedModel(script)
+    svc = Service(ServiceConfig(funnels=[project / "funnels" / "puramur.yaml"], db=db_url,
+                                model=model, reload=False))
+    await svc.start()
+    try:
+        first = asyncio.ensure_future(svc.converse("puramur", "s-old", "hello", channel="api"))
+        await asyncio.wait_for(model.called.wait(), 30)  # the turn is waiting for the model
+        _replace(project / "funnels" / "puramur.yaml", "version: 1", "version: 2")
+        assert await svc.reloader.reload("puramur", "test") == "applied"
+        second = asyncio.ensure_future(svc.converse("puramur", "s-new", "hello", channel="api"))
+        model.gate.set()
+        old, new = await first, await second
+        assert (old.state["funnel_version"], new.state["funnel_version"]) == (1, 2)
+        assert not old.fallback and not new.fallback
+    finally:
+        model.gate.set()
+        await svc.close()

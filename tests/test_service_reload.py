@@ -142,19 +142,24 @@ def _versions_by_turn(sql: Any) -> dict[tuple[str, int], int]:
 
 async def test_invalid_edit_refused_then_valid_edit_taken_while_50_conversations_run(
         serve: Any, project: Path, sql: Any) -> None:
-    svc = serve(delay=1.0)  # every turn is in flight for a second
+    svc = serve(delay=2.0)  # every turn is in flight for two seconds
     assert svc.versions()["running"] == 1
     sent: list[tuple[str, int, float, float, int]] = []  # session, n, sent, done, status
     marks: dict[str, float] = {}
     done = asyncio.Event()
+    waiting: set[str] = set()  # conversations whose request is out
 
     async def conversation(client: httpx.AsyncClient, session: str) -> None:
         n = 0
-        while not done.is_set() or n < 3:
+        last = False
+        while not last:  # until the operator is done, then one turn more (on version 2)
+            last = done.is_set()
             n += 1
             began = time.monotonic()
+            waiting.add(session)
             r = await client.post(f"{BASE}/sessions/{session}/messages",
                                   json={"text": f"message {n}"})
+            waiting.discard(session)
             sent.append((session, n, began, time.monotonic(), r.status_code))
             assert r.status_code == 200, r.text
             assert r.json()["fallback"] is False, r.text
@@ -165,14 +170,21 @@ async def test_invalid_edit_refused_then_valid_edit_taken_while_50_conversations
         await asyncio.to_thread(svc.wait, "the invalid edit was not refused",
                                 lambda: "edit refused" in svc.log.read_text())
         assert svc.versions()["running"] == 1
-        await asyncio.sleep(1.5)  # turns go on under the running version
+        marks["refused"] = time.monotonic()
+        while sum(began > marks["refused"] for _, _, began, _, _ in sent) < 50:
+            await asyncio.sleep(0.01)  # a whole round of turns after the refusal
+        while len(waiting) < 40:  # edit while turns are in flight...
+            await asyncio.sleep(0.01)
+        issued = len(sent) + len(waiting)
+        while (await asyncio.to_thread(
+                sql, "SELECT COUNT(*) FROM funnel_messages WHERE role = 'user'"))[0][0] < issued:
+            await asyncio.sleep(0.01)  # ...and every one of them has begun its turn
         marks["edit"] = time.monotonic()
         edit(project, "initial: nowhere", "initial: greeting")
         edit(project, "version: 1", "version: 2")
         await asyncio.to_thread(svc.wait, "the valid edit was not taken",
                                 lambda: svc.versions()["running"] == 2)
         marks["reloaded"] = time.monotonic()
-        await asyncio.sleep(1.5)
         done.set()
 
     async with httpx.AsyncClient(base_url=svc.url, timeout=60, headers={"X-API-Key": KEY},
@@ -193,14 +205,22 @@ async def test_invalid_edit_refused_then_valid_edit_taken_while_50_conversations
     before = [(s, n) for s, n, began, end, _ in sent if end < marks["edit"]]
     after = [(s, n) for s, n, began, _, _ in sent if began > marks["reloaded"]]
     across = [(s, n) for s, n, began, end, _ in sent
-              if began < marks["edit"] - 0.3 and end > marks["reloaded"]]
+              if began < marks["edit"] and end > marks["reloaded"]]
     assert before and after
+    refused = [(s, n) for s, n, began, end, _ in sent
+               if began > marks["refused"] and end < marks["edit"]]
+    assert len(refused) >= 50  # turns went on after the refused edit, on version 1
     assert {ran[k] for k in before} == {1}
     assert {ran[k] for k in after} == {2}  # new turns run on the new version
-    # Turns in flight when the reload happened finished on the version they started with.
+    # Turns in flight when the reload happened finished on the version they started with
+    # (how many there are depends on the machine; tests/test_reload.py holds one surely).
     assert {ran[k] for k in across} <= {1}
-    print(f"{len(sent)} turns, all 200; {len(before)} before the edit on v1, {len(across)} in "
-          f"flight across the reload on v1, {len(after)} after it on v2")
+    took = [end - began for _, _, began, end, _ in sent]
+    print(f"reload seen {marks['reloaded'] - marks['edit']:.2f} s after the edit; "
+          f"turns took {min(took):.2f}-{max(took):.2f} s")
+    print(f"{len(sent)} turns, all 200; {len(before)} before the edit on v1 ({len(refused)} "
+          f"of them after the refused edit), {len(across)} in flight across the reload on v1, "
+          f"{len(after)} after it on v2")
     assert svc.metric("funnel_reloads_total", funnel="puramur", result="refused") == 1
     assert svc.metric("funnel_reloads_total", funnel="puramur", result="applied") == 1
     assert svc.metric("funnel_versions_loaded", funnel="puramur", version="2") == 1
