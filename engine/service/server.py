@@ -5,6 +5,10 @@ the environment), so everything is passed down as ``FUNNEL_*`` variables:
 the funnels, the database URL (the embedded server is started here, once,
 when none is given), the model, a shared widget-token secret and a shared
 metrics folder.
+
+``SIGHUP`` reloads the funnels without a restart (engine.service.reload): with one
+worker the app handles it itself; with several, this process hands it to every
+worker, and each validates and takes the edit on its own.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ def _run_workers(config: Any) -> None:
                         os.kill(process.pid, signal.SIGHUP)
 
     sock = config.bind_socket()
-    if "target" in inspect.signature(Multiprocess.__init__).parameters:  # uvicorn < 0.36
+    if "target" in inspect.signature(Multiprocess.__init__).parameters:  # older uvicorn
         server = uvicorn.Server(config)
         Workers(config, target=server.run, sockets=[sock]).run()  # type: ignore[call-arg]
     else:
