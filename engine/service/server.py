@@ -107,7 +107,9 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         print("funnel serve: FUNNEL_API_KEYS is not set; only the widget and Telegram can "
               "converse", file=sys.stderr)
     print(f"funnel serve: {', '.join(sorted(names))} on http://{host}:{port} "
-          f"({workers} worker{'s' if workers > 1 else ''})", file=sys.stderr)
+          f"({workers} worker{'s' if workers > 1 else ''}); "
+          f"{'edits to the funnels are taken as saved, ' if config.reload else ''}"
+          "SIGHUP reloads them", file=sys.stderr)
     options: dict[str, Any] = {
         "factory": True, "host": host, "port": port, "workers": workers, "ws": "none",
         "log_level": env.get("FUNNEL_LOG_LEVEL", "info"), **proxy_options(config.trusted_proxies)}
