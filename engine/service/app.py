@@ -11,12 +11,16 @@ while it is down, again on later requests, so the process starts, answers
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import html
 import json
 import logging
+import os
 import re
+import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -184,6 +188,7 @@ async def metrics(request: Request) -> Response:
             service.client(request, "metrics")
         except RequestRefused as exc:
             return exc.response()
+    await service.reloader.versions()  # refreshes the version gauges (cached counts)
     return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
@@ -233,8 +238,39 @@ async def _crash(request: Request, exc: Exception) -> Response:
     return error(500, "internal", "internal error; see the service log")
 
 
+def _log_to_stderr(level: str) -> None:
+    """uvicorn configures its own loggers only: without a handler, the engine's lines
+    (a reload, a refused edit) would reach stderr only from WARNING up, and bare."""
+    logger = logging.getLogger("funnel")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")
+
+
+def _hold_sighup() -> None:
+    """Ignore SIGHUP until the app's handler is set (and after it is removed): by default
+    the signal ends the process, and a reload asked for during start-up must not."""
+    if hasattr(signal, "SIGHUP") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def _on_sighup(service: Service) -> bool:
+    """SIGHUP reloads the funnels (engine.service.reload); False where no handler can be set
+    (a server run in a thread, as tests do, or a platform without SIGHUP)."""
+    if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
+        return False
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, service.reloader.on_signal)
+    return True
+
+
 def create_app(config: ServiceConfig | None = None) -> Starlette:
     """Build the app (from the environment when ``config`` is None)."""
+    if config is None:  # `funnel serve` (a uvicorn worker): the engine's own log lines too
+        _log_to_stderr(os.environ.get("FUNNEL_LOG_LEVEL", "info"))
+        _hold_sighup()
     config = config or ServiceConfig.from_env()
     if config.secret_generated:
         log.warning("FUNNEL_SECRET is not set: widget tokens are signed with a random key and "
@@ -245,6 +281,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await service.start()
+        hup = _on_sighup(service)
         # What startup built (imports, funnels, templates, validators, machines) lives
         # as long as the process: move it out of the collector's reach, or every full
         # collection walks all of it and stalls the worker's turns for tens of ms.
@@ -253,6 +290,9 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
         try:
             yield
         finally:
+            if hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+                _hold_sighup()  # a reload asked for while stopping must not kill the process
             await service.close()
 
     f = "/v1/funnels/{funnel}"

@@ -34,6 +34,8 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_TELEGRAM_START_FIELD_<NAME>`` | state field that keeps ``/start PAYLOAD`` | ``source`` |
 | ``FUNNEL_TRUSTED_PROXIES`` | proxies whose ``X-Forwarded-For`` is believed (IPs) | none |
 | ``FUNNEL_REPLAY_WAIT`` | seconds a retry waits for its first delivery's turn | 120 |
+| ``FUNNEL_RELOAD`` | ``0``: do not watch the funnels' files (``SIGHUP`` still reloads) | 1 |
+| ``FUNNEL_RELOAD_INTERVAL`` | seconds between two looks at the funnels' files | 0.5 |
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class ServiceConfig:
     dispatch_interval: float = 5.0
     trusted_proxies: list[str] = field(default_factory=list)  # empty: X-Forwarded-For ignored
     replay_wait: float = 120.0
+    reload: bool = True  # watch the funnels' files (engine.service.reload)
+    reload_interval: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -168,6 +172,8 @@ class ServiceConfig:
             trusted_proxies=[p.strip() for p in env.get("FUNNEL_TRUSTED_PROXIES", "").split(",")
                              if p.strip()],
             replay_wait=_number(env, "FUNNEL_REPLAY_WAIT", 120),
+            reload=env.get("FUNNEL_RELOAD", "1") in _TRUE,
+            reload_interval=_number(env, "FUNNEL_RELOAD_INTERVAL", 0.5),
         )
 
     def telegram_bot(self, funnel: str) -> TelegramBot | None:

@@ -39,6 +39,7 @@ from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
 from .config import ServiceConfig
 from .limits import RateLimiter, RequestRefused, SessionQueue
 from .metrics import Metrics
+from .reload import Reloader
 
 log = logging.getLogger("funnel.service")
 
@@ -120,6 +121,8 @@ class Service:
         self._dispatcher: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._metrics_writer: asyncio.Task[None] | None = None
+        # Hot reload (engine.service.reload): watches the funnels' files, takes SIGHUP.
+        self.reloader = Reloader(self, config.reload_interval, watch=config.reload)
 
     def attach_telegram(self, channel: Channel) -> None:
         """The service's Telegram channel (built in app.py: it needs the service)."""
@@ -133,6 +136,7 @@ class Service:
             await self.open_engines()
         except StoreUnavailable as exc:
             log.warning("starting without the database (will retry): %s", exc)
+        await self.reloader.start()
         loop = asyncio.get_running_loop()
         self._dispatcher = loop.create_task(self._dispatch_loop())
         if self.metrics.directory is not None:
@@ -142,6 +146,7 @@ class Service:
         # The dispatcher finishes the delivery it is in (a reply sent but not yet marked
         # would be sent again by the next process): stop it between rounds.
         self._stopping.set()
+        await self.reloader.close()
         if self._dispatcher is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._dispatcher), timeout=15)

@@ -50,9 +50,16 @@ HELP = {
     "funnel_outbox_backlog": ("gauge", "Outbox rows not delivered yet (given-up rows aside)."),
     "funnel_outbox_oldest_due_seconds": ("gauge", "How long the oldest undelivered outbox "
                                          "row has been due, in seconds."),
+    "funnel_reloads_total": ("counter", "Hot reloads of a funnel's files, by result (applied, "
+                             "refused: the running version stayed)."),
+    "funnel_versions_loaded": ("gauge", "Worker processes that hold a funnel version (new "
+                               "sessions run on the newest)."),
+    "funnel_open_sessions": ("gauge", "Sessions not in a final stage with a message within the "
+                             "session TTL, by the funnel version they last ran on."),
 }
 # Gauges that measure the shared database: every worker sees the same value.
-_SHARED_GAUGES = ("funnel_outbox_backlog", "funnel_outbox_oldest_due_seconds")
+_SHARED_GAUGES = ("funnel_outbox_backlog", "funnel_outbox_oldest_due_seconds",
+                  "funnel_open_sessions")
 _REFUSALS = ("unauthorized", "forbidden", "rate_limited", "too_large", "bad_request",
              "unavailable", "session_busy", "busy", "internal")
 
@@ -86,6 +93,9 @@ class Metrics:
         for reason in _REFUSALS:
             self.counters.setdefault(("funnel_requests_refused_total",
                                       _labels(funnel=funnel, reason=reason)), 0.0)
+        for result in ("applied", "refused"):
+            self.counters.setdefault(("funnel_reloads_total",
+                                      _labels(funnel=funnel, result=result)), 0.0)
         for kind in ("prompt", "completion"):
             self.counters.setdefault(("funnel_tokens_total", _labels(funnel=funnel, kind=kind)),
                                      0.0)
@@ -99,11 +109,28 @@ class Metrics:
                 self.counters.setdefault((name, _labels(funnel=funnel)), 0.0)
             self.counters.setdefault(("funnel_inbound_recovered_total",
                                       _labels(funnel=funnel, channel="telegram")), 0.0)
-        for name in _SHARED_GAUGES:
+        for name in ("funnel_outbox_backlog", "funnel_outbox_oldest_due_seconds"):
             self.gauges.setdefault((name, _labels(funnel=funnel)), 0.0)
 
     def gauge(self, name: str, value: float, **labels: str) -> None:
         self.gauges[(name, _labels(**labels))] = float(value)
+        self.dirty = True
+
+    def drop_gauge(self, name: str, **labels: str) -> None:
+        """Remove a gauge's series (a version no longer loaded, no longer open)."""
+        if self.gauges.pop((name, _labels(**labels)), None) is not None:
+            self.dirty = True
+
+    def version(self, funnel: str, versions: Iterable[int]) -> None:
+        """The versions of ``funnel`` this process holds, replacing the previous set."""
+        keep = {str(v) for v in versions}
+        for name, labels in list(self.gauges):
+            tags = dict(labels)
+            if name == "funnel_versions_loaded" and tags.get("funnel") == funnel \
+                    and tags.get("version") not in keep:
+                del self.gauges[(name, labels)]
+        for v in keep:
+            self.gauges[("funnel_versions_loaded", _labels(funnel=funnel, version=v))] = 1.0
         self.dirty = True
 
     # -- recording ---------------------------------------------------------------------

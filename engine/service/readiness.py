@@ -4,7 +4,10 @@ Ready means: the database answers, and every funnel's table has every column the
 running funnel declares. A table *ahead* of the running funnel (``funnel
 migrate`` added a column for the next version, mid-rollout) is compatible: the
 turn's statements name their columns, so the process stays ready and says so.
-The body never shows the database's address: an unready probe is public.
+The body never shows the database's address: an unready probe is public. ``versions``
+shows, per funnel, the version new turns run on, the versions this process holds,
+the open sessions by version and the last hot reload or refused edit
+(engine.service.reload).
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ async def readiness(service: Service) -> tuple[bool, dict[str, Any]]:
     for name in service.funnels:
         funnels.setdefault(name, "not open: the database was not reached yet")
     ready = database == "ok" and all(v == "ok" for v in funnels.values())
-    body: dict[str, Any] = {"ready": ready, "database": database, "funnels": funnels}
+    body: dict[str, Any] = {"ready": ready, "database": database, "funnels": funnels,
+                            "versions": await service.reloader.versions()}
     if notes:
         body["notes"] = notes
     return ready, body

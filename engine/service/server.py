@@ -5,13 +5,20 @@ the environment), so everything is passed down as ``FUNNEL_*`` variables:
 the funnels, the database URL (the embedded server is started here, once,
 when none is given), the model, a shared widget-token secret and a shared
 metrics folder.
+
+``SIGHUP`` reloads the funnels without a restart (engine.service.reload): with one
+worker the app handles it itself; with several, this process hands it to every
+worker, and each validates and takes the edit on its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +29,8 @@ from ..funnel import load_funnel
 from ..store.embedded import embedded_url
 from .config import ServiceConfig
 
+APP = "engine.service.app:create_app"
+
 
 def proxy_options(trusted: list[str]) -> dict[str, Any]:
     """uvicorn's proxy settings: ``X-Forwarded-For`` is believed only from the proxies in
@@ -30,6 +39,30 @@ def proxy_options(trusted: list[str]) -> dict[str, Any]:
     if not trusted:
         return {"proxy_headers": False}
     return {"proxy_headers": True, "forwarded_allow_ips": ",".join(trusted)}
+
+
+def _run_workers(config: Any) -> None:
+    """uvicorn's worker supervisor, except that SIGHUP is handed to every worker (each
+    reloads its funnels, engine.service.reload) instead of replacing the workers: a
+    replacement would drop nothing, but it would not validate an edit before taking it."""
+    import uvicorn
+    from uvicorn.supervisors.multiprocess import Multiprocess
+
+    class Workers(Multiprocess):
+        def handle_hup(self) -> None:
+            print(f"funnel serve: SIGHUP: reloading the funnels in {len(self.processes)} "
+                  "workers", file=sys.stderr)
+            for process in self.processes:
+                if process.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, signal.SIGHUP)
+
+    sock = config.bind_socket()
+    if "target" in inspect.signature(Multiprocess.__init__).parameters:  # older uvicorn
+        server = uvicorn.Server(config)
+        Workers(config, target=server.run, sockets=[sock]).run()  # type: ignore[call-arg]
+    else:
+        Workers(config, sockets=[sock]).run()
 
 
 def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: int,
@@ -74,11 +107,17 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         print("funnel serve: FUNNEL_API_KEYS is not set; only the widget and Telegram can "
               "converse", file=sys.stderr)
     print(f"funnel serve: {', '.join(sorted(names))} on http://{host}:{port} "
-          f"({workers} worker{'s' if workers > 1 else ''})", file=sys.stderr)
+          f"({workers} worker{'s' if workers > 1 else ''}); "
+          f"{'edits to the funnels are taken as saved, ' if config.reload else ''}"
+          "SIGHUP reloads them", file=sys.stderr)
+    options: dict[str, Any] = {
+        "factory": True, "host": host, "port": port, "workers": workers, "ws": "none",
+        "log_level": env.get("FUNNEL_LOG_LEVEL", "info"), **proxy_options(config.trusted_proxies)}
     try:
-        uvicorn.run("engine.service.app:create_app", factory=True, host=host, port=port,
-                    workers=workers, ws="none", log_level=env.get("FUNNEL_LOG_LEVEL", "info"),
-                    **proxy_options(config.trusted_proxies))
+        if workers > 1:
+            _run_workers(uvicorn.Config(APP, **options))
+        else:  # one process: the app's own SIGHUP handler reloads (engine.service.app)
+            uvicorn.run(APP, **options)
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -1,0 +1,33 @@
+"""How many sessions of a funnel are open, by the funnel version they last ran on.
+
+Open means: not in a final stage, and a message within ``ttl`` seconds. One
+``GROUP BY`` over the funnel's table; the service caches it for a few seconds
+(engine.service.reload), so ``/readyz`` and ``/metrics`` scrapes stay cheap.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from ..spec import FunnelSpec
+from .base import Store
+from .postgres import PostgresStore
+
+_COUNT = ("SELECT funnel_version, COUNT(*) FROM {table} WHERE stage <> ALL(%(final)s) "
+          "AND last_message_at > NOW() - %(ttl)s * INTERVAL '1 second' GROUP BY funnel_version")
+
+
+async def open_sessions(store: Store, spec: FunnelSpec, ttl: float) -> dict[int, int]:
+    """{funnel version: open sessions} of ``spec``'s table (empty for another store).
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    if not isinstance(store, PostgresStore):
+        return {}
+    query = sql.SQL(_COUNT).format(table=sql.Identifier(spec.table))
+    # The store's own checkout: its timeout, and its errors turned into StoreUnavailable.
+    async with store._conn() as conn:
+        rows = await (await conn.execute(query, {"final": spec.final_stages(), "ttl": ttl})
+                      ).fetchall()
+    return {int(version): int(count) for version, count in rows}

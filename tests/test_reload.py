@@ -1,0 +1,182 @@
+"""engine.service.reload in process: what is watched, what counts as a change, what is refused.
+
+The end-to-end cases (a running `funnel serve`, 50 conversations, SIGHUP) are in
+tests/test_service_reload.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from engine.funnel import load_funnel
+from engine.models import make_model
+from engine.service.config import ServiceConfig
+from engine.service.core import Service
+from engine.service.reload import watched_files
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    (root / "funnels" / "puramur").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("")
+    shutil.copy(ROOT / "funnels" / "puramur.yaml", root / "funnels" / "puramur.yaml")
+    shutil.copy(ROOT / "funnels" / "puramur" / "catalog.yaml", root / "funnels" / "puramur")
+    shutil.copytree(ROOT / "funnels" / "puramur" / "knowledge",
+                    root / "funnels" / "puramur" / "knowledge")
+    for kind in ("prompts", "schemas"):
+        shutil.copytree(ROOT / kind / "puramur", root / kind / "puramur")
+    return root
+
+
+@pytest.fixture
+async def service(project: Path, db_url: str, tmp_path: Path) -> AsyncIterator[Service]:
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"default": {"reply": "ok"}}))
+    svc = Service(ServiceConfig(funnels=[project / "funnels" / "puramur.yaml"], db=db_url,
+                                model=f"scripted:{script}", reload=False))
+    await svc.start()
+    try:
+        yield svc
+    finally:
+        await svc.close()
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text("utf-8")
+    assert old in text
+    path.write_text(text.replace(old, new, 1), "utf-8")
+
+
+def test_the_watched_set_is_every_file_the_funnel_reads(project: Path) -> None:
+    spec = load_funnel(project / "funnels" / "puramur.yaml").spec
+    files = {p.relative_to(project).as_posix() for p in watched_files(spec)}
+    assert {"funnels/puramur.yaml", "funnels/puramur/catalog.yaml",
+            "prompts/puramur/greeting.j2", "prompts/puramur/_base.j2",  # included, not named
+            "schemas/puramur/greeting.json", "funnels/puramur/knowledge/cats.md"} <= files
+    assert "pyproject.toml" not in files
+    (project / "prompts" / "puramur" / ".greeting.j2.swp").write_text("x")  # an editor's
+    assert not any(".swp" in str(p) for p in watched_files(spec))
+
+
+async def test_a_touch_reloads_nothing_and_a_template_edit_is_taken(
+        service: Service, project: Path) -> None:
+    engine = service.engines["puramur"]
+    before = engine.funnel
+    os.utime(project / "funnels" / "puramur.yaml")
+    assert await service.reloader.reload("puramur", "test") == "unchanged"
+    assert engine.funnel is before
+    # An included template (not named by the funnel file) is part of the funnel.
+    _replace(project / "prompts" / "puramur" / "_base.j2", "Be warm", "Be very warm")
+    assert await service.reloader.reload("puramur", "test") == "applied"
+    assert engine.funnel is not before and service.funnels["puramur"] is engine.funnel
+    result = await engine.handle("s-1", "hello")
+    assert result.fallback is False
+
+
+async def test_a_broken_template_is_refused_naming_its_file(
+        service: Service, project: Path, caplog: Any) -> None:
+    engine = service.engines["puramur"]
+    before = engine.funnel
+    _replace(project / "prompts" / "puramur" / "greeting.j2", '{% include "_base.j2" %}',
+             '{% include "_base.j2" %}{% if %}')
+    assert await service.reloader.reload("puramur", "test") == "refused"
+    assert engine.funnel is before
+    assert any("edit refused" in r.getMessage() and "greeting.j2" in r.getMessage()
+               for r in caplog.records)
+    assert (await engine.handle("s-2", "hello")).fallback is False  # turns go on
+    body = await service.reloader.versions()
+    assert "refused" in body["puramur"] and "greeting.j2" not in body["puramur"]["refused"]
+    assert service.metrics.counters[
+        ("funnel_reloads_total", (("funnel", "puramur"), ("result", "refused")))] == 1
+
+
+async def test_a_renamed_funnel_is_refused(service: Service, project: Path) -> None:
+    _replace(project / "funnels" / "puramur.yaml", "funnel: puramur", "funnel: puramur2")
+    assert await service.reloader.reload("puramur", "test") == "refused"
+    assert service.funnels["puramur"].name == "puramur"
+
+
+async def test_a_file_an_edit_names_is_watched_from_the_moment_it_appears(
+        project: Path, db_url: str, tmp_path: Path) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"default": {"reply": "ok"}}))
+    svc = Service(ServiceConfig(funnels=[project / "funnels" / "puramur.yaml"], db=db_url,
+                                model=f"scripted:{script}", reload_interval=0.05))
+    await svc.start()
+    try:
+        # The edit names a schema that does not exist yet: refused by the watcher.
+        _replace(project / "funnels" / "puramur.yaml",
+                 "    description: Say hello and ask whether the pet is a cat or a dog.\n",
+                 "    description: Say hello and ask whether the pet is a cat or a dog.\n"
+                 "    schema: greeting_v2.json\n")
+        refused = ("funnel_reloads_total", (("funnel", "puramur"), ("result", "refused")))
+        await _until(lambda: svc.metrics.counters[refused] == 1)
+        assert svc.funnels["puramur"].spec.stages["greeting"].schema.name == "greeting.json"
+        # Writing the file it names is the change that makes the edit valid.
+        shutil.copy(project / "schemas" / "puramur" / "greeting.json",
+                    project / "schemas" / "puramur" / "greeting_v2.json")
+        await _until(lambda: svc.funnels["puramur"].spec.stages["greeting"].schema.name
+                     == "greeting_v2.json")
+        assert svc.engines["puramur"].funnel is svc.funnels["puramur"]
+        assert svc.metrics.counters[refused] == 1
+    finally:
+        await svc.close()
+
+
+async def _until(check: Any, seconds: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "the watcher did not act"
+        await asyncio.sleep(0.05)
+
+
+class GatedModel:
+    """The scripted model behind a gate: a call waits until the test opens it (a stand-in
+    for a slow remote model, so that a turn is surely in flight)."""
+
+    def __init__(self, script: Path) -> None:
+        self.inner = make_model(f"scripted:{script}")
+        self.name = "gated"
+        self.called = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def complete(self, request: Any) -> Any:
+        self.called.set()
+        await self.gate.wait()
+        return await self.inner.complete(request)
+
+
+async def test_a_turn_in_flight_finishes_on_the_version_it_started_with(
+        project: Path, db_url: str, tmp_path: Path) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"default": {"reply": "ok"}}))
+    model = GatedModel(script)
+    svc = Service(ServiceConfig(funnels=[project / "funnels" / "puramur.yaml"], db=db_url,
+                                model=model, reload=False))
+    await svc.start()
+    try:
+        first = asyncio.ensure_future(svc.converse("puramur", "s-old", "hello", channel="api"))
+        await asyncio.wait_for(model.called.wait(), 30)  # the turn is waiting for the model
+        _replace(project / "funnels" / "puramur.yaml", "version: 1", "version: 2")
+        assert await svc.reloader.reload("puramur", "test") == "applied"
+        second = asyncio.ensure_future(svc.converse("puramur", "s-new", "hello", channel="api"))
+        model.gate.set()
+        old, new = await first, await second
+        assert (old.state["funnel_version"], new.state["funnel_version"]) == (1, 2)
+        assert not old.fallback and not new.fallback
+    finally:
+        model.gate.set()
+        await svc.close()
