@@ -45,6 +45,7 @@ from .errors import (
     PromptTooLarge,
     StoreUnavailable,
 )
+from .experiments.router import Variants
 from .funnel import CompiledFunnel, load_funnel
 from .memory import RollingSummary, Summarizer
 from .models import Model, make_model
@@ -88,6 +89,8 @@ class Engine:
         self._window = max(s.spec.memory.window for s in funnel.stages.values())
         self._tasks: set[asyncio.Task[Any]] = set()
         self.summary = RollingSummary(funnel.spec, store, self._window)
+        # The experiment's variants, each compiled once (engine.experiments).
+        self.variants = Variants.for_funnel(funnel)
 
     @classmethod
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
@@ -249,8 +252,7 @@ class Engine:
         ``turn.funnel`` and ``turn.spec``, never ``self.funnel``, so that a session can
         run on another version or variant of the funnel than the newest one.
         """
-        del session_id, row
-        return self.funnel
+        return self.variants.funnel_for(session_id, row)
 
     def _start(self, inbound: Incoming, now: datetime, row: dict[str, Any] | None,
                recent: list[Message]) -> Turn:
@@ -392,7 +394,8 @@ class Engine:
             [*(pos["notices"] or []), *notices] if not answer.completions else notices)
         transitions = [{"from": f.source, "to": f.dest, "trigger": f.trigger,
                         "when": f.spec.when if f.spec else None} for f in turn.firings]
-        values = {**state, **pos, "funnel_version": spec.version}
+        values = {**state, **pos, "funnel_version": spec.version,
+                  "variant": turn.funnel.variant}
         record = turn_record(turn, answer, transitions, getattr(self.model, "name", None))
         await access.save(TurnWrite(
             session_id=turn.session_id, values=values, expected_version=turn.expected,

@@ -40,6 +40,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     refused = 0
     explain = args.explain or interactive  # a person at a terminal always sees why
     with SyncEngine(funnel, db=args.db, model=model, api_base=args.api_base) as engine:
+        if args.variant:  # QA: a session that has no row yet starts on this variant
+            engine.engine.variants.force(session, args.variant)
         if interactive:
             print(f"funnel {funnel.name} v{funnel.spec.version}, session {session}. "
                   "Ctrl-D to quit.")

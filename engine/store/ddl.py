@@ -46,6 +46,8 @@ def engine_columns(spec: FunnelSpec) -> list[tuple[str, str, sql.Composable | No
         ("row_version", "bigint", sql.Literal(1), True),
         ("notices", "jsonb", sql.Literal("[]"), True),
         ("summary_upto", "bigint", sql.Literal(0), True),
+        # The experiment's variant the session runs on (engine.experiments); NULL outside one.
+        ("variant", "text", None, False),
     ]
 
 
@@ -258,4 +260,6 @@ SHARED_MIGRATIONS: list[str] = [
         PRIMARY KEY (funnel, order_id)
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{CONVERSIONS}_session ON {CONVERSIONS} (funnel, session_id)",
+    # The experiment's variant each turn ran on (engine.experiments); NULL outside one.
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS variant TEXT",
 ]
