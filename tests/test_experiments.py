@@ -341,3 +341,47 @@ async def test_report_goals_purchase_and_cart(tmp_path: Path, db_url: str, sql: 
     assert report["goal"] == "cart total >= 1000"
     assert [(v["variant"], v["conversions"]) for v in report["variants"]] == [("A", 0),
                                                                               ("B", 2)]
+
+
+def test_variant_templates_are_checked_like_the_stages(tmp_path: Path) -> None:
+    path = funnel_copy(tmp_path, experiment())
+    (tmp_path / "prompts" / "greeting_b.j2").write_text("Hello {{ no_such_field }\n", "utf-8")
+    spec, diagnostics = check_file(path)
+    assert spec is None
+    assert [(d.file, d.code) for d in diagnostics] == [
+        (str(tmp_path / "prompts" / "greeting_b.j2"), "F202")]
+
+
+def test_variant_files_outside_the_project_are_refused(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("", "utf-8")
+    (tmp_path / "catalog_b.yaml").write_text("products: []\n", "utf-8")
+    exp = experiment()
+    exp["variants"][1]["catalog"] = "../catalog_b.yaml"
+    path = funnel_copy(project, exp)
+    _, diagnostics = check_file(path)
+    assert any(d.code == "F806" and "outside the funnel's project" in d.message
+               for d in diagnostics)
+
+
+@pytest.mark.postgres
+def test_chat_variant_flag_forces_a_new_session(tmp_path: Path, db_url: str, sql: Any) -> None:
+    path = funnel_copy(tmp_path, experiment())
+    script = tmp_path / "script.yaml"
+    script.write_text("default: {reply: Hello}\n", "utf-8")
+    exp = load_experiment(path)
+    assert exp is not None
+    sid = _session_for(exp, "A")  # the hash would give it A
+    args = ("chat", str(path), "--session", sid, "--model", f"scripted:{script}",
+            "--db", db_url)
+    result = run_funnel(*args, "--variant", "B", stdin="Hi\n")
+    assert result.returncode == 0, result.stderr
+    assert sql("SELECT variant FROM puramur_sessions_state WHERE session_id = %s",
+               (sid,)) == [("B",)]
+    again = run_funnel(*args, "--variant", "A", stdin="Hi again\n")
+    assert again.returncode == 0 and "already runs on variant B" in again.stderr
+    assert sql("SELECT variant FROM puramur_sessions_state WHERE session_id = %s",
+               (sid,)) == [("B",)]
+    bad = run_funnel(*args, "--variant", "Z", stdin="Hi\n")
+    assert bad.returncode == 1 and "no variant 'Z'" in bad.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import _yaml
+from ..paths import funnel_roots, is_confined
 
 __all__ = ["Experiment", "Goal", "Problem", "Variant", "read_experiment"]
 
@@ -104,10 +105,14 @@ class Experiment:
 
 
 class _Reader:
-    def __init__(self, file: Path, located: _yaml.Located | None, prefix: tuple[Any, ...]
-                 ) -> None:
-        self.file, self.located, self.prefix = file, located, prefix
+    def __init__(self, file: Path, located: _yaml.Located | None, prefix: tuple[Any, ...],
+                 roots: tuple[Path, ...] = ()) -> None:
+        self.file, self.located, self.prefix, self.roots = file, located, prefix, roots
         self.problems: list[Problem] = []
+
+    def outside(self, path: Path) -> bool:
+        """A file outside the funnel's project (or hidden): never read (engine.paths)."""
+        return bool(self.roots) and not is_confined(path, self.roots)
 
     def err(self, keys: tuple[Any, ...], code: str, message: str, *, key: bool = False) -> None:
         line, col = (self.located.where(self.prefix + keys, key=key) if self.located
@@ -138,9 +143,14 @@ def read_experiment(raw: Any, funnel_path: Path, located: _yaml.Located | None =
         return None, []
     base = funnel_path.parent
     file, prefix = funnel_path, ("experiment",)
-    r = _Reader(file, located, prefix)
+    roots = funnel_roots(funnel_path)
+    r = _Reader(file, located, prefix, roots)
     if isinstance(raw, str):  # a small experiment file next to the funnel
         file = Path(os.path.normpath(base / raw))
+        if r.outside(file):
+            r.err((), "F801", f"the experiment file {file} is outside the funnel's project (or "
+                  "hidden): move it beside the funnel")
+            return None, r.problems
         try:
             sub = _yaml.load(file.read_text("utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
@@ -152,9 +162,9 @@ def read_experiment(raw: Any, funnel_path: Path, located: _yaml.Located | None =
                                   f"{exc}; fix the experiment file's YAML")]
         data = sub.data
         if isinstance(data, dict) and set(data) == {"experiment"}:
-            r, data = _Reader(file, sub, ("experiment",)), data["experiment"]
+            r, data = _Reader(file, sub, ("experiment",), roots), data["experiment"]
         else:
-            r = _Reader(file, sub, ())
+            r = _Reader(file, sub, (), roots)
         base = file.parent
     else:
         data = raw
@@ -252,6 +262,9 @@ def _variants(raw: Any, base: Path, r: _Reader, stages: set[str] | None) -> list
             elif not isinstance(file, str) or not (base / file).is_file():
                 r.err(keys + ("prompts", stage), "F806", f"variant `{name}`: template "
                       f"{base / str(file)} does not exist; create it or fix the path")
+            elif r.outside(base / file):
+                r.err(keys + ("prompts", stage), "F806", f"variant `{name}`: template "
+                      f"{base / file} is outside the funnel's project (or hidden); move it in")
             else:
                 prompts[str(stage)] = Path(os.path.normpath(base / file))
         thresholds: dict[str, float] = {}
@@ -278,6 +291,10 @@ def _path(item: dict[str, Any], key: str, base: Path, keys: tuple[Any, ...], r: 
     if not isinstance(value, str) or not path.is_file():
         r.err(keys + (key,), "F806", f"variant `{name}`: {key} file {path} does not exist; "
               "create it or fix the path")
+        return None
+    if r.outside(path):
+        r.err(keys + (key,), "F806", f"variant `{name}`: {key} file {path} is outside the "
+              "funnel's project (or hidden); move it in")
         return None
     return path
 
