@@ -13,6 +13,7 @@ whether the difference is significant (p < 0.05), which it should be at 10,000
 (power about 99.9%) and mostly not at 1,000 (power about 30%).
 
     python bench/experiment.py [--db URL] [--sizes 1000,10000] [--concurrency 8] [--seed 16]
+        [--html FILE]
 
 Without --db it uses $FUNNEL_DB, else the embedded PostgreSQL.
 """
@@ -43,7 +44,11 @@ from engine.experiments.router import assign, load_experiment  # noqa: E402
 from engine.experiments.stats import Z95  # noqa: E402
 from engine.funnel import load_funnel  # noqa: E402
 from engine.models import ScriptedModel  # noqa: E402
-from engine.report.variants import build_variant_report, render_variant_table  # noqa: E402
+from engine.report.variants import (  # noqa: E402
+    build_variant_report,
+    render_variant_html,
+    render_variant_table,
+)
 from engine.turn import Engine  # noqa: E402
 
 RATES = {"A": 0.20, "B": 0.24}
@@ -116,6 +121,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument("--html", default=None, metavar="FILE",
+                        help="write the last size's report as the HTML page")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("funnel").setLevel(logging.ERROR)  # 2,400 hand-off log lines
@@ -147,6 +154,8 @@ def main() -> None:
                   f"{'SIGNIFICANT' if cmp['significant'] else 'not significant'} at 0.05 "
                   f"(the test's power for 20% vs 24% at this size: "
                   f"{100 * power(size // 2, 0.20, 0.24):.1f}%)\n")
+            if args.html:
+                Path(args.html).write_text(render_variant_html(r), "utf-8")
 
 
 if __name__ == "__main__":

@@ -136,7 +136,8 @@ class Variants:
         if not self.funnels:
             return self.base
         if row is not None:
-            return self.funnels.get(str(row.get("variant")), self.base)
+            variant = row.get("variant")
+            return self.funnels.get(variant, self.base) if isinstance(variant, str) else self.base
         name = self.choose(session_id)
         return self.funnels[name] if name is not None else self.base
 
