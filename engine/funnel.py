@@ -38,6 +38,9 @@ class CompiledStage:
 class CompiledFunnel:
     """A funnel ready to run: build it with :func:`load_funnel` and share it across sessions."""
 
+    # The experiment's variant this compiled funnel is (engine.experiments), else None.
+    variant: str | None = None
+
     def __init__(self, spec: FunnelSpec) -> None:
         self.spec = spec
         self.name = spec.name

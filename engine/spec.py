@@ -38,6 +38,7 @@ ENGINE_COLUMNS: tuple[str, ...] = (
     "row_version",
     "notices",
     "summary_upto",
+    "variant",
     "created_at",
     "updated_at",
     "last_message_at",

@@ -45,6 +45,7 @@ from .errors import (
     PromptTooLarge,
     StoreUnavailable,
 )
+from .experiments.router import Variants
 from .funnel import CompiledFunnel, load_funnel
 from .memory import RollingSummary, Summarizer
 from .models import Model, make_model
@@ -91,6 +92,11 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.summary = RollingSummary(funnel.spec, store, self._window)
         self.versions = Versions(funnel, store)  # pinning (docs/versions.md)
+        # The newest version's experiment, its variants compiled once (engine.experiments);
+        # an older version's are compiled when a session pinned to it comes back.
+        self.variants = Variants.for_funnel(funnel)
+        self._variants_of: dict[int, tuple[CompiledFunnel, Variants]] = {
+            id(funnel): (funnel, self.variants)}
 
     @classmethod
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
@@ -144,8 +150,10 @@ class Engine:
             raise ConfigError(f"cannot deploy funnel '{funnel.name}' on the engine of funnel "
                               f"'{self.funnel.name}'; open an Engine for it")
         await self.store.ensure_schema(funnel.spec)
+        variants = Variants.for_funnel(funnel)  # its experiment (ConfigError: invalid)
         await self.versions.store_newest(funnel)
-        self.funnel, self.spec = funnel, funnel.spec
+        self.funnel, self.spec, self.variants = funnel, funnel.spec, variants
+        self._variants_of[id(funnel)] = (funnel, variants)
         # Wide enough for every version loaded (the window is read before the version
         # is known).
         self._window = max(self._window, *(s.spec.memory.window
@@ -285,8 +293,17 @@ class Engine:
         ``turn.funnel`` and ``turn.spec``, never ``self.funnel``, so that a session can
         run on another version or variant of the funnel than the newest one.
         """
-        del session_id  # pinning (docs/versions.md): the session's version while it is open
-        return self.versions.choose(row, now or self.clock())
+        # The version first (pinning, docs/versions.md: the session's own while it is
+        # open), then the experiment's variant of that version (docs/experiments.md).
+        return self._variant(self.versions.choose(row, now or self.clock()), session_id, row)
+
+    def _variant(self, funnel: CompiledFunnel, session_id: str,
+                 row: Mapping[str, Any] | None) -> CompiledFunnel:
+        """The session's variant of ``funnel`` (``funnel`` itself outside an experiment)."""
+        held = self._variants_of.get(id(funnel))
+        if held is None or held[0] is not funnel:  # the pair keeps ``funnel`` alive
+            held = self._variants_of[id(funnel)] = (funnel, Variants.for_funnel(funnel))
+        return held[1].funnel_for(session_id, row)
 
     def _start(self, inbound: Incoming, now: datetime, row: dict[str, Any] | None,
                recent: list[Message]) -> Turn:
@@ -431,7 +448,8 @@ class Engine:
             [*(pos["notices"] or []), *notices] if not answer.completions else notices)
         transitions = [{"from": f.source, "to": f.dest, "trigger": f.trigger,
                         "when": f.spec.when if f.spec else None} for f in turn.firings]
-        values = {**state, **pos, "funnel_version": spec.version}
+        values = {**state, **pos, "funnel_version": spec.version,
+                  "variant": turn.funnel.variant}
         record = turn_record(turn, answer, transitions, getattr(self.model, "name", None))
         await access.save(TurnWrite(
             session_id=turn.session_id, values=values, expected_version=turn.expected,

@@ -130,6 +130,7 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         # One completion of unknown cost makes the turn's cost unknown.
         "cost": sum(costs) if costs and len(costs) == len(answer.completions) else None,
         "model": answer.model or model, "attempts": answer.attempts,
+        "variant": turn.funnel.variant,
         "error": printable(answer.error, 2000) if answer.error else None,
         "knowledge": turn.knowledge,
         "explain": turn.mover.explanation,

@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--explain", action="store_true", help="after each reply, every exit of the "
                    "stage: its condition, the values it read, whether it held (always on at a "
                    "terminal; on stderr otherwise)")
+    c.add_argument("--variant", default=None, metavar="NAME", help="run a new session on this "
+                   "variant of the funnel's experiment (QA; docs/experiments.md)")
     db_opts(c)
 
     dr = sub.add_parser("doctor", help="probe a model endpoint: what structured output it "
@@ -165,6 +167,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="sessions started (turns recorded) in this period, e.g. 30d (default 7d)")
     rp.add_argument("--format", choices=["table", "json", "html"], default="table")
     rp.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of stdout")
+    rp.add_argument("--by", choices=["variant"], default=None,
+                    help="variant: the experiment's variants side by side, with the goal's "
+                    "rate, its 95%% interval and the p-value against the control "
+                    "(docs/experiments.md)")
     db_opts(rp)
     kn = sub.add_parser("knowledge", help="the funnel's knowledge base: reindex it, or search "
                         "it as a stage would")

@@ -40,6 +40,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
     refused = 0
     explain = args.explain or interactive  # a person at a terminal always sees why
     with SyncEngine(funnel, db=args.db, model=model, api_base=args.api_base) as engine:
+        if args.variant:  # QA: a session that has no row yet starts on this variant
+            engine.engine.variants.force(session, args.variant)
+            row = engine.state(session)
+            if row is not None and row.get("variant") != args.variant:
+                print(f"funnel: warning: session {session} already runs on variant "
+                      f"{row.get('variant') or '(none)'}; --variant applies to new sessions",
+                      file=sys.stderr)
         if interactive:
             print(f"funnel {funnel.name} v{funnel.spec.version}, session {session}. "
                   "Ctrl-D to quit.")

@@ -6,21 +6,36 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..funnel import load_funnel
 from ..report import build_report, render_html, render_json, render_table
+from ..report.variants import (
+    build_variant_report,
+    render_variant_html,
+    render_variant_json,
+    render_variant_table,
+)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     funnel = load_funnel(args.funnel)
-    report = asyncio.run(build_report(funnel, db=args.db, since=args.since))
-    if args.format == "html":
-        text = render_html(report)
+    if args.by == "variant":
+        report = asyncio.run(build_variant_report(funnel, db=args.db, since=args.since))
+        text = {"html": render_variant_html, "json": render_variant_json}.get(
+            args.format, render_variant_table)(report)
     else:
-        text = render_json(report) if args.format == "json" else render_table(report)
+        report = asyncio.run(build_report(funnel, db=args.db, since=args.since))
+        text = _render(report, args.format)
     if args.out:
         Path(args.out).write_text(text, "utf-8")
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _render(report: dict[str, Any], fmt: str) -> str:
+    if fmt == "html":
+        return render_html(report)
+    return render_json(report) if fmt == "json" else render_table(report)

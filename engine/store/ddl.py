@@ -47,6 +47,8 @@ def engine_columns(spec: FunnelSpec) -> list[tuple[str, str, sql.Composable | No
         ("row_version", "bigint", sql.Literal(1), True),
         ("notices", "jsonb", sql.Literal("[]"), True),
         ("summary_upto", "bigint", sql.Literal(0), True),
+        # The experiment's variant the session runs on (engine.experiments); NULL outside one.
+        ("variant", "text", None, False),
     ]
 
 
@@ -275,4 +277,6 @@ SHARED_MIGRATIONS: list[str] = [
     # The declared state migration a turn applied when its session moved to a newer
     # version (from, to, the steps and what each changed); NULL for every other turn.
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS migration JSONB",
+    # The experiment's variant each turn ran on (engine.experiments); NULL outside one.
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS variant TEXT",
 ]

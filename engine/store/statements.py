@@ -37,7 +37,7 @@ def _default(value: Any) -> Any:
 _TURN_COLUMNS = ("funnel_version", "stage_before", "transitions", "actions", "refused",
                  "validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
                  "prompt_tokens", "completion_tokens", "cost", "model", "error", "attempts",
-                 "knowledge", "explain", "raw_output", "migration")
+                 "knowledge", "explain", "raw_output", "migration", "variant")
 
 
 class Statements:
@@ -51,8 +51,10 @@ class Statements:
         self.columns += [(n, engine_types[n]) for n in ("stage", "stage_iteration",
                                                          "stage_history")]
         self.columns += [(f.name, f.column_type) for f in spec.state.values()]
-        self.columns += [(n, engine_types[n]) for n in ("turns", "funnel_version", "notices")]
-        write_once = {f.name for f in spec.state.values() if f.write_once}
+        self.columns += [(n, engine_types[n]) for n in ("turns", "funnel_version", "notices",
+                                                          "variant")]
+        # A session keeps the experiment's variant it was first given (engine.experiments).
+        write_once = {f.name for f in spec.state.values() if f.write_once} | {"variant"}
         # The state travels as one JSON object, typed by the table's own row type
         # (jsonb_populate_record): two parameters instead of one per column.
         names = [sql.Identifier(n) for n, _ in self.columns]

@@ -23,6 +23,7 @@ from .. import _yaml
 from ..spec import FunnelSpec, build_spec
 from .actions import check_actions
 from .diagnostics import Diagnostic, Report, as_dict
+from .experiment import check_experiment
 from .files import check_catalog, check_stage_files
 from .format import check_format
 from .knowledge import check_knowledge, check_language
@@ -109,6 +110,7 @@ def check_file(
     check_language(data, report)
     check_knowledge(data, report)
     check_migrations(data, state, report)
+    check_experiment(data, report)
     (names if names is not None else StorageNames()).check(data, report)
     if report.has_errors:
         return None, sorted(report.items)
