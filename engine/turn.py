@@ -306,9 +306,10 @@ class Engine:
         return held[1].funnel_for(session_id, row)
 
     def _start(self, inbound: Incoming, now: datetime, row: dict[str, Any] | None,
-               recent: list[Message]) -> Turn:
-        """The turn in flight, from the row as read (a new session gets the defaults)."""
-        funnel = self._funnel_for(inbound.session_id, row, now)
+               recent: list[Message], funnel: CompiledFunnel | None = None) -> Turn:
+        """The turn in flight, from the row as read (a new session gets the defaults), on
+        ``funnel`` when given (a failed turn's), else on the session's (``_funnel_for``)."""
+        funnel = funnel or self._funnel_for(inbound.session_id, row, now)
         read, migration = row, None
         if row is not None:  # moving to another version: the declared migrations
             funnel, row, migration = self.versions.move(inbound.session_id, row, funnel)
@@ -481,7 +482,8 @@ class Engine:
         else:
             log.warning("session %r: the turn failed (%s); answering with the fallback",
                         turn.session_id, exc)
-        fresh = self._start(turn.inbound, turn.now, turn.row, turn.recent)
+        # On the funnel the turn ran on: a deploy since it began must not change it.
+        fresh = self._start(turn.inbound, turn.now, turn.row, turn.recent, turn.funnel)
         try:
             reply = fresh.funnel.stage(fresh.pos["stage"]).spec.fallback
         except ConfigError:  # a stage neither declared nor mapped under removed_stages
