@@ -33,7 +33,7 @@ from typing import Any
 
 from . import knowledge, language
 from .actions import TurnScratch
-from .advance import Mover, Position, enter, handoff_payload, start_position
+from .advance import Mover, Position, enter, handoff_payload, record_current, start_position
 from .budget import bound_notices, fit
 from .chat import Message
 from .customer import check_input
@@ -266,6 +266,7 @@ class Engine:
             pos = Position(stage=row["stage"], stage_iteration=row["stage_iteration"],
                            turns=row["turns"], stage_history=row["stage_history"],
                            notices=row["notices"])
+            record_current(pos, str(row.get("updated_at") or row["last_message_at"]))
             expected, last_seen = int(row["row_version"]), \
                 datetime.fromisoformat(row["last_message_at"])
         for fact, value in inbound.facts.items():  # kept, never overwritten

@@ -139,7 +139,11 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
                                       f"`removed_stages: {{{stage}: <stage>}}`")
         changes = await _with_views(conn, spec, changes)
         changes += await function_changes(conn, spec)
+        unrecorded = await _unrecorded_stages(conn, spec) if have else 0
         if check:
+            if unrecorded:
+                report.append(f"would record the current stage of {unrecorded} session(s) in "
+                              "stage_history")
             return [f"would {what}" for what, _ in changes] + report
         done = await _applied(conn, spec.table)
         version = max(done, default=0)
@@ -149,7 +153,42 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
                 continue  # derived objects: (re)created from the funnel, not recorded
             version += 1
             await _record(conn, spec.table, version, f"v{spec.version}: {what}")
+        if unrecorded:  # after the changes: a seed table gets row_version only above
+            done_rows = await record_current_stages(conn, spec)
+            report.append(f"recorded the current stage of {done_rows} session(s) in "
+                          "stage_history")
     return [what for what, _ in changes] + report
+
+
+# A row whose history does not end in the stage it sits in: written in the seed's
+# format (stage set, stage_history left '[]') or by another writer. The seed's queries
+# read stages from stage_history only, so such a session would count nowhere.
+_UNRECORDED = ("jsonb_typeof(stage_history) = 'array' AND "
+               "(stage_history -> -1 ->> 'stage') IS DISTINCT FROM stage")
+
+
+async def _unrecorded_stages(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec) -> int:
+    row = await (await conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
+        sql.Identifier(spec.table), sql.SQL(_UNRECORDED)))).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def record_current_stages(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec) -> int:
+    """Append each session's current stage to its ``stage_history`` where the history
+    does not end in it (one UPDATE; a second run changes nothing); how many rows.
+
+    The entry is the one the engine writes on entering a stage, dated at the row's
+    ``updated_at``; an open entry before it is closed at the same time.
+    """
+    cur = await conn.execute(sql.SQL(
+        "UPDATE {t} SET stage_history = (CASE WHEN jsonb_array_length(stage_history) > 0 "
+        "AND NOT (stage_history -> -1 ? 'exited_at') "
+        "THEN jsonb_set(stage_history, '{{-1,exited_at}}', to_jsonb(updated_at)) "
+        "ELSE stage_history END) || jsonb_build_array(jsonb_build_object("
+        "'stage', stage, 'entered_at', to_jsonb(updated_at))), "
+        "row_version = row_version + 1 WHERE {w}"
+    ).format(t=sql.Identifier(spec.table), w=sql.SQL(_UNRECORDED)))
+    return cur.rowcount
 
 
 async def _with_views(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec,
