@@ -26,8 +26,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from .actions import TurnScratch
 from .advance import Mover, Position, enter, handoff_payload, record_current, start_position
 from .budget import bound_notices, fit
 from .chat import Message
+from .conversions import Conversion, make_order
 from .customer import check_input
 from .errors import (
     ConcurrentUpdate,
@@ -141,6 +143,35 @@ class Engine:
         """The session's row as JSON-friendly values, or ``None``."""
         row = await self.store.load(self.spec, session_id)
         return plain(dict(row)) if row else None
+
+    async def record_conversion(self, session_id: str, order_id: str, amount: Decimal | str | int,
+                                currency: str, lines: Sequence[Mapping[str, Any]] = (),
+                                ordered_at: datetime | str | None = None) -> Conversion:
+        """Record an order the session's customer placed: what was actually bought.
+
+        Idempotent on ``order_id`` (per funnel): the same order again returns the
+        stored one with ``replayed`` set. `funnel report` counts purchases and
+        revenue from these; bounds are in :mod:`engine.conversions`.
+
+        Args:
+            session_id: The session the order came from; it must exist.
+            order_id: The shop's order id (1-128 of ``A-Za-z0-9_.:#/-``).
+            amount: The order total, ``Decimal("697.00")`` or ``"697.00"`` (two decimals).
+            currency: An ISO 4217 code such as ``"UAH"``.
+            lines: ``{"sku", "qty", "price"}`` per product bought.
+            ordered_at: When it was ordered (timezone-aware); None: now.
+
+        Returns:
+            The conversion as stored.
+
+        Raises:
+            OrderRejected: a field is missing or out of bounds; nothing was written.
+            UnknownSession: the funnel has no such session.
+            OrderConflict: ``order_id`` was recorded before with other content.
+        """
+        check_input(session_id, "order")
+        order = make_order(session_id, order_id, amount, currency, lines, ordered_at)
+        return await self.store.record_conversion(self.spec, order)
 
     async def dispatch(self, session_id: str | None = None) -> int:
         """Deliver due side effects (handoff alerts); return how many were delivered."""

@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import StoreUnavailable
-from . import inbound
+from . import inbound, orders
 from .auth import WidgetSession
 from .config import ServiceConfig
 from .core import Service
@@ -101,6 +101,15 @@ async def post_message(request: Request, service: Service, funnel: str) -> Respo
     # another client's answers.
     scoped = f"{client.name}/{session}/{key}" if key else None
     return _turn(await inbound.turn(service, funnel, session, text, channel="api", key=scoped))
+
+
+async def post_conversion(request: Request, service: Service, funnel: str) -> Response:
+    client = service.client(request, "conversions")
+    service.limiter.check(client.name)
+    session = _session_param(request)
+    status, body = await orders.record(service, funnel, session,
+                                       await read_json(request, orders.MAX_ORDER_BYTES))
+    return _json(body, status)
 
 
 async def get_session(request: Request, service: Service, funnel: str) -> Response:
@@ -258,6 +267,8 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
     f = "/v1/funnels/{funnel}"
     routes = [
         Route(f"{f}/sessions/{{session}}/messages", _endpoint(post_message), methods=["POST"]),
+        Route(f"{f}/sessions/{{session}}/conversions", _endpoint(post_conversion),
+              methods=["POST"]),
         Route(f"{f}/sessions/{{session}}", _endpoint(get_session), methods=["GET"]),
         Route(f"{f}/widget/session", _endpoint(widget_session), methods=["POST"]),
         Route(f"{f}/widget/messages", _endpoint(widget_messages), methods=["GET", "POST"]),

@@ -10,7 +10,7 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_DB`` | PostgreSQL URL | the embedded server |
 | ``FUNNEL_MODEL`` / ``FUNNEL_API_BASE`` | model for every funnel | each funnel's own |
 | ``FUNNEL_STRUCTURED_OUTPUT`` | strategy for every funnel (docs/models.md) | each funnel's own |
-| ``FUNNEL_API_KEYS`` | ``key1:converse,read_state;key2:admin`` | none (API closed) |
+| ``FUNNEL_API_KEYS`` | ``key1:converse,read_state;key2:conversions;key3:admin`` | none (API closed) |
 | ``FUNNEL_SECRET`` | HMAC key of widget session tokens (≥ 16 chars) | random per process |
 | ``FUNNEL_TOKEN_TTL`` | widget token lifetime, seconds | 2592000 (30 days) |
 | ``FUNNEL_CORS_ORIGINS`` | allowed browser origins, comma-separated | none |
@@ -51,7 +51,7 @@ from ..llm.strategy import CHOICES
 from ..models import Model
 
 _TRUE = ("1", "true", "yes")
-SCOPES = frozenset({"converse", "read_state", "metrics", "admin"})
+SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "admin"})
 DEFAULT_TELEGRAM_API = "https://api.telegram.org"
 
 

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..chat import Message
+from ..conversions import Conversion, Order
 from ..knowledge.chunks import Chunk
 from ..spec import FunnelSpec
 
@@ -146,6 +147,14 @@ class Store(Protocol):
     async def turn_records(self, funnel: FunnelSpec, session_id: str, limit: int = 1000
                            ) -> list[dict[str, Any]]:
         """A session's turn records, oldest first, with each turn's message and reply."""
+
+    async def record_conversion(self, funnel: FunnelSpec, order: Order) -> Conversion:
+        """Record an order against its session, once per order id (engine.conversions).
+
+        Raises:
+            UnknownSession: the session is not in the funnel's table.
+            OrderConflict: the order id was recorded before with other content.
+        """
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
                               limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:

@@ -21,11 +21,12 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..chat import Message
+from ..conversions import Conversion, Order
 from ..errors import SchemaOutdated, StoreUnavailable, first_line
 from ..knowledge import sql as knowledge_sql
 from ..knowledge.chunks import Chunk
 from ..spec import FunnelSpec
-from . import ddl, retention, turns
+from . import conversions, ddl, retention, turns
 from .base import TurnWrite
 from .connect import safe_url
 from .delivery import DeliveryMixin
@@ -338,6 +339,10 @@ class PostgresStore(DeliveryMixin):
                            ) -> list[dict[str, Any]]:
         """A session's turn records, oldest first, with each turn's message and reply."""
         return await turns.turn_records(self._conn, funnel.name, session_id, limit)
+
+    async def record_conversion(self, funnel: FunnelSpec, order: Order) -> Conversion:
+        """Record an order against its session, once per order id (engine.conversions)."""
+        return await conversions.record(self._conn, funnel, order)
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
                               limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:
