@@ -39,6 +39,7 @@ from .inbound import REPLAY_HEADER, delivery_key
 from .limits import RequestRefused, error, message_text, read_json
 from .openapi import SESSION_PATTERN, document
 from .readiness import readiness
+from .retention import RetentionScheduler
 from .telegram import TelegramChannel
 
 log = logging.getLogger("funnel.service")
@@ -254,6 +255,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await service.start()
+        retention = app.state.retention = RetentionScheduler(service).start()
         # What startup built (imports, funnels, templates, validators, machines) lives
         # as long as the process: move it out of the collector's reach, or every full
         # collection walks all of it and stalls the worker's turns for tens of ms.
@@ -262,6 +264,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
         try:
             yield
         finally:
+            await retention.stop()
             await service.close()
 
     f = "/v1/funnels/{funnel}"

@@ -34,6 +34,8 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_TELEGRAM_START_FIELD_<NAME>`` | state field that keeps ``/start PAYLOAD`` | ``source`` |
 | ``FUNNEL_TRUSTED_PROXIES`` | proxies whose ``X-Forwarded-For`` is believed (IPs) | none |
 | ``FUNNEL_REPLAY_WAIT`` | seconds a retry waits for its first delivery's turn | 120 |
+| ``FUNNEL_RETENTION_INTERVAL`` | seconds between scheduled retention purges (``0``: none) | 3600 |
+| ``FUNNEL_RETENTION_ANONYMIZE`` | ``1``: the scheduled purge anonymizes instead of deleting | 0 |
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class ServiceConfig:
     dispatch_interval: float = 5.0
     trusted_proxies: list[str] = field(default_factory=list)  # empty: X-Forwarded-For ignored
     replay_wait: float = 120.0
+    retention_interval: float = 3600.0  # 0: no scheduled purge (engine.service.retention)
+    retention_anonymize: bool = False
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -168,6 +172,8 @@ class ServiceConfig:
             trusted_proxies=[p.strip() for p in env.get("FUNNEL_TRUSTED_PROXIES", "").split(",")
                              if p.strip()],
             replay_wait=_number(env, "FUNNEL_REPLAY_WAIT", 120),
+            retention_interval=_interval(env, "FUNNEL_RETENTION_INTERVAL", 3600),
+            retention_anonymize=env.get("FUNNEL_RETENTION_ANONYMIZE", "0") in _TRUE,
         )
 
     def telegram_bot(self, funnel: str) -> TelegramBot | None:
@@ -221,6 +227,12 @@ def _strategy(value: str | None) -> str | None:
         raise ConfigError(f"FUNNEL_STRUCTURED_OUTPUT must be one of {', '.join(CHOICES)}; "
                           f"got {value!r}")
     return value
+
+
+def _interval(env: Mapping[str, str], name: str, default: float) -> float:
+    """Seconds, or ``0`` for never."""
+    raw = env.get(name, "").strip()
+    return 0.0 if raw in ("0", "0.0") else _number(env, name, default)
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:

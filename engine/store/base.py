@@ -140,6 +140,11 @@ class Store(Protocol):
                     batch: int = 1000) -> dict[str, int]:
         """Delete or anonymize sessions idle longer than ``older_than`` seconds."""
 
+    async def purge_when_due(self, funnel: FunnelSpec, older_than: float, period: float, *,
+                             anonymize: bool = False) -> tuple[str, dict[str, int] | None]:
+        """``purge`` if no other worker runs it now and it did not run within ``period``
+        seconds (engine.store.jobs): ``("done", counts)``, ``("busy"|"not_due", None)``."""
+
     async def purge_preview(self, funnel: FunnelSpec, older_than: float, *,
                             anonymize: bool = False) -> dict[str, int] | None:
         """What ``purge`` would touch, counted; ``None`` when the funnel has no table."""

@@ -8,6 +8,7 @@ from psycopg import sql
 
 from ..names import CONVERSIONS as CONVERSIONS
 from ..names import INBOUND as INBOUND  # the shared tables' names, re-exported
+from ..names import JOBS as JOBS
 from ..names import KNOWLEDGE as KNOWLEDGE
 from ..names import KNOWLEDGE_SETS as KNOWLEDGE_SETS
 from ..names import KNOWLEDGE_TERMS as KNOWLEDGE_TERMS
@@ -258,4 +259,11 @@ SHARED_MIGRATIONS: list[str] = [
         PRIMARY KEY (funnel, order_id)
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{CONVERSIONS}_session ON {CONVERSIONS} (funnel, session_id)",
+    # When a periodic job last ran (the retention purge of `funnel serve`, per funnel), so
+    # that of several workers one runs it once per period (engine.store.jobs).
+    f"""CREATE TABLE IF NOT EXISTS {JOBS} (
+        job TEXT PRIMARY KEY,
+        last_run_at TIMESTAMPTZ NOT NULL,
+        result JSONB
+    )""",
 ]

@@ -26,7 +26,7 @@ from ..errors import SchemaOutdated, StoreUnavailable, first_line
 from ..knowledge import sql as knowledge_sql
 from ..knowledge.chunks import Chunk
 from ..spec import FunnelSpec
-from . import conversions, ddl, retention, turns
+from . import conversions, ddl, jobs, retention, turns
 from .base import TurnWrite
 from .connect import safe_url
 from .delivery import DeliveryMixin
@@ -329,6 +329,14 @@ class PostgresStore(DeliveryMixin):
         """Delete (or anonymize) sessions idle for more than ``older_than`` seconds, with their
         messages, turn records and outbox rows, ``batch`` sessions per transaction."""
         return await retention.purge(self._conn, funnel, older_than, anonymize=anonymize, batch=batch)
+
+    async def purge_when_due(self, funnel: FunnelSpec, older_than: float, period: float, *,
+                             anonymize: bool = False) -> tuple[str, dict[str, int] | None]:
+        """:meth:`purge` if no other worker runs it now and it did not run within ``period``
+        seconds (engine.store.jobs): ``("done", counts)``, else ``("busy"|"not_due", None)``."""
+        return await jobs.run_if_due(
+            self._conn, f"retention:{funnel.name}", period,
+            lambda: self.purge(funnel, older_than, anonymize=anonymize), result=dict)
 
     async def purge_preview(self, funnel: FunnelSpec, older_than: float, *,
                             anonymize: bool = False) -> dict[str, int] | None:
