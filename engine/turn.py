@@ -169,7 +169,7 @@ class Engine:
             UnknownSession: the funnel has no such session.
             OrderConflict: ``order_id`` was recorded before with other content.
         """
-        check_input(session_id, "order")
+        check_input(session_id, "order")  # the session id's bounds (the text is a stand-in)
         order = make_order(session_id, order_id, amount, currency, lines, ordered_at)
         return await self.store.record_conversion(self.spec, order)
 

@@ -122,14 +122,19 @@ def test_a_failed_purge_is_logged_and_retried(two_workers: tuple[TestClient, Tes
 def test_the_schedule_runs_by_itself(db_url: str, sql: Any,
                                      caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "funnel.service.retention")
+    def logged() -> bool:
+        return any(r.getMessage().startswith("retention purge of funnel puramur: deleted 1")
+                   for r in caplog.records)
+
     with TestClient(create_app(config(db_url, 0.2))) as client:
         sessions(client, sql, "old-1", old=True)
         deadline = time.monotonic() + 30
-        while left(sql) and time.monotonic() < deadline:
+        # The run logs after its transaction: wait for the line, not only for the rows.
+        while not logged() and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert logged()
         assert left(sql) == []
-    assert any(r.getMessage().startswith("retention purge of funnel puramur: deleted 1")
-               for r in caplog.records)
+        assert metric(client, "done") >= 1
 
 
 def test_zero_interval_disables_it(db_url: str) -> None:
