@@ -9,6 +9,7 @@ metrics folder.
 
 from __future__ import annotations
 
+import copy
 import os
 import secrets
 import shutil
@@ -76,10 +77,22 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
     print(f"funnel serve: {', '.join(sorted(names))} on http://{host}:{port} "
           f"({workers} worker{'s' if workers > 1 else ''})", file=sys.stderr)
     try:
+        level = env.get("FUNNEL_LOG_LEVEL", "info")
         uvicorn.run("engine.service.app:create_app", factory=True, host=host, port=port,
-                    workers=workers, ws="none", log_level=env.get("FUNNEL_LOG_LEVEL", "info"),
+                    workers=workers, ws="none", log_level=level,
+                    log_config=log_config(uvicorn.config.LOGGING_CONFIG, level),
                     **proxy_options(config.trusted_proxies))
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def log_config(base: dict[str, Any], level: str) -> dict[str, Any]:
+    """uvicorn's logging (``base``), plus the engine's own loggers (``funnel.*``: the
+    scheduled purge's line, hand-off alerts, outbox failures) on its stream and level."""
+    config = copy.deepcopy(base)
+    config["loggers"]["funnel"] = {"handlers": ["default"], "level": level.upper(),
+                                   "propagate": False}
+    return config
+
