@@ -8,6 +8,10 @@ old by moving their ``last_message_at`` back past Puramur's ``retention: 365d``.
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from service_support import stop, wait_ready
 from starlette.testclient import TestClient
 
 from engine.service.app import create_app
@@ -144,3 +149,32 @@ def test_zero_interval_disables_it(db_url: str) -> None:
                                   ).retention_interval == 3600
     with TestClient(create_app(config(db_url, 0))) as client:
         assert client.app.state.retention._task is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_funnel_serve_logs_each_run(db_url: str, sql: Any, tmp_path: Path) -> None:
+    # The real command, two workers: the engine's log line reaches the service's log.
+    assert subprocess.run([sys.executable, "-m", "engine.cli", "migrate", str(PURAMUR),
+                           "--db", db_url], cwd=ROOT, capture_output=True).returncode == 0
+    sql(f"INSERT INTO {TABLE} (session_id, last_message_at) VALUES "
+        "('old-1', NOW() - INTERVAL '400 days'), ('old-2', NOW() - INTERVAL '400 days')")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "FUNNEL_RETENTION_INTERVAL": "1", "FUNNEL_SECRET": SECRET.decode()}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.cli", "serve", str(PURAMUR), "--db", db_url,
+             "--port", str(port), "--workers", "2", "--model", f"scripted:{DEMO}"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, log)
+        deadline = time.monotonic() + 60
+        while "deleted 2 session(s)" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        stop(proc)
+    text = log.read_text()
+    assert "INFO:     retention purge of funnel puramur: deleted 2 session(s)" in text, text
+    assert left(sql) == []
