@@ -127,6 +127,20 @@ class Mover:
             self.funnel.actions.run(call, state, self.scratch)
 
 
+def record_current(pos: Position, at: str) -> None:
+    """Append the stage ``pos`` sits in to its history when the history does not end in
+    it (a row written in the seed's format, or by another writer), entered ``at``
+    (an ISO time); as `funnel migrate` does (engine.store.migrate.record_current_stages)."""
+    history = pos["stage_history"]
+    if history and history[-1].get("stage") == pos["stage"]:
+        return
+    history = [dict(h) for h in history]
+    if history and "exited_at" not in history[-1]:
+        history[-1]["exited_at"] = at
+    history.append({"stage": pos["stage"], "entered_at": at})
+    pos["stage_history"] = history
+
+
 def enter(pos: Position, stage: str, now: datetime) -> None:
     """Move ``pos`` into ``stage`` now: close the open history entry, open a new one."""
     history = [dict(h) for h in pos["stage_history"]]

@@ -6,6 +6,9 @@ path or session), what was expected, and what to do about it::
 
     FunnelError
     ├── InvalidInput            a caller's input was refused (session id, message): nothing ran
+    │   ├── OrderRejected       an order's field is missing or out of bounds (engine.conversions)
+    │   ├── OrderConflict       an order id recorded before with other content
+    │   └── UnknownSession      no such session (an order names one the funnel never saw)
     ├── ConfigError             a funnel, template, schema or catalog is wrong
     │   ├── FunnelInvalid       `funnel validate` found errors (carries them all)
     │   ├── CatalogError        the catalog file is wrong (names file and line)
@@ -43,10 +46,13 @@ __all__ = [
     "MessageTooLong",
     "MigrationError",
     "ModelError",
+    "OrderConflict",
+    "OrderRejected",
     "PromptTooLarge",
     "SchemaOutdated",
     "StoreError",
     "StoreUnavailable",
+    "UnknownSession",
     "closest",
     "did_you_mean",
     "first_line",
@@ -79,6 +85,24 @@ class InvalidInput(FunnelError):
 
     The service answers it with HTTP 400; nothing was written.
     """
+
+
+class OrderRejected(InvalidInput):
+    """An order (engine.conversions) was refused: ``field`` is missing, of the wrong type
+    (``kind`` "shape": HTTP 400) or out of bounds (``kind`` "value": HTTP 422)."""
+
+    def __init__(self, field: str, expected: str, kind: str) -> None:
+        super().__init__(f"order field '{field}': expected {expected}")
+        self.field = field
+        self.kind = kind
+
+
+class OrderConflict(InvalidInput):
+    """An order id was recorded before with other content; the first one stands (HTTP 409)."""
+
+
+class UnknownSession(InvalidInput):
+    """The session named is not in the funnel's table (HTTP 404)."""
 
 
 class ConfigError(FunnelError):

@@ -55,6 +55,7 @@ KNOWLEDGE_SETS = "funnel_knowledge_sets"
 KNOWLEDGE_TERMS = "funnel_knowledge_terms"
 CONVERSIONS = "funnel_conversions"
 VERSIONS = "funnel_versions"
+JOBS = "funnel_jobs"
 SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
                                   UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS,
-                                  CONVERSIONS, VERSIONS)
+                                  CONVERSIONS, VERSIONS, JOBS)

@@ -26,16 +26,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from . import knowledge, language
 from .actions import TurnScratch
-from .advance import Mover, Position, enter, handoff_payload, start_position
+from .advance import Mover, Position, enter, handoff_payload, record_current, start_position
 from .budget import bound_notices, fit
 from .chat import Message
+from .conversions import Conversion, make_order
 from .customer import check_input
 from .errors import (
     ConcurrentUpdate,
@@ -184,6 +186,35 @@ class Engine:
         row = await self.store.load(self.spec, session_id)
         return plain(dict(row)) if row else None
 
+    async def record_conversion(self, session_id: str, order_id: str, amount: Decimal | str | int,
+                                currency: str, lines: Sequence[Mapping[str, Any]] = (),
+                                ordered_at: datetime | str | None = None) -> Conversion:
+        """Record an order the session's customer placed: what was actually bought.
+
+        Idempotent on ``order_id`` (per funnel): the same order again returns the
+        stored one with ``replayed`` set. `funnel report` counts purchases and
+        revenue from these; bounds are in :mod:`engine.conversions`.
+
+        Args:
+            session_id: The session the order came from; it must exist.
+            order_id: The shop's order id (1-128 of ``A-Za-z0-9_.:#/-``).
+            amount: The order total, ``Decimal("697.00")`` or ``"697.00"`` (two decimals).
+            currency: An ISO 4217 code such as ``"UAH"``.
+            lines: ``{"sku", "qty", "price"}`` per product bought.
+            ordered_at: When it was ordered (timezone-aware); None: now.
+
+        Returns:
+            The conversion as stored.
+
+        Raises:
+            OrderRejected: a field is missing or out of bounds; nothing was written.
+            UnknownSession: the funnel has no such session.
+            OrderConflict: ``order_id`` was recorded before with other content.
+        """
+        check_input(session_id, "order")  # the session id's bounds (the text is a stand-in)
+        order = make_order(session_id, order_id, amount, currency, lines, ordered_at)
+        return await self.store.record_conversion(self.spec, order)
+
     async def dispatch(self, session_id: str | None = None) -> int:
         """Deliver due side effects (handoff alerts); return how many were delivered."""
         return await dispatch(self.store, {self.spec.name: self.notifier},
@@ -323,6 +354,7 @@ class Engine:
             pos = Position(stage=row["stage"], stage_iteration=row["stage_iteration"],
                            turns=row["turns"], stage_history=row["stage_history"],
                            notices=row["notices"])
+            record_current(pos, str(row.get("updated_at") or row["last_message_at"]))
             expected, last_seen = int(row["row_version"]), \
                 datetime.fromisoformat(row["last_message_at"])
         for fact, value in inbound.facts.items():  # kept, never overwritten

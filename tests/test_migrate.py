@@ -244,6 +244,9 @@ async def test_sessions_in_a_removed_stage(tmp_path: Path, db_url: str, sql: Any
         moved.stdout
     assert sql(stages) == [("doubts-1", "presentation", 0, 2), ("doubts-2", "presentation", 0, 2),
                            ("moving-on", "discovery", 0, 1)]
+    # The move is in their history, so the seed's queries see them in presentation.
+    assert [h["stage"] for h in sql(f"SELECT stage_history FROM {TABLE} WHERE session_id = "
+                                     "'doubts-1'")[0][0]] == ["presentation"]
     after = migrate(mapped, db_url)
     assert after.returncode == 0 and "is up to date" in after.stdout
 

@@ -90,6 +90,11 @@ CONVERSATIONS: dict[str, list[tuple[str, int]]] = {
     "H": [("hello", 0), ("sphynx", 50), ("show", 10)],
 }
 OLD = "H"
+# What was bought: (session, order id, amount, currency, the one SKU of the order).
+ORDERS = [("A", "A-1", "277.00", "UAH", "PR251010"),
+          ("B", "B-1", "1250.00", "UAH", "PR290600"),   # the kit, never presented
+          ("B", "B-2", "20.00", "EUR", "PR251020"),
+          ("H", "H-1", "100.00", "UAH", "PR251010")]    # outside the window
 
 
 class Clock:
@@ -141,6 +146,9 @@ async def filled(server_dsn: str) -> AsyncIterator[Filled]:
                 for text, step in messages:
                     clock.offset += timedelta(seconds=step)
                     turns.append((session, await engine.handle(session, text, channel="test")))
+            for session, order_id, amount, currency, sku in ORDERS:
+                await engine.record_conversion(session, order_id, amount, currency,
+                                               [{"sku": sku, "qty": 1, "price": amount}])
         finally:
             await engine.close()
         # H happened ten days ago: its row and its turn records.
@@ -225,6 +233,30 @@ def test_most_presented_products(report: dict[str, Any]) -> None:
         {"sku": "PR260100", "presented": 1, "converted": 0, "conversion_pct": 0,
          "name": "Calm Skin hypoallergenic shampoo"},          # D
     ]
+
+
+def test_purchases_and_revenue(report: dict[str, Any]) -> None:
+    # A and B bought (3 orders); H's order belongs to a session before the window.
+    assert report["purchases"] == {
+        "sessions": 7, "orders": 3, "buyers": 2, "purchase_pct": 28.6,
+        "revenue": [  # never added up across currencies
+            {"currency": "UAH", "orders": 2, "buyers": 2, "revenue": 1527, "avg_order": 763.5,
+             "revenue_per_session": 218.14},
+            {"currency": "EUR", "orders": 1, "buyers": 1, "revenue": 20, "avg_order": 20,
+             "revenue_per_session": 2.86}]}
+    page = render_html(report)
+    assert 'id="purchases"' in page and 'id="presented_vs_bought"' in page
+    assert "<b>2 (29%)</b><span>bought (orders recorded)</span>" in page
+
+
+def test_presented_vs_bought(report: dict[str, Any]) -> None:
+    rows = {p["sku"]: (p["presented"], p["bought_when_presented"], p["bought"], p["units"],
+                       p["bought_pct"]) for p in report["presented_vs_bought"]}
+    assert rows == {"PR251010": (3, 1, 1, 1, 33.3),   # presented to A B C, bought by A
+                    "PR251020": (3, 1, 1, 1, 33.3),   # bought by B
+                    "PR260100": (1, 0, 0, 0, 0),      # presented to D only
+                    "PR290600": (0, 0, 1, 1, None)}   # B's kit: bought, never presented
+    assert report["presented_vs_bought"][-1]["name"] is not None  # from the catalog
 
 
 def test_handoff_reasons(report: dict[str, Any]) -> None:
@@ -322,7 +354,7 @@ def test_the_views_give_the_report_numbers(filled: Filled, report: dict[str, Any
     names = [view_name(spec, s) for s in section_queries(spec, 1)]
     assert names == [f"{TABLE}_v_{s}" for s in (
         "active_by_stage", "stage_funnel", "stage_time", "products", "handoff_reasons",
-        "conversation_costs", "stage_costs")]
+        "conversation_costs", "stage_costs", "purchases", "revenue", "presented_vs_bought")]
     assert run(f"SELECT stage, sessions FROM {TABLE}_v_active_by_stage") == [
         ("discovery", 2), ("objection_handling", 1)]
     assert [r[0] for r in run(f"SELECT sessions FROM {TABLE}_v_stage_funnel")] == [
@@ -334,6 +366,9 @@ def test_the_views_give_the_report_numbers(filled: Filled, report: dict[str, Any
     assert run(f"SELECT stage, turns FROM {TABLE}_v_stage_costs") == [
         (s["stage"], s["turns"]) for s in report["costs"]["stages"]]
     assert run(f"SELECT conversations, turns FROM {TABLE}_v_conversation_costs") == [(7, 27)]
+    assert run(f"SELECT orders, buyers FROM {TABLE}_v_purchases") == [(3, 2)]
+    assert run(f"SELECT currency, revenue FROM {TABLE}_v_revenue") == [
+        ("UAH", Decimal("1527.00")), ("EUR", Decimal("20.00"))]
     # The window is a setting: 30 days takes H in.
     run("SET funnel.since = '30 days'")
     try:
@@ -351,7 +386,7 @@ def test_migrate_creates_the_views_once(filled: Filled) -> None:
     assert "up to date" in out.stdout
     [(n,)] = filled.sql("SELECT count(*) FROM pg_views WHERE schemaname = current_schema() "
                         "AND viewname LIKE %s", (f"{TABLE}_v_%",))
-    assert n == 7
+    assert n == 10
 
 
 def test_migrate_keeps_the_views_in_step_with_the_funnel(db_url: str, sql: Any,
@@ -420,6 +455,11 @@ def test_table_output(filled: Filled) -> None:
     # Columns line up: numbers are right-aligned under their headers.
     assert len({r.index("%") for r in rows}) == 1 and len(rows) == 7
     assert "PR251010  Exotic Spa shampoo" in text
+    assert "3 orders from 2 of 7 sessions (28.6% bought)" in text
+    purchases = text.split("Purchases and revenue")[1].split("Presented vs bought")[0]
+    assert [ln.split()[:4] for ln in purchases.splitlines() if ln.strip().startswith(
+        ("UAH", "EUR"))] == [["UAH", "2", "2", "1,527.00"], ["EUR", "1", "1", "20.00"]]
+    assert re.search(r"PR290600 +\S.* +0 +0 +1 +1 +-", text)  # bought, never presented
 
 
 def test_bad_period_is_a_usage_error(filled: Filled) -> None:

@@ -27,6 +27,8 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("products", "Most presented products"),
     ("handoff_reasons", "Hand-off reasons"),
     ("costs", "Cost, tokens and quality"),
+    ("purchases", "Purchases and revenue"),
+    ("presented_vs_bought", "Presented vs bought"),
 )
 TITLES = dict(SECTIONS)
 
@@ -107,7 +109,7 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
         "conversations": 0, "turns": 0, "prompt_tokens": 0, "completion_tokens": 0,
         "cost": None, "avg_turns": None, "avg_tokens": None, "avg_cost": None,
         "median_cost": None, "turns_without_cost": 0}
-    return {
+    report = {
         "funnel": spec.name, "version": spec.version, "table": spec.table,
         "generated_at": _num(data["now"]), "since": since_text(since),
         "since_seconds": int(since) if float(since).is_integer() else since,
@@ -121,6 +123,24 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
         "costs": {"conversations": conversations,
                   "stages": _rows(sec["stage_costs"], ("pos",))},
     }
+    report.update(purchase_sections(spec, sec, total, catalog_names))
+    return report
+
+
+def purchase_sections(spec: FunnelSpec, sec: dict[str, Any], sessions: int,
+                      catalog_names: dict[str, str] | None = None) -> dict[str, Any]:
+    """``purchases`` (orders, buyers, revenue per currency) and ``presented_vs_bought``
+    (per SKU; None without a presented-products field), from funnel_conversions."""
+    bought = _rows(sec.get("purchases", []))
+    head = bought[0] if bought else {"sessions": sessions, "orders": 0, "buyers": 0,
+                                     "purchase_pct": None}
+    versus = None
+    if spec.presented_field:
+        versus = _rows(sec.get("presented_vs_bought", []))
+        for p in versus:
+            p["name"] = (catalog_names or {}).get(p["sku"])
+    return {"purchases": {**head, "revenue": _rows(sec.get("revenue", []))},
+            "presented_vs_bought": versus}
 
 
 async def build_report(funnel: str | Path | CompiledFunnel, *, db: str | None = None,
@@ -240,7 +260,28 @@ def render_table(report: dict[str, Any]) -> str:
           _fmt(s["cost_per_conversation"], "cost"), _fmt(s["validation_failure_pct"], "pct"),
           _fmt(s["fallback_pct"], "pct")] for s in r["costs"]["stages"]])
     section("costs", "turns in the window, per conversation and per stage", body)
+    out += _purchase_tables(r)
     return "\n".join(out) + "\n"
+
+
+def _purchase_tables(r: dict[str, Any]) -> list[str]:
+    p = r["purchases"]
+    body = (f"  {_fmt(p['orders'])} orders from {_fmt(p['buyers'])} of {_fmt(p['sessions'])} "
+            f"sessions ({_fmt(p['purchase_pct'], 'pct')} bought)")
+    if p["revenue"]:
+        body += "\n\n" + table(
+            ["currency", "orders", "buyers", "revenue", "avg order", "revenue/session"],
+            [[x["currency"], _fmt(x["orders"]), _fmt(x["buyers"]), _fmt(x["revenue"], "money"),
+              _fmt(x["avg_order"], "money"), _fmt(x["revenue_per_session"], "money")]
+             for x in p["revenue"]])
+    out = ["", f"{TITLES['purchases']} (orders recorded for these sessions)", body]
+    if r["presented_vs_bought"] is not None:
+        out += ["", f"{TITLES['presented_vs_bought']} (sessions)", table(
+            ["sku", "name", "presented", "bought when presented", "bought", "units", "rate"],
+            [[x["sku"], x["name"] or "-", _fmt(x["presented"]), _fmt(x["bought_when_presented"]),
+              _fmt(x["bought"]), _fmt(x["units"]), _fmt(x["bought_pct"], "pct")]
+             for x in r["presented_vs_bought"]])]
+    return out
 
 
 __all__ = ["SECTIONS", "build_report", "format_duration", "render_json", "render_table",

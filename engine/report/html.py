@@ -24,7 +24,7 @@ body{margin:0;background:#f4f5fa;color:#1f2433;font:15px/1.45 -apple-system,Blin
 main{max-width:1100px;margin:0 auto;padding:28px 28px 40px}
 header h1{margin:0;font-size:26px;letter-spacing:-.01em}
 header p{margin:4px 0 0;color:#646b80}
-.kpis{display:grid;grid-template-columns:repeat(5,1fr);gap:14px;margin:22px 0 8px}
+.kpis{display:grid;grid-template-columns:repeat(6,1fr);gap:14px;margin:22px 0 8px}
 .kpi{background:#fff;border-radius:12px;padding:14px 16px;box-shadow:0 1px 2px rgba(20,24,40,.06),
 0 1px 8px rgba(20,24,40,.04)}
 .kpi b{display:block;font-size:24px;font-weight:650;letter-spacing:-.01em}
@@ -142,11 +142,39 @@ def _kpis(r: dict[str, Any]) -> str:
         (f"{f['sessions']:,}", f"sessions started, last {r['since']}"),
         (f"{r['active_by_stage']['total']:,}", "active in the last 24 h"),
         (f"{handed:,}{rate}" if r["handoff_reasons"] is not None else "–", "handed off"),
+        (f"{r['purchases']['buyers']:,}" + (f" ({r['purchases']['purchase_pct']:.0f}%)"
+                                            if r["purchases"]["purchase_pct"] is not None
+                                            else ""), "bought (orders recorded)"),
         (_n(c["avg_cost"], "cost"), "cost per conversation"),
         (f"{100.0 * fallbacks / turns:.1f}%" if turns else "–", "turns that fell back"),
     ]
     return '<div class="kpis">' + "".join(
         f'<div class="kpi"><b>{_e(v)}</b><span>{_e(t)}</span></div>' for v, t in cards) + "</div>"
+
+
+def _purchases(r: dict[str, Any]) -> list[str]:
+    """The sections from funnel_conversions: orders and revenue, presented vs bought."""
+    p = r["purchases"]
+    rows = [[_e(x["currency"]), _n(x["orders"]), _n(x["buyers"]), _n(x["revenue"], "money"),
+             _n(x["avg_order"], "money"), _n(x["revenue_per_session"], "money")]
+            for x in p["revenue"]]
+    body = (_table(["currency", "orders", "buyers", "revenue", "average order",
+                    "revenue per session"], rows, {1, 2, 3, 4, 5}) if rows else
+            '<p class="empty">No order recorded yet (POST …/conversions or '
+            'Engine.record_conversion).</p>')
+    out = [_section("purchases", f"{p['orders']:,} orders from {p['buyers']:,} of "
+                    f"{p['sessions']:,} sessions ({_n(p['purchase_pct'], 'pct')} bought); "
+                    "revenue per currency", body)]
+    if r["presented_vs_bought"] is not None:
+        rows = [[f"<code>{_e(x['sku'])}</code>", _e(x["name"] or "–"), _n(x["presented"]),
+                 _n(x["bought_when_presented"]), _n(x["bought"]), _n(x["units"]),
+                 _n(x["bought_pct"], "pct")] for x in r["presented_vs_bought"]]
+        body = (_table(["SKU", "product", "presented", "bought when presented", "bought",
+                        "units", "rate"], rows, {2, 3, 4, 5, 6}) if rows else
+                '<p class="empty">No product was presented or bought.</p>')
+        out.append(_section("presented_vs_bought", "sessions a product was presented in, "
+                            "and which of them bought it", body))
+    return out
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -190,6 +218,7 @@ def render_html(report: dict[str, Any]) -> str:
                        {2, 3, 4}) if rows else '<p class="empty">No product was presented.</p>')
         out.append(_section("products", "sessions it was presented in, and how many of them "
                             "were handed to a manager", body))
+    out += _purchases(r)
     if r["handoff_reasons"] is not None:
         cur = f" ({r['currency']})" if r.get("currency") else ""
         rows = [[_e(h["reason"] or "–"), _n(h["handoffs"]), _n(h["avg_cart_total"], "money"),

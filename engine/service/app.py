@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import StoreUnavailable
-from . import inbound
+from . import inbound, orders
 from .auth import WidgetSession
 from .config import ServiceConfig
 from .core import Service
@@ -43,6 +43,7 @@ from .inbound import REPLAY_HEADER, delivery_key
 from .limits import RequestRefused, error, message_text, read_json
 from .openapi import SESSION_PATTERN, document
 from .readiness import readiness
+from .retention import RetentionScheduler
 from .telegram import TelegramChannel
 
 log = logging.getLogger("funnel.service")
@@ -105,6 +106,15 @@ async def post_message(request: Request, service: Service, funnel: str) -> Respo
     # another client's answers.
     scoped = f"{client.name}/{session}/{key}" if key else None
     return _turn(await inbound.turn(service, funnel, session, text, channel="api", key=scoped))
+
+
+async def post_conversion(request: Request, service: Service, funnel: str) -> Response:
+    client = service.client(request, "conversions")
+    service.limiter.check(client.name)
+    session = _session_param(request)
+    status, body = await orders.record(service, funnel, session,
+                                       await read_json(request, orders.MAX_ORDER_BYTES))
+    return _json(body, status)
 
 
 async def get_session(request: Request, service: Service, funnel: str) -> Response:
@@ -282,6 +292,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await service.start()
         hup = _on_sighup(service)
+        retention = app.state.retention = RetentionScheduler(service).start()
         # What startup built (imports, funnels, templates, validators, machines) lives
         # as long as the process: move it out of the collector's reach, or every full
         # collection walks all of it and stalls the worker's turns for tens of ms.
@@ -293,11 +304,14 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
             if hup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
                 _hold_sighup()  # a reload asked for while stopping must not kill the process
+            await retention.stop()
             await service.close()
 
     f = "/v1/funnels/{funnel}"
     routes = [
         Route(f"{f}/sessions/{{session}}/messages", _endpoint(post_message), methods=["POST"]),
+        Route(f"{f}/sessions/{{session}}/conversions", _endpoint(post_conversion),
+              methods=["POST"]),
         Route(f"{f}/sessions/{{session}}", _endpoint(get_session), methods=["GET"]),
         Route(f"{f}/widget/session", _endpoint(widget_session), methods=["POST"]),
         Route(f"{f}/widget/messages", _endpoint(widget_messages), methods=["GET", "POST"]),

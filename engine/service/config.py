@@ -10,7 +10,7 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_DB`` | PostgreSQL URL | the embedded server |
 | ``FUNNEL_MODEL`` / ``FUNNEL_API_BASE`` | model for every funnel | each funnel's own |
 | ``FUNNEL_STRUCTURED_OUTPUT`` | strategy for every funnel (docs/models.md) | each funnel's own |
-| ``FUNNEL_API_KEYS`` | ``key1:converse,read_state;key2:admin`` | none (API closed) |
+| ``FUNNEL_API_KEYS`` | ``key1:converse,read_state;key2:conversions;key3:admin`` | none (API closed) |
 | ``FUNNEL_SECRET`` | HMAC key of widget session tokens (≥ 16 chars) | random per process |
 | ``FUNNEL_TOKEN_TTL`` | widget token lifetime, seconds | 2592000 (30 days) |
 | ``FUNNEL_CORS_ORIGINS`` | allowed browser origins, comma-separated | none |
@@ -36,6 +36,8 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_REPLAY_WAIT`` | seconds a retry waits for its first delivery's turn | 120 |
 | ``FUNNEL_RELOAD`` | ``0``: do not watch the funnels' files (``SIGHUP`` still reloads) | 1 |
 | ``FUNNEL_RELOAD_INTERVAL`` | seconds between two looks at the funnels' files | 0.5 |
+| ``FUNNEL_RETENTION_INTERVAL`` | seconds between scheduled retention purges (``0``: none) | 3600 |
+| ``FUNNEL_RETENTION_ANONYMIZE`` | ``1``: the scheduled purge anonymizes instead of deleting | 0 |
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from ..llm.strategy import CHOICES
 from ..models import Model
 
 _TRUE = ("1", "true", "yes")
-SCOPES = frozenset({"converse", "read_state", "metrics", "admin"})
+SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "admin"})
 DEFAULT_TELEGRAM_API = "https://api.telegram.org"
 
 
@@ -98,6 +100,8 @@ class ServiceConfig:
     replay_wait: float = 120.0
     reload: bool = True  # watch the funnels' files (engine.service.reload)
     reload_interval: float = 0.5
+    retention_interval: float = 3600.0  # 0: no scheduled purge (engine.service.retention)
+    retention_anonymize: bool = False
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -174,6 +178,8 @@ class ServiceConfig:
             replay_wait=_number(env, "FUNNEL_REPLAY_WAIT", 120),
             reload=env.get("FUNNEL_RELOAD", "1") in _TRUE,
             reload_interval=_number(env, "FUNNEL_RELOAD_INTERVAL", 0.5),
+            retention_interval=_interval(env, "FUNNEL_RETENTION_INTERVAL", 3600),
+            retention_anonymize=env.get("FUNNEL_RETENTION_ANONYMIZE", "0") in _TRUE,
         )
 
     def telegram_bot(self, funnel: str) -> TelegramBot | None:
@@ -227,6 +233,12 @@ def _strategy(value: str | None) -> str | None:
         raise ConfigError(f"FUNNEL_STRUCTURED_OUTPUT must be one of {', '.join(CHOICES)}; "
                           f"got {value!r}")
     return value
+
+
+def _interval(env: Mapping[str, str], name: str, default: float) -> float:
+    """Seconds, or ``0`` for never."""
+    raw = env.get(name, "").strip()
+    return 0.0 if raw in ("0", "0.0") else _number(env, name, default)
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:

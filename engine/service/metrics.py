@@ -44,6 +44,11 @@ HELP = {
                                        "answered by another."),
     "funnel_model_seconds": ("histogram", "Model time of a turn (all its calls), in seconds."),
     "funnel_tokens_total": ("counter", "Model tokens, by kind (prompt, completion)."),
+    "funnel_conversions_total": ("counter", "Orders recorded against a session (not replays)."),
+    "funnel_retention_runs_total": ("counter", "Scheduled retention purges, by outcome (done, "
+                                    "skipped: another worker had it, failed)."),
+    "funnel_retention_purged_total": ("counter", "Sessions the scheduled purge deleted or "
+                                      "anonymized."),
     "funnel_turns_in_flight": ("gauge", "Turns running (or waiting for their session)."),
     "funnel_turns_queued": ("gauge", "Accepted Telegram messages waiting behind an earlier "
                             "message of the same session."),
@@ -61,7 +66,7 @@ HELP = {
 _SHARED_GAUGES = ("funnel_outbox_backlog", "funnel_outbox_oldest_due_seconds",
                   "funnel_open_sessions")
 _REFUSALS = ("unauthorized", "forbidden", "rate_limited", "too_large", "bad_request",
-             "unavailable", "session_busy", "busy", "internal")
+             "unavailable", "session_busy", "busy", "internal", "invalid_order", "conflict")
 
 
 def _labels(**labels: str) -> Labels:

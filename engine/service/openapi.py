@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..conversions import (
+    AMOUNT_PATTERN,
+    CURRENCIES,
+    MAX_LINES,
+    MAX_QTY,
+    ORDER_ID_PATTERN,
+    SKU_PATTERN,
+)
 from .limits import MAX_MESSAGE_CHARS, MAX_SESSION_ID
 
 SESSION_PATTERN = f"^[A-Za-z0-9_.:@-]{{1,{MAX_SESSION_ID}}}$"
@@ -27,6 +35,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         404: "No such funnel or session.",
         409: "The Idempotency-Key's message is gone (purged by retention): use a new key.",
         413: f"The message is over {MAX_MESSAGE_CHARS} characters (or the body too large).",
+        422: "A field of the order is out of bounds (amount, currency, a line, the time).",
         429: "Too many requests from this client; retry after `Retry-After` seconds.",
         503: "The database is unreachable, the table is behind the funnel, or this session "
              "has too many messages in flight; retry after `Retry-After` seconds. A message "
@@ -59,7 +68,8 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
         "openapi": "3.0.3",
         "info": {"title": "funnel", "version": version, "description": (
             "Run LLM sales conversations as finite-state machines. Server-to-server clients "
-            "use an API key (scopes: converse, read_state, metrics, admin); the web widget "
+            "use an API key (scopes: converse, read_state, conversions, metrics, admin); the "
+            "web widget "
             "uses a signed session token that the service issues.")},
         "paths": {
             "/v1/funnels/{funnel}/sessions/{session}/messages": {"post": {
@@ -69,6 +79,20 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                 "security": api_key,
                 "responses": {"200": _json(_ref("Turn"), "The reply and where the session is."),
                               **_errors(400, 401, 403, 404, 409, 413, 429, 503)}}},
+            "/v1/funnels/{funnel}/sessions/{session}/conversions": {"post": {
+                "operationId": "recordConversion",
+                "summary": "Record an order the session's customer placed.",
+                "description": "Needs the `conversions` scope. Idempotent on `order_id`: the "
+                "same order again answers 200 with `replayed`; the same id with other "
+                "content answers 409 and the first order stands.",
+                "parameters": [funnel, session], "security": api_key,
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": _ref("Order")}}},
+                "responses": {"201": _json(_ref("Conversion"), "Recorded."),
+                              "200": _json(_ref("Conversion"), "Recorded before (a retry)."),
+                              "409": _json(_ref("Error"), "The order id was recorded with "
+                                           "other content."),
+                              **_errors(400, 401, 403, 404, 413, 422, 429, 503)}}},
             "/v1/funnels/{funnel}/sessions/{session}": {"get": {
                 "operationId": "getSession", "summary": "The session's state row.",
                 "description": "Needs the `read_state` scope.",
@@ -143,6 +167,31 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                                         "fallback": {"type": "boolean"},
                                         "replayed": {"type": "boolean"},
                                         "turn_id": {"type": "integer"}}},
+                "Order": {"type": "object", "additionalProperties": False,
+                          "required": ["order_id", "amount", "currency"], "properties": {
+                    "order_id": {"type": "string", "pattern": ORDER_ID_PATTERN},
+                    "amount": {"type": "string", "pattern": AMOUNT_PATTERN,
+                               "description": "The total, a decimal string (two decimals)."},
+                    "currency": {"type": "string", "enum": sorted(CURRENCIES),
+                                 "description": "ISO 4217."},
+                    "lines": {"type": "array", "maxItems": MAX_LINES, "items": _ref("OrderLine")},
+                    "ordered_at": {"type": "string", "format": "date-time",
+                                   "description": "With its offset; not in the future. "
+                                   "Omitted: now."}}},
+                "OrderLine": {"type": "object", "additionalProperties": False,
+                              "required": ["sku", "qty", "price"], "properties": {
+                    "sku": {"type": "string", "pattern": SKU_PATTERN},
+                    "qty": {"type": "integer", "minimum": 1, "maximum": MAX_QTY},
+                    "price": {"type": "string", "pattern": AMOUNT_PATTERN}}},
+                "Conversion": {"type": "object", "required": [
+                    "order_id", "session_id", "amount", "currency", "lines", "ordered_at",
+                    "recorded_at", "replayed"], "properties": {
+                    "order_id": {"type": "string"}, "session_id": {"type": "string"},
+                    "amount": {"type": "string"}, "currency": {"type": "string"},
+                    "lines": {"type": "array", "items": _ref("OrderLine")},
+                    "ordered_at": {"type": "string", "format": "date-time"},
+                    "recorded_at": {"type": "string", "format": "date-time"},
+                    "replayed": {"type": "boolean"}}},
                 "Error": {"type": "object", "required": ["error", "message"], "properties": {
                     "error": {"type": "string"}, "message": {"type": "string"}}},
                 "WidgetSession": {"type": "object", "required": ["token", "expires_at"],

@@ -14,6 +14,7 @@ worker, and each validates and takes the edit on its own.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import os
 import secrets
@@ -110,9 +111,11 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
           f"({workers} worker{'s' if workers > 1 else ''}); "
           f"{'edits to the funnels are taken as saved, ' if config.reload else ''}"
           "SIGHUP reloads them", file=sys.stderr)
+    level = env.get("FUNNEL_LOG_LEVEL", "info")
     options: dict[str, Any] = {
         "factory": True, "host": host, "port": port, "workers": workers, "ws": "none",
-        "log_level": env.get("FUNNEL_LOG_LEVEL", "info"), **proxy_options(config.trusted_proxies)}
+        "log_level": level, "log_config": log_config(uvicorn.config.LOGGING_CONFIG, level),
+        **proxy_options(config.trusted_proxies)}
     try:
         if workers > 1:
             _run_workers(uvicorn.Config(APP, **options))
@@ -122,3 +125,13 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def log_config(base: dict[str, Any], level: str) -> dict[str, Any]:
+    """uvicorn's logging (``base``), plus the engine's own loggers (``funnel.*``: the
+    scheduled purge's line, hand-off alerts, outbox failures) on its stream and level."""
+    config = copy.deepcopy(base)
+    config["loggers"]["funnel"] = {"handlers": ["default"], "level": level.upper(),
+                                   "propagate": False}
+    return config
+

@@ -264,6 +264,66 @@ def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
     ).format(st=_stages(spec, b), turns=sql.Identifier(ddl.TURNS), where=where)
 
 
+# -- (7) purchases, (8) revenue, (9) presented vs bought, from funnel_conversions --------
+# Orders (engine.conversions) of the sessions started in the window, whenever placed:
+# the same sessions as the funnel above, so the rates are of those sessions.
+def _orders(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    """``s(session_id)``: the window's sessions; ``o``: their orders."""
+    return sql.SQL(
+        "s AS (SELECT t.session_id FROM {t} t WHERE {recent}), "
+        "o AS (SELECT c.session_id, c.amount, c.currency, c.lines FROM {c} c "
+        "JOIN s ON s.session_id = c.session_id WHERE c.funnel = {funnel})"
+    ).format(t=sql.Identifier(spec.table), recent=_recent(b),
+             c=sql.Identifier(ddl.CONVERSIONS), funnel=b("funnel", spec.name, "text"))
+
+
+def purchases(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    return sql.SQL(
+        "WITH {orders} SELECT (SELECT count(*) FROM s) AS sessions, "
+        "(SELECT count(*) FROM o) AS orders, "
+        "(SELECT count(DISTINCT session_id) FROM o) AS buyers, "
+        "round(100.0 * (SELECT count(DISTINCT session_id) FROM o) / "
+        "NULLIF((SELECT count(*) FROM s), 0), 1) AS purchase_pct"
+    ).format(orders=_orders(spec, b))
+
+
+def revenue(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    # Per currency: amounts in different currencies are never added up.
+    return sql.SQL(
+        "WITH {orders} SELECT o.currency, count(*) AS orders, "
+        "count(DISTINCT o.session_id) AS buyers, sum(o.amount) AS revenue, "
+        "round(avg(o.amount), 2) AS avg_order, "
+        "round(sum(o.amount) / NULLIF((SELECT count(*) FROM s), 0), 2) AS revenue_per_session "
+        "FROM o GROUP BY o.currency ORDER BY revenue DESC, o.currency"
+    ).format(orders=_orders(spec, b))
+
+
+def presented_vs_bought(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
+    if not spec.presented_field:
+        return None
+    p = _col(spec.presented_field)
+    limit = sql.SQL(" LIMIT {}").format(b("limit", b.limit, "int")) if b.limit else sql.SQL("")
+    return sql.SQL(
+        "WITH {orders}, "
+        "pr AS (SELECT DISTINCT t.session_id, COALESCE(x->>'sku', x #>> '{{}}') AS sku "
+        "FROM {t} t CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof({p}) = "
+        "'array' THEN {p} ELSE '[]'::jsonb END) x WHERE {recent}), "
+        "bo AS (SELECT o.session_id, l->>'sku' AS sku, sum((l->>'qty')::numeric) AS units "
+        "FROM o CROSS JOIN LATERAL jsonb_array_elements(o.lines) l GROUP BY 1, 2) "
+        "SELECT COALESCE(pr.sku, bo.sku) AS sku, count(pr.session_id) AS presented, "
+        "count(bo.session_id) FILTER (WHERE pr.session_id IS NOT NULL) AS bought_when_presented, "
+        "count(bo.session_id) AS bought, COALESCE(sum(bo.units), 0) AS units, "
+        "round(100.0 * count(bo.session_id) FILTER (WHERE pr.session_id IS NOT NULL) / "
+        "NULLIF(count(pr.session_id), 0), 1) AS bought_pct "
+        "FROM pr FULL JOIN bo ON bo.session_id = pr.session_id AND bo.sku = pr.sku "
+        "GROUP BY 1 ORDER BY presented DESC, bought DESC, sku{limit}"
+    ).format(orders=_orders(spec, b), t=sql.Identifier(spec.table), p=p, recent=_recent(b),
+             limit=limit)
+
+
+# The sections that read funnel_conversions too (none before it exists).
+CONVERSION_SECTIONS = frozenset({"purchases", "revenue", "presented_vs_bought"})
+
 # name -> (builder, reads funnel_turns)
 SECTIONS: dict[str, tuple[Section, bool]] = {
     "active_by_stage": (active_by_stage, False),
@@ -273,6 +333,9 @@ SECTIONS: dict[str, tuple[Section, bool]] = {
     "handoff_reasons": (handoff_reasons, False),
     "conversation_costs": (conversation_costs, True),
     "stage_costs": (stage_costs, True),
+    "purchases": (purchases, False),
+    "revenue": (revenue, False),
+    "presented_vs_bought": (presented_vs_bought, False),
 }
 
 
@@ -365,14 +428,17 @@ async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit
             for name, value in REPORT_SETTINGS.items():
                 await conn.execute("SELECT set_config(%s, %s, true)", (name, value))
             row = await (await conn.execute(
-                "SELECT NOW(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+                "SELECT NOW(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
+                "to_regclass(%s) IS NOT NULL",
                 (sql.Identifier(spec.table).as_string(conn),
-                 sql.Identifier(ddl.TURNS).as_string(conn)))).fetchone()
+                 sql.Identifier(ddl.TURNS).as_string(conn),
+                 sql.Identifier(ddl.CONVERSIONS).as_string(conn)))).fetchone()
             assert row is not None
-            now, have_sessions, have_turns = row
+            now, have_sessions, have_turns, have_orders = row
             sections: dict[str, list[dict[str, Any]]] = {}
             for name, (query, params, turns) in section_queries(spec, since, limit=limit).items():
-                if not (have_turns if turns else have_sessions):
+                if not (have_turns if turns else have_sessions) or (
+                        name in CONVERSION_SECTIONS and not have_orders):
                     sections[name] = []
                     continue
                 cur = conn.cursor(row_factory=dict_row)
@@ -382,5 +448,5 @@ async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit
             "sections": sections}
 
 
-__all__ = ["REPORT_SETTINGS", "SECTIONS", "fetch_report", "section_queries", "view_changes", "view_name",
-           "view_statements"]
+__all__ = ["CONVERSION_SECTIONS", "REPORT_SETTINGS", "SECTIONS", "fetch_report",
+           "section_queries", "view_changes", "view_name", "view_statements"]

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..chat import Message
+from ..conversions import Conversion, Order
 from ..knowledge.chunks import Chunk
 from ..spec import FunnelSpec
 
@@ -142,6 +143,11 @@ class Store(Protocol):
                     batch: int = 1000) -> dict[str, int]:
         """Delete or anonymize sessions idle longer than ``older_than`` seconds."""
 
+    async def purge_when_due(self, funnel: FunnelSpec, older_than: float, period: float, *,
+                             anonymize: bool = False) -> tuple[str, dict[str, int] | None]:
+        """``purge`` if no other worker runs it now and it did not run within ``period``
+        seconds (engine.store.jobs): ``("done", counts)``, ``("busy"|"not_due", None)``."""
+
     async def purge_preview(self, funnel: FunnelSpec, older_than: float, *,
                             anonymize: bool = False) -> dict[str, int] | None:
         """What ``purge`` would touch, counted; ``None`` when the funnel has no table."""
@@ -149,6 +155,14 @@ class Store(Protocol):
     async def turn_records(self, funnel: FunnelSpec, session_id: str, limit: int = 1000
                            ) -> list[dict[str, Any]]:
         """A session's turn records, oldest first, with each turn's message and reply."""
+
+    async def record_conversion(self, funnel: FunnelSpec, order: Order) -> Conversion:
+        """Record an order against its session, once per order id (engine.conversions).
+
+        Raises:
+            UnknownSession: the session is not in the funnel's table.
+            OrderConflict: the order id was recorded before with other content.
+        """
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
                               limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:

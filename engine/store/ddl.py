@@ -8,6 +8,7 @@ from psycopg import sql
 
 from ..names import CONVERSIONS as CONVERSIONS
 from ..names import INBOUND as INBOUND  # the shared tables' names, re-exported
+from ..names import JOBS as JOBS
 from ..names import KNOWLEDGE as KNOWLEDGE
 from ..names import KNOWLEDGE_SETS as KNOWLEDGE_SETS
 from ..names import KNOWLEDGE_TERMS as KNOWLEDGE_TERMS
@@ -279,4 +280,11 @@ SHARED_MIGRATIONS: list[str] = [
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS migration JSONB",
     # The experiment's variant each turn ran on (engine.experiments); NULL outside one.
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS variant TEXT",
+    # When a periodic job last ran (the retention purge of `funnel serve`, per funnel), so
+    # that of several workers one runs it once per period (engine.store.jobs).
+    f"""CREATE TABLE IF NOT EXISTS {JOBS} (
+        job TEXT PRIMARY KEY,
+        last_run_at TIMESTAMPTZ NOT NULL,
+        result JSONB
+    )""",
 ]

@@ -146,8 +146,11 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
                         if not check:
                             await conn.execute(sql.SQL(
                                 "UPDATE {} SET stage = %s, stage_iteration = 0, "
-                                "row_version = row_version + 1 WHERE stage = %s").format(
-                                    sql.Identifier(spec.table)), (target, stage))
+                                "stage_history = {}, row_version = row_version + 1 "
+                                "WHERE stage = %s").format(
+                                    sql.Identifier(spec.table),
+                                    _history_with(sql.Literal(target), sql.SQL("NOW()"))),
+                                (target, stage))
                     else:
                         report.append(f"error: {count} session(s) sit in stage '{stage}', "
                                       "which the funnel no longer declares; add "
@@ -155,6 +158,10 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
         changes = await _with_views(conn, spec, changes)
         changes += await function_changes(conn, spec)
         if check:
+            unrecorded = await _unrecorded_stages(conn, spec) if have else 0
+            if unrecorded:
+                report.append(f"would record the current stage of {unrecorded} session(s) in "
+                              "stage_history")
             return [f"would {what}" for what, _ in changes] + report
         done = await _applied(conn, spec.table)
         version = max(done, default=0)
@@ -164,7 +171,52 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
                 continue  # derived objects: (re)created from the funnel, not recorded
             version += 1
             await _record(conn, spec.table, version, f"v{spec.version}: {what}")
+        # After the changes: a seed table gets row_version above, and sessions moved out
+        # of a removed stage get their new one recorded.
+        done_rows = await record_current_stages(conn, spec) if have else 0
+        if done_rows:
+            report.append(f"recorded the current stage of {done_rows} session(s) in "
+                          "stage_history")
     return [what for what, _ in changes] + report
+
+
+# A row whose history does not end in the stage it sits in: written in the seed's
+# format (stage set, stage_history left '[]') or by another writer. The seed's queries
+# read stages from stage_history only, so such a session would count nowhere.
+# Only rows in a declared stage: one the funnel no longer has is reported above instead.
+_UNRECORDED = ("jsonb_typeof(stage_history) = 'array' AND "
+               "(stage_history -> -1 ->> 'stage') IS DISTINCT FROM stage AND stage = ANY(%s)")
+
+
+async def _unrecorded_stages(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec) -> int:
+    row = await (await conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
+        sql.Identifier(spec.table), sql.SQL(_UNRECORDED)), (list(spec.stages),))).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def record_current_stages(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec) -> int:
+    """Append each session's current stage to its ``stage_history`` where the history
+    does not end in it (one UPDATE; a second run changes nothing); how many rows.
+
+    The entry is the one the engine writes on entering a stage, dated at the row's
+    ``updated_at``; an open entry before it is closed at the same time.
+    """
+    cur = await conn.execute(sql.SQL(
+        "UPDATE {t} SET stage_history = {h}, row_version = row_version + 1 WHERE {w}"
+    ).format(t=sql.Identifier(spec.table), h=_history_with(sql.SQL("stage"), sql.SQL("updated_at")),
+             w=sql.SQL(_UNRECORDED)), (list(spec.stages),))
+    return cur.rowcount
+
+
+def _history_with(stage: sql.Composable, at: sql.Composable) -> sql.Composed:
+    """``stage_history`` with ``stage`` entered ``at`` (the open entry before it closed
+    then), as the engine writes it on entering a stage."""
+    return sql.SQL(
+        "(CASE WHEN jsonb_typeof(stage_history) <> 'array' THEN '[]'::jsonb "
+        "WHEN jsonb_array_length(stage_history) > 0 AND NOT (stage_history -> -1 ? 'exited_at') "
+        "THEN jsonb_set(stage_history, '{{-1,exited_at}}', to_jsonb({at})) "
+        "ELSE stage_history END) || jsonb_build_array(jsonb_build_object("
+        "'stage', {stage}, 'entered_at', to_jsonb({at})))").format(stage=stage, at=at)
 
 
 async def _with_views(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec,

@@ -21,11 +21,12 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..chat import Message
+from ..conversions import Conversion, Order
 from ..errors import SchemaOutdated, StoreUnavailable, first_line
 from ..knowledge import sql as knowledge_sql
 from ..knowledge.chunks import Chunk
 from ..spec import FunnelSpec
-from . import ddl, retention, turns
+from . import conversions, ddl, jobs, retention, turns
 from .base import TurnWrite
 from .connect import safe_url
 from .delivery import DeliveryMixin
@@ -332,6 +333,14 @@ class PostgresStore(DeliveryMixin, VersionsMixin):
         messages, turn records and outbox rows, ``batch`` sessions per transaction."""
         return await retention.purge(self._conn, funnel, older_than, anonymize=anonymize, batch=batch)
 
+    async def purge_when_due(self, funnel: FunnelSpec, older_than: float, period: float, *,
+                             anonymize: bool = False) -> tuple[str, dict[str, int] | None]:
+        """:meth:`purge` if no other worker runs it now and it did not run within ``period``
+        seconds (engine.store.jobs): ``("done", counts)``, else ``("busy"|"not_due", None)``."""
+        return await jobs.run_if_due(
+            self._conn, f"retention:{funnel.name}", period,
+            lambda: self.purge(funnel, older_than, anonymize=anonymize), result=dict)
+
     async def purge_preview(self, funnel: FunnelSpec, older_than: float, *,
                             anonymize: bool = False) -> dict[str, int] | None:
         """What :meth:`purge` would touch, counted; ``None`` when the funnel has no table."""
@@ -341,6 +350,10 @@ class PostgresStore(DeliveryMixin, VersionsMixin):
                            ) -> list[dict[str, Any]]:
         """A session's turn records, oldest first, with each turn's message and reply."""
         return await turns.turn_records(self._conn, funnel.name, session_id, limit)
+
+    async def record_conversion(self, funnel: FunnelSpec, order: Order) -> Conversion:
+        """Record an order against its session, once per order id (engine.conversions)."""
+        return await conversions.record(self._conn, funnel, order)
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,
                               limit: int = 200) -> tuple[str, int, list[tuple[int, Message]]]:
