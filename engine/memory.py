@@ -216,7 +216,7 @@ class ModelSummarizer:
 
     async def observe(self, known: Sequence[str], messages: Sequence[Message],
                       budget: int) -> list[str]:
-        """The new messages as dated observations (at most a quarter of ``budget``)."""
+        """The new messages as dated observations (at most half of ``budget``)."""
         transcript = "\n".join(
             f"{'Customer' if m.role == 'user' else 'You'}: {' '.join(m.content.split())}"
             for m in messages)
@@ -226,7 +226,7 @@ class ModelSummarizer:
             count=MAX_NEW_OBSERVATIONS), data)
         today = self.clock().date().isoformat()
         dated = [f"{today}: {_DATED.sub('', line)}" for line in answer]
-        return _within(dated[:MAX_NEW_OBSERVATIONS], max(budget // 4, 1))
+        return _within(dated[:MAX_NEW_OBSERVATIONS], max(budget // 2, 1))
 
     async def reflect(self, lines: Sequence[str], budget: int) -> list[str]:
         """``lines`` condensed to at most ``budget`` tokens (the model is asked for half).
@@ -279,6 +279,8 @@ class RollingSummary:
     def summarizer(self) -> Summarizer:
         if self._summarizer is None:
             memory = self.spec.memory
+            # The funnel's timeout, retries and deadline; no fallback models: a failed
+            # background fold is simply tried again on the next turn.
             settings = dataclasses.replace(self.spec.model, fallbacks=())
             if memory.summarizer_model:
                 self._summarizer = ModelSummarizer(make_model(
