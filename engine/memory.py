@@ -66,8 +66,9 @@ def _clip(text: str, budget: int) -> str:
 class ExtractiveSummarizer:
     """The offline summarizer: a compact transcript of the older messages, newest kept.
 
-    Used with the scripted model and whenever no ``memory.summarizer_model``
-    is set; it calls no model, so its cost is zero and its output predictable.
+    Used with the scripted model when no ``memory.summarizer_model`` is set (and
+    by ``funnel test``); it calls no model, so its cost is zero and its output
+    predictable. It folds by message count and rewrites its text each fold.
     Being instant, it runs inside the turn (``inline``) and its result is saved
     with the turn's own statement: no extra round trip, no extra lock.
     """
