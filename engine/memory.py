@@ -273,6 +273,7 @@ class RollingSummary:
         self._summarizer = summarizer
         self.model = model
         self.clock = clock
+        self._running: set[str] = set()  # sessions with a fold in flight
         # The summarizer model calls the funnel's endpoint unless it is given its own.
         self.api_base = api_base if api_base is not None else spec.model.api_base
 
@@ -368,7 +369,20 @@ class RollingSummary:
     async def run(self, session_id: str, job: SummaryJob = (None, 0, None)) -> bool:
         """The background job: fold and store under the session's lock. Never raises: a
         failure is logged and the next turn's job starts again from ``summary_upto``.
-        Returns whether a new summary was stored."""
+        Returns whether a new summary was stored.
+
+        One fold of a session at a time in this engine: a job that finds another in
+        flight leaves (its model call would lose the compare-and-set anyway), and the
+        next turn's job takes what is left."""
+        if session_id in self._running:
+            return False
+        self._running.add(session_id)
+        try:
+            return await self._fold(session_id, job)
+        finally:
+            self._running.discard(session_id)
+
+    async def _fold(self, session_id: str, job: SummaryJob) -> bool:
         summary, upto, messages = job
         try:
             if summary is None or not messages:

@@ -269,6 +269,39 @@ async def test_a_failing_or_slow_summarizer_leaves_the_turn_fine_and_catches_up(
     assert upto > 0 and f"My cat is called {PET}" in block
 
 
+async def test_one_fold_of_a_session_at_a_time(
+        tmp_path: Path, db_url: str, sql: Any, fake_llm: Any) -> None:
+    waiting, release = threading.Event(), threading.Event()
+
+    def slow(body: dict[str, Any]) -> str | None:
+        if role_of(body) == "observer":
+            waiting.set()
+            release.wait(10)
+        return playing_model(body)
+
+    fake_llm.respond_with(slow)
+    engine = await Engine.open(funnel_file(tmp_path, observe_after=60), db=db_url,
+                               model=MODEL, api_base=fake_llm.api_base)
+    try:
+        turn = 1
+        while not waiting.is_set() and turn < 10:  # until a fold is in flight
+            await engine.handle("once", message(turn))
+            turn += 1
+            await asyncio.to_thread(waiting.wait, 1)
+        assert waiting.is_set()
+        # The next turn would fold the same messages: no second model call for them.
+        result = await engine.handle("once", message(turn))
+        assert not result.fallback, result.error
+        release.set()
+        await engine.drain()
+    finally:
+        release.set()
+        await engine.close()
+    assert len(requests_of(fake_llm, "observer")) == 1
+    block, upto = summary_of(sql, "once")
+    assert upto > 0 and block
+
+
 async def test_a_real_model_is_the_default_summarizer_at_its_api_base(
         tmp_path: Path, db_url: str, fake_llm: Any) -> None:
     engine = await Engine.open(funnel_file(tmp_path), db=db_url, model=MODEL,
