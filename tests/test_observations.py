@@ -31,6 +31,7 @@ from engine.memory import (
     text_tokens,
 )
 from engine.models import LiteLLMModel
+from engine.validation import check_file
 
 MODEL = "openai/fake-model"
 PET = "Murka"
@@ -348,3 +349,12 @@ def test_memory_settings_are_validated_by_name(tmp_path: Path) -> None:
     assert result.returncode != 0, text
     assert "`memory.observe_after`: 5 is less than the minimum of 20" in text
     assert "`memory.observation_budget`: 'big' is not of type 'integer'" in text
+
+
+def test_validate_warns_when_observations_may_crowd_the_prompt(tmp_path: Path) -> None:
+    _, diagnostics = check_file(funnel_file(tmp_path, observation_budget=600))
+    warned = [d for d in diagnostics if d.code == "F206"]
+    assert warned and all(d.severity == "warning" for d in warned)
+    assert "observation_budget (600) is over half its prompt_budget (1000)" in warned[0].message
+    _, diagnostics = check_file(funnel_file(tmp_path, observation_budget=500))
+    assert not [d for d in diagnostics if d.code == "F206"]
