@@ -40,7 +40,7 @@ from fake_openai import FakeOpenAI  # noqa: E402
 
 from engine import Engine, ScriptedModel  # noqa: E402
 from engine.chat import estimate_tokens  # noqa: E402
-from engine.memory import text_tokens  # noqa: E402
+from engine.observations import text_tokens  # noqa: E402
 
 PET = "Murka"
 SHOWN = (1, 3, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 58, 59, 60)

@@ -37,7 +37,7 @@ from psycopg.rows import dict_row
 from engine.chat import estimate_tokens
 from engine.funnel import CompiledFunnel, load_funnel
 from engine.invariants import check_funnel, check_row
-from engine.memory import text_tokens
+from engine.observations import text_tokens
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig
 

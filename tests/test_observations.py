@@ -23,14 +23,14 @@ from conftest import puramur_data, run_funnel
 
 from engine import Engine, ScriptedModel
 from engine.chat import Message
-from engine.memory import (
+from engine.memory import ExtractiveSummarizer
+from engine.models import LiteLLMModel
+from engine.observations import (
     OBSERVATION_CHARS,
-    ExtractiveSummarizer,
     ModelSummarizer,
     observation_lines,
     text_tokens,
 )
-from engine.models import LiteLLMModel
 from engine.validation import check_file
 
 MODEL = "openai/fake-model"
