@@ -3,11 +3,18 @@
 1. Storage: the message log and the state row (PostgreSQL).
 2. Recent messages: the last N messages (``memory.window``, per stage),
    applied in SQL, oldest first.
-3. Rolling summary: messages that leave the window are folded into the
-   funnel's summary field (``memory.summary``, e.g. ``conversation_summary``)
-   by a summarizer, kept under ``memory.summary_budget`` tokens. It runs in the
-   background after the reply; a failure never fails a turn, and the next
-   turn's job catches up from where the last one stopped (``summary_upto``).
+3. Summary of older messages, in the funnel's summary field (``memory.summary``,
+   e.g. ``conversation_summary``), written in the background after the reply; a
+   failure never fails a turn, and the next turn's job catches up from where the
+   last one stopped (``summary_upto``). Two kinds:
+
+   * observational memory (seed 002's tier 3), with a real model: once the
+     messages not observed yet pass ``memory.observe_after`` tokens, the
+     observer appends dated observations, one a line; when the list would pass
+     ``memory.observation_budget``, the reflector condenses it. The block is
+     append-only between reflections, so providers' prompt caches keep hitting;
+   * the extractive summary, offline (the scripted model): a clipped transcript
+     of the messages that left the window, under ``memory.summary_budget``.
 4. Semantic recall: left out on purpose. The state row already holds the
    facts a sales funnel needs; recall over old messages would add an
    embedding model and pgvector for little gain here.
@@ -20,15 +27,16 @@ reaches the model in a delimited data message, never in the system message.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
-from .chat import Message
-from .models import ModelRequest, make_model
-from .sanitize import printable
-from .spec import FunnelSpec, ModelSettings
+from .chat import Message, estimate_tokens
+from .models import LiteLLMModel, Model, make_model
+from .observations import ModelSummarizer as ModelSummarizer
+from .spec import FunnelSpec
 from .store import Store
 
 # (summary so far, summary_upto, messages to fold); (None, 0, None): read them from the log.
@@ -55,8 +63,9 @@ def _clip(text: str, budget: int) -> str:
 class ExtractiveSummarizer:
     """The offline summarizer: a compact transcript of the older messages, newest kept.
 
-    Used with the scripted model and whenever no ``memory.summarizer_model``
-    is set; it calls no model, so its cost is zero and its output predictable.
+    Used with the scripted model when no ``memory.summarizer_model`` is set (and
+    by ``funnel test``); it calls no model, so its cost is zero and its output
+    predictable. It folds by message count and rewrites its text each fold.
     Being instant, it runs inside the turn (``inline``) and its result is saved
     with the turn's own statement: no extra round trip, no extra lock.
     """
@@ -72,74 +81,104 @@ class ExtractiveSummarizer:
         return _clip(" | ".join(lines), budget)
 
 
-class ModelSummarizer:
-    """Summarizes with a model (its own setting, so a cheap model can do it)."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-
-    async def summarize(self, previous: str, messages: Sequence[Message], budget: int) -> str:
-        transcript = "\n".join(f"{m.role}: {m.content}" for m in messages)
-        prompt = (
-            f"Update the running summary of a sales conversation. Keep facts the customer "
-            f"stated, products discussed, doubts and decisions; at most {budget * 3 // 4} words."
-            f"\n\nSummary so far:\n{previous or '(none)'}\n\nNew messages:\n{transcript}\n\n"
-            'Answer with JSON: {"summary": "..."}'
-        )
-        request = ModelRequest(
-            messages=[{"role": "user", "content": prompt}],
-            schema={"type": "object", "required": ["summary"],
-                    "properties": {"summary": {"type": "string"}}},
-            stage="summary", settings=ModelSettings(name=getattr(self.model, "name", "")),
-            session_id="", turn=0, user_text="")
-        completion = await self.model.complete(request)
-        try:
-            text = str(json.loads(completion.text)["summary"])
-        except (ValueError, KeyError, TypeError):
-            text = completion.text
-        # The summary is stored as text and shown to the model: the model's own output,
-        # it crosses the same boundary (no NUL or control characters reach PostgreSQL).
-        return _clip(printable(text.strip()), budget)
-
-
 class RollingSummary:
-    """Tier 3 for one funnel: decides when to fold, folds, and stores the summary."""
+    """Tier 3 for one funnel: decides when to fold, folds, and stores the summary.
+
+    The summarizer: ``memory.summarizer_model`` when set; else, when the engine's
+    model is a real (litellm) model, that model, at its endpoint: both write
+    observational memory (:class:`ModelSummarizer`). With the scripted model, the
+    offline :class:`ExtractiveSummarizer`.
+    """
 
     def __init__(self, spec: FunnelSpec, store: Store, window: int,
-                 summarizer: Summarizer | None = None, *, api_base: str | None = None) -> None:
+                 summarizer: Summarizer | None = None, *, api_base: str | None = None,
+                 model: Model | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
         self.spec = spec
         self.store = store
         self.window = window
         self._summarizer = summarizer
+        self.model = model
+        self.clock = clock
+        self._running: set[str] = set()  # sessions with a fold in flight
         # The summarizer model calls the funnel's endpoint unless it is given its own.
         self.api_base = api_base if api_base is not None else spec.model.api_base
 
     @property
     def summarizer(self) -> Summarizer:
         if self._summarizer is None:
-            name = self.spec.memory.summarizer_model
-            self._summarizer = ModelSummarizer(make_model(
-                name, api_base=self.spec.memory.summarizer_api_base or self.api_base)) \
-                if name else \
-                ExtractiveSummarizer()
+            memory = self.spec.memory
+            # The funnel's timeout, retries and deadline; no fallback models: a failed
+            # background fold is simply tried again on the next turn.
+            settings = dataclasses.replace(self.spec.model, fallbacks=())
+            if memory.summarizer_model:
+                self._summarizer = ModelSummarizer(make_model(
+                    memory.summarizer_model,
+                    api_base=memory.summarizer_api_base or self.api_base),
+                    dataclasses.replace(settings, name=memory.summarizer_model), self.clock)
+            elif isinstance(self.model, LiteLLMModel):
+                # The funnel's own model, at its own endpoint (or the summarizer's).
+                base = memory.summarizer_api_base or self.model.api_base or self.api_base
+                self._summarizer = ModelSummarizer(
+                    LiteLLMModel(self.model.name, api_base=base),
+                    dataclasses.replace(settings, name=self.model.name), self.clock)
+            else:
+                self._summarizer = ExtractiveSummarizer()
         return self._summarizer
 
     @summarizer.setter
     def summarizer(self, value: Summarizer) -> None:
         self._summarizer = value
 
+    @property
+    def observational(self) -> bool:
+        """Whether the summary is an observation list (folded by tokens, append-only)."""
+        return bool(getattr(self.summarizer, "observational", False))
+
+    @property
+    def budget(self) -> int:
+        memory = self.spec.memory
+        return memory.observation_budget if self.observational else memory.summary_budget
+
+    def history(self, recent: list[Message], row: Mapping[str, Any] | None,
+                window: int) -> list[Message]:
+        """The messages the prompt shows: the last ``window``; with observational memory,
+        also the older ones not observed yet (the seed's raw message block), so that no
+        message is out of the model's sight between leaving the window and being observed.
+        The prompt budget still drops the oldest first."""
+        if not window:
+            return []
+        if not (self.observational and self.spec.memory.summary and row is not None):
+            return recent[-window:]
+        upto = int(row.get("summary_upto") or 0)
+        unobserved = sum(1 for m in recent if m.id > upto)
+        return recent[-max(window, unobserved):]
+
     def plan(self, state: Mapping[str, Any], row: Mapping[str, Any] | None,
-             recent: list[Message], backlog: int) -> SummaryJob | None:
+             recent: list[Message], backlog: int, text: str = "") -> SummaryJob | None:
         """Whether this turn folds old messages into the summary, and which.
 
-        The turn read up to three windows of messages; once a window's worth has left
-        the window unsummarized, the job gets them directly, with no extra query.
+        The extractive summary folds once a window's worth of messages has left the
+        window; observational memory once the messages not observed yet (``text``, the
+        customer's message, included) pass ``memory.observe_after`` tokens. The turn
+        read up to three windows of messages: the job gets the ones to fold directly,
+        with no extra query; when all of those are unsummarized, it reads the log.
         """
         field = self.spec.memory.summary
-        if not field or row is None or backlog < max(2, self.window):
+        if not field or row is None:
             return None
         upto = int(row.get("summary_upto") or 0)
         complete = len(recent) < 3 * self.window or (recent and recent[0].id <= upto)
+        if self.observational:
+            if not complete:  # more unobserved messages than the turn reads: fold them now
+                return (None, 0, None)
+            unobserved = [m for m in recent if m.id > upto]
+            tokens = estimate_tokens([{"content": m.content} for m in unobserved]
+                                     + [{"content": text}])
+            if tokens < self.spec.memory.observe_after or len(unobserved) <= self.window:
+                return None
+        elif backlog < max(2, self.window):
+            return None
         if not complete:
             return (None, 0, None)  # too far behind (a summarizer was down): read the log
         older = [m for m in recent[:-self.window] if m.id > upto] if self.window else []
@@ -151,14 +190,26 @@ class RollingSummary:
         summary, _, messages = job
         if summary is None or not messages or not getattr(self.summarizer, "inline", False):
             return None
-        new = await self.summarizer.summarize(summary, messages,
-                                              self.spec.memory.summary_budget)
+        new = await self.summarizer.summarize(summary, messages, self.budget)
         return new, messages[-1].id
 
     async def run(self, session_id: str, job: SummaryJob = (None, 0, None)) -> bool:
         """The background job: fold and store under the session's lock. Never raises: a
         failure is logged and the next turn's job starts again from ``summary_upto``.
-        Returns whether a new summary was stored."""
+        Returns whether a new summary was stored.
+
+        One fold of a session at a time in this engine: a job that finds another in
+        flight leaves (its model call would lose the compare-and-set anyway), and the
+        next turn's job takes what is left."""
+        if session_id in self._running:
+            return False
+        self._running.add(session_id)
+        try:
+            return await self._fold(session_id, job)
+        finally:
+            self._running.discard(session_id)
+
+    async def _fold(self, session_id: str, job: SummaryJob) -> bool:
         summary, upto, messages = job
         try:
             if summary is None or not messages:
@@ -168,8 +219,7 @@ class RollingSummary:
                 messages = [Message(m.role, m.content, i) for i, m in rows]
             if not messages:
                 return False
-            new = await self.summarizer.summarize(summary, messages,
-                                                  self.spec.memory.summary_budget)
+            new = await self.summarizer.summarize(summary, messages, self.budget)
             return await self.store.save_summary(self.spec, session_id, new, upto,
                                                  messages[-1].id)
         except Exception as exc:  # the customer's turn already succeeded

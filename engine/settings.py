@@ -71,6 +71,11 @@ class MemorySettings:
     summarizer_model: str | None = None
     summarizer_api_base: str | None = None  # default: the funnel's model endpoint
     summary: str | None = None  # the state field that holds the rolling summary
+    # Observational memory (a model summarizer, engine.memory): the observer folds the
+    # messages not yet observed once they pass this many tokens; the reflector condenses
+    # the observation list when it would pass its budget.
+    observe_after: int = 300
+    observation_budget: int = 400
     # The reply to a message too long for the stage's prompt budget.
     too_long_reply: str = ("Your message is too long for me to take in at once. Could you "
                            "shorten it, or send it in a few parts?")

@@ -92,7 +92,8 @@ class Engine:
         # The window is read with the row, before the stage is known: read the widest.
         self._window = max(s.spec.memory.window for s in funnel.stages.values())
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.summary = RollingSummary(funnel.spec, store, self._window)
+        self.summary = RollingSummary(funnel.spec, store, self._window, model=model,
+                                      clock=self.clock)
         self.versions = Versions(funnel, store)  # pinning (docs/versions.md)
         # The newest version's experiment, its variants compiled once (engine.experiments);
         # an older version's are compiled when a session pinned to it comes back.
@@ -113,8 +114,10 @@ class Engine:
             StoreUnavailable: the database cannot be reached.
             SchemaOutdated: the table is behind the funnel (run ``funnel migrate``).
 
-        ``model`` defaults to the funnel's ``model.name``; ``summarizer`` to a model
-        summarizer when ``memory.summarizer_model`` is set, else the offline one.
+        ``model`` defaults to the funnel's ``model.name``; ``summarizer`` to observational
+        memory written by ``memory.summarizer_model`` when set, else by ``model`` when it
+        is a real (litellm) model, at its ``api_base``; with the scripted model, to the
+        offline extractive summary (docs/memory.md).
         """
         compiled = funnel if isinstance(funnel, CompiledFunnel) else load_funnel(funnel)
         if model is None:
@@ -135,7 +138,7 @@ class Engine:
             raise
         engine._owns_store = owns
         engine.summary = RollingSummary(compiled.spec, store, engine._window, summarizer,
-                                        api_base=api_base)
+                                        api_base=api_base, model=model, clock=engine.clock)
         return engine
 
     async def deploy(self, funnel: CompiledFunnel) -> None:
@@ -373,7 +376,8 @@ class Engine:
         upto = int(turn.row.get("summary_upto") or 0) if turn.row else 0
         unsummarized = sum(1 for m in turn.recent if m.id > upto) + 1  # and the current one
         turn.backlog = max(0, unsummarized + 1 - self._window)
-        planned = self.summary.plan(turn.state, turn.row, turn.recent, turn.backlog)
+        planned = self.summary.plan(turn.state, turn.row, turn.recent, turn.backlog,
+                                    turn.text)
         turn.folded = await self.summary.fold_now(planned) if planned else None
         if planned and turn.folded is None:
             turn.summary_job = planned  # folded in the background, after the reply
@@ -413,7 +417,7 @@ class Engine:
         once, else the stage's fallback)."""
         stage = turn.funnel.stage(turn.pos["stage"])
         window = stage.spec.memory.window
-        history = turn.recent[-window:] if window else []
+        history = self.summary.history(turn.recent, turn.row, window)
         context = build_context(turn.funnel, stage, turn.state, turn.pos,
                                 customer_message=turn.text, messages=history,
                                 returning=turn.mover.returning, idle_seconds=turn.idle,

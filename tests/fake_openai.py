@@ -8,8 +8,10 @@ the next behaviour from a queue the test fills:
     server.fail(500)                  # an OpenAI-style error body
     server.sleep(5, then='{"reply": "late"}')   # for timeouts
 
-With the queue empty it answers HTTP 500 ("no behaviour queued"), so an
-unexpected extra call shows up as a failure. Every request body is recorded in
+With the queue empty it asks the responder, if one is set
+(``server.respond_with(lambda body: ...)``: the content to answer, or ``None``),
+and otherwise answers HTTP 500 ("no behaviour queued"), so an unexpected extra
+call shows up as a failure. Every request body is recorded in
 ``server.requests`` (parsed JSON), in arrival order.
 """
 
@@ -20,6 +22,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -51,6 +54,7 @@ class FakeOpenAI(LoopbackServer):
         self.paths: list[str] = []
         self._queue: deque[Behaviour] = deque()
         self._lock = threading.Lock()
+        self._responder: Callable[[dict[str, Any]], str | None] | None = None
 
     # -- programming -------------------------------------------------------------------
     def reply(self, content: str, *, prompt_tokens: int = 120,
@@ -73,6 +77,12 @@ class FakeOpenAI(LoopbackServer):
                                             completion_tokens=1)))
         return self
 
+    def respond_with(self, responder: Callable[[dict[str, Any]], str | None]) -> FakeOpenAI:
+        """Answer requests the queue has nothing for with ``responder(body)`` (a model
+        played by the test); ``None`` from it answers HTTP 500, like an empty queue."""
+        self._responder = responder
+        return self
+
     def _push(self, behaviour: Behaviour) -> None:
         with self._lock:
             self._queue.append(behaviour)
@@ -81,7 +91,12 @@ class FakeOpenAI(LoopbackServer):
         with self._lock:
             self.requests.append(body)
             self.paths.append(path)
-            return self._queue.popleft() if self._queue else None
+            if self._queue:
+                return self._queue.popleft()
+            responder = self._responder
+        content = responder(body) if responder is not None else None
+        return Behaviour("reply", content=content, prompt_tokens=100, completion_tokens=20) \
+            if content is not None else None
 
     @property
     def pending(self) -> int:

@@ -19,6 +19,7 @@ serve the whole module. At the end, the invariant checker runs on all of it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -36,6 +37,7 @@ from psycopg.rows import dict_row
 from engine.chat import estimate_tokens
 from engine.funnel import CompiledFunnel, load_funnel
 from engine.invariants import check_funnel, check_row
+from engine.observations import text_tokens
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig
 
@@ -67,10 +69,22 @@ def fake() -> Iterator[FakeOpenAI]:
 
 
 @pytest.fixture(scope="module")
-def funnel(tmp_path_factory: pytest.TempPathFactory) -> CompiledFunnel:
-    """Puramur (model timeout 1 s, no retries) whose stage schemas accept any reply."""
+def observer() -> Iterator[FakeOpenAI]:
+    """The summarizer's endpoint, a server of its own (so that the model's queue above
+    stays exact): one observation a fold, and the reflector's answer is one line too."""
+    server = FakeOpenAI().respond_with(
+        lambda body: json.dumps({"observations": ["The customer wrote again."]})).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def funnel(tmp_path_factory: pytest.TempPathFactory, observer: FakeOpenAI) -> CompiledFunnel:
+    """Puramur (model timeout 1 s, no retries) whose stage schemas accept any reply; its
+    observational memory is written at ``observer``."""
     data = puramur_data()
     data["model"].update(timeout=2, retries=0)
+    data["memory"]["summarizer_api_base"] = observer.api_base
     path = tmp_path_factory.mktemp("hostile") / "puramur.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
     compiled = load_funnel(path)
@@ -178,9 +192,10 @@ async def test_what_the_engine_refused_reaches_the_model_as_short_data(
 
 async def test_no_session_grows_out_of_reach_of_the_model(
         client: httpx.AsyncClient, fake: FakeOpenAI, funnel: CompiledFunnel, url: str,
-        sql: Any) -> None:
+        sql: Any, observer: FakeOpenAI) -> None:
     """50 objections of 200 characters, a 5,000-character SKU, 100 turns with the model
-    down: the next turn still calls the model, within the stage's budget."""
+    down: the next turn still calls the model, within the stage's budget; all along, the
+    observer folds the messages into an observation list that stays within its own."""
     session = "m-budget"
     fake.reply(env("Hello!", updates={"pet": {"type": "dog"}}))
     assert (await say(client, session, "Hi, a dog")).status_code == 200
@@ -206,6 +221,10 @@ async def test_no_session_grows_out_of_reach_of_the_model(
     assert budget is not None
     sent = fake.requests[-1]["messages"]
     assert estimate_tokens(sent) <= budget
+    # The observation list was folded all along, and kept within its budget.
+    block = row["conversation_summary"]
+    assert observer.calls > 10 and "The customer wrote again." in block
+    assert text_tokens(block) <= funnel.spec.memory.observation_budget
     assert sql("SELECT count(*), count(*) FILTER (WHERE fallback) FROM funnel_turns "
                "WHERE session_id = %s", (session,)) == [(153, 100)]
 

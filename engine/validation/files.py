@@ -17,6 +17,7 @@ from ..catalog import load_catalog
 from ..errors import CatalogError, did_you_mean
 from ..expressions import attribute_paths, make_environment
 from ..paths import funnel_roots, is_confined
+from ..settings import MemorySettings
 from ..spec import PROMPT_NAMES
 from .diagnostics import Report, as_dict, as_list
 from .sandbox import refused
@@ -223,12 +224,20 @@ def _load_schema(text: str) -> tuple[Any, tuple[int, int, str] | None, tuple[tup
 
 def _check_budget(data: dict[str, Any], stage: str, prompt: Path, folder: Path,
                   report: Report) -> None:
-    """Warn when a stage's template alone (with its includes) cannot fit its prompt budget."""
+    """Warn when a stage's template alone (with its includes) cannot fit its prompt budget,
+    and when its observation list may take more than half of it."""
     raw = as_dict(as_dict(data.get("stages")).get(stage))
-    budget = as_dict(raw.get("memory")).get("prompt_budget",
-                                          as_dict(data.get("memory")).get("prompt_budget"))
+    memory = {**as_dict(data.get("memory")), **as_dict(raw.get("memory"))}
+    budget = memory.get("prompt_budget")
     if not isinstance(budget, int):
         return
+    observations = memory.get("observation_budget", MemorySettings.observation_budget)
+    if memory.get("summary") and isinstance(observations, int) and observations > budget // 2:
+        report.at(("stages", stage), "warning", "F206", f"stage '{stage}': "
+                  f"memory.observation_budget ({observations}) is over half its prompt_budget "
+                  f"({budget}); a full observation list leaves little room for the template, "
+                  "the state and the messages, and is dropped from the prompt when it does "
+                  "not fit: lower the observation budget or raise the prompt budget", key=True)
     try:
         source = prompt.read_text("utf-8")
         tree = _parse_template(source, prompt.name, str(prompt))[0]
