@@ -21,6 +21,10 @@ message, as providers see it) as a share of the later prompt. The 60-turn
 conversation stays in ``presentation`` for its middle turns; a second
 conversation of 12 turns spends its middle in ``objection_handling``.
 Target: at least 70 % on both (docs/funnel-format.md, "Prompt layout").
+The shares are printed twice: with the funnel's own summarizer, and with an
+append-only one (new lines are added after the old, never rewriting them; the
+layout puts the summary right after the static prefix for that reason), which
+shows what the layout gives once the summary no longer changes at its start.
 
     python bench/prompt_growth.py [--db URL]
 """
@@ -157,6 +161,22 @@ def prefix_shares(prompts: list[tuple[str, str]]) -> dict[str, list[float]]:
     return out
 
 
+class AppendOnly:
+    """A summarizer that only appends (one line per folded message) until the budget is
+    full, then keeps what it has: earlier lines never change."""
+
+    inline = True
+
+    async def summarize(self, previous: str, messages: Any, budget: int) -> str:
+        text = previous
+        for m in messages:
+            line = f"{'Customer' if m.role == 'user' else 'You'}: {' '.join(m.content.split())}"
+            if len(text) + len(line) + 3 > budget * 4:
+                break
+            text = f"{text} | {line}" if text else line
+        return text
+
+
 def baseline_system_prompt() -> str:
     """What a single-prompt (v1) bot sends on every turn: all instructions and the catalog."""
     funnel = load_funnel(ROOT / "funnels" / "puramur.yaml")
@@ -167,10 +187,11 @@ def baseline_system_prompt() -> str:
 
 
 async def run(url: str, n: int, system: str, script: list[tuple[str, dict[str, Any]]] | None
-              = None) -> tuple[list[int], list[int], Recorder]:
+              = None, summarizer: Any = None) -> tuple[list[int], list[int], Recorder]:
     script = script or conversation(n)
     model = Recorder(script)
-    engine = await Engine.open(ROOT / "funnels" / "puramur.yaml", db=url, model=model)
+    engine = await Engine.open(ROOT / "funnels" / "puramur.yaml", db=url, model=model,
+                               summarizer=summarizer)
     session = f"growth-{n}-{uuid.uuid4().hex[:6]}"
     history: list[dict[str, str]] = []
     baseline: list[int] = []
@@ -200,6 +221,8 @@ async def main() -> None:
     with throwaway_schema(server_url(args.db)) as url:
         runs = {n: await run(url, n, system) for n in (5, 15, 30, 60)}
         objections = await run(url, 12, system, objection_conversation(12))
+        appended = [await run(url, 60, system, summarizer=AppendOnly()),
+                    await run(url, 12, system, objection_conversation(12), AppendOnly())]
     results = {n: (eng, base) for n, (eng, base, _) in runs.items()}
     engine60, base60 = results[60]
     print("Prompt tokens per turn, 60-turn conversation (engine | window-buffer baseline):")
@@ -217,14 +240,15 @@ async def main() -> None:
           f"{late / early:.2f} (target <= 1.15); largest prompt {worst} (target < 1000)")
     print(f"baseline: turns 6-15 mean {b_early:.0f}, turns 51-60 mean {b_late:.0f}, ratio "
           f"{b_late / b_early:.2f}; first turn {base60[0]}, largest {max(base60)}")
-    shares = prefix_shares(runs[60][2].prompts)
-    for stage, values in prefix_shares(objections[2].prompts).items():
-        shares.setdefault(stage, []).extend(values)
     print("\nShared prefix of consecutive prompts in the same stage (share of the later prompt; "
           "target >= 70% on presentation and objection_handling):")
-    print(f"{'stage':>20} {'pairs':>5} {'mean':>6} {'min':>6}")
-    for stage, values in shares.items():
-        print(f"{stage:>20} {len(values):5d} {mean(values):6.0%} {min(values):6.0%}")
+    print(f"{'stage':>20} {'pairs':>5} {'mean':>6} {'min':>6}   summary")
+    for label, pair in (("the funnel's", (runs[60], objections)), ("append-only", appended)):
+        shares = prefix_shares(pair[0][2].prompts)
+        for stage, values in prefix_shares(pair[1][2].prompts).items():
+            shares.setdefault(stage, []).extend(values)
+        for stage, values in shares.items():
+            print(f"{stage:>20} {len(values):5d} {mean(values):6.0%} {min(values):6.0%}   {label}")
 
 
 if __name__ == "__main__":
