@@ -258,4 +258,7 @@ SHARED_MIGRATIONS: list[str] = [
         PRIMARY KEY (funnel, order_id)
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{CONVERSIONS}_session ON {CONVERSIONS} (funnel, session_id)",
+    # Of prompt_tokens, those the provider read from its prompt cache (OpenAI's
+    # usage.prompt_tokens_details.cached_tokens, Anthropic's cache_read_input_tokens).
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS cached_prompt_tokens INT NOT NULL DEFAULT 0",
 ]
