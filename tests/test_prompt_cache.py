@@ -11,6 +11,7 @@ only it, marked ``cache_control``; the cached prompt tokens a provider reports
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -22,7 +23,7 @@ from fake_providers import FakeProvider
 from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
 from test_providers import SESSION, fresh_strategies, happy_turns, keys, open_engine  # noqa: F401
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, FunnelInvalid
 from engine.funnel import load_funnel
 from engine.prompts import render_parts
 
@@ -69,8 +70,20 @@ def test_the_turn_block_is_rendered_apart_from_the_static_part(tmp_path: Path) -
 
 
 def test_the_static_part_may_not_read_what_changes_every_turn(tmp_path: Path) -> None:
-    stage = _funnel_with(tmp_path, 'Greet the customer.\nFacts: {{ state_json }}\n'
-                         '{% block turn %}Stage: {{ stage }}{% endblock %}\n')
+    bad = ('Greet the customer.\nFacts: {{ state_json }}\n'
+           '{% block turn %}Stage: {{ stage }}{% endblock %}\n')
+    with pytest.raises(FunnelInvalid) as invalid:  # funnel validate: F206
+        _funnel_with(tmp_path, bad)
+    [problem] = [d for d in invalid.value.diagnostics if d.code == "F206"]
+    assert problem.line == 2 and "'state_json' changes from turn to turn" in problem.message
+    # A template changed after validation fails the render, naming the file and line.
+    template = tmp_path / "prompts" / "greeting.j2"
+    template.write_text("Greet the customer.\n{% block turn %}{% endblock %}\n", "utf-8")
+    stage = load_funnel(tmp_path / "funnel.yaml").stage("greeting")
+    template.write_text(bad, "utf-8")
+    environment = stage.template.environment
+    environment.cache = None  # what a reload of the changed file sees
+    stage = dataclasses.replace(stage, template=environment.get_template("greeting.j2"))
     with pytest.raises(ConfigError) as caught:
         render_parts(stage, {"stage": "greeting", "state_json": "{}"})
     message = str(caught.value)

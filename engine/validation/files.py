@@ -16,8 +16,8 @@ from .. import _yaml
 from ..catalog import load_catalog
 from ..errors import CatalogError, did_you_mean
 from ..expressions import attribute_paths, make_environment
-from ..paths import funnel_roots, is_confined
 from ..names import STATIC_PROMPT_NAMES, TURN_BLOCK
+from ..paths import funnel_roots, is_confined
 from ..spec import PROMPT_NAMES
 from .diagnostics import Report, as_dict, as_list
 from .sandbox import refused
