@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from engine import Engine, ModelRequest, ScriptedModel
-from engine.budget import Cut, fit
+from engine.budget import Cut, fit, floor_tokens
 from engine.chat import Message
 from engine.errors import MessageTooLong, PromptTooLarge
 from engine.memory import ExtractiveSummarizer
@@ -161,11 +161,11 @@ def test_budget_cuts_the_window_then_the_summary_then_the_notices_then_the_state
     assert no_window == Cut(0, True, True, 0)
     assert fitted_for(full.tokens - 300).cut == Cut(0, True, False, 0)  # then the summary
     assert fitted_for(full.tokens - 360).cut == Cut(0, False, False, 0)  # then the notices
-    smallest = fitted_for(30)
+    smallest = fitted_for(floor_tokens(render) + 4)  # the floor and the message "hi"
     assert smallest.cut.level == 2 and smallest.messages[1]["content"] == render(2)[1]
     assert smallest.messages[0]["content"].startswith("RULES")  # the static part is never cut
     with pytest.raises(MessageTooLong):  # only the message is too long: ask to shorten
-        fit("discovery", render, "", [], [], "hi " * 500, 60)
+        fit("discovery", render, "", [], [], "hi " * 500, floor_tokens(render) + 10)
     with pytest.raises(PromptTooLarge) as info:
         fit("discovery", render, "", [], [], "hi", 3)
     assert "discovery" in str(info.value) and "budget of 3" in str(info.value)
