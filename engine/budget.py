@@ -15,24 +15,28 @@ Parts 3 and 4 come from customers and models, so they never enter the system
 message: they travel in delimited data messages (:func:`data_message`) that the
 system message tells the model to read as information, not instructions.
 
+:func:`fit` cuts from the bottom of the priority list until the prompt fits. What is
+left at the end (instructions + contract + minimal state + the message) is
+the floor; a message too long for it is :class:`engine.errors.MessageTooLong` (the customer is
+asked to shorten it), anything else :class:`engine.errors.PromptTooLarge`.
+Since every part the model or the customer can grow is capped, a session can
+never grow into a state where the model is no longer called.
+
 The chat is laid out for providers' prefix caches (:func:`assemble`): what does
 not change within a stage comes first, what changes every turn last, so two
 consecutive prompts of a stage share their longest possible start:
 
 1. the static prefix (system): the template outside its ``{% block turn %}``,
    the persona, rules, stage instructions, output contract and catalog;
-2. the summary (a ``<data>`` user message): it only grows between folds;
+2. the summary (a ``<data>`` user message): it changes only when older messages
+   are folded in;
 3. the turn part (system): the template's ``turn`` block, the state and what
    depends on it (the knowledge found for this message, products shown);
 4. the notices (a ``<data>`` user message);
 5. the window of recent messages, then the customer's message.
 
-:func:`fit` cuts from the bottom of that list until the prompt fits. What is
-left at the end (instructions + contract + minimal state + the message) is
-the floor; a message too long for it is :class:`engine.errors.MessageTooLong` (the customer is
-asked to shorten it), anything else :class:`engine.errors.PromptTooLarge`.
-Since every part the model or the customer can grow is capped, a session can
-never grow into a state where the model is no longer called.
+The order is not the priority: the summary, cut before the state, comes before
+it because it changes less often.
 """
 
 from __future__ import annotations
