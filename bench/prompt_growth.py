@@ -14,6 +14,18 @@ Plays Puramur conversations of 5, 15, 30 and 60 turns with the scripted model
 Targets: every engine turn under 1,000 tokens; the mean of turns 51-60 at
 most 1.15 x the mean of turns 6-15.
 
+It also prints how much of each prompt a provider's prefix cache can reuse:
+for consecutive turns in the same stage, the characters the two chats share
+from their start (the chat serialized as role and content, message after
+message, as providers see it) as a share of the later prompt. The 60-turn
+conversation stays in ``presentation`` for its middle turns; a second
+conversation of 12 turns spends its middle in ``objection_handling``.
+Target: at least 70 % on both (docs/funnel-format.md, "Prompt layout").
+The shares are printed twice: with the funnel's own summarizer, and with an
+append-only one (new lines are added after the old, never rewriting them; the
+layout puts the summary right after the static prefix for that reason), which
+shows what the layout gives once the summary no longer changes at its start.
+
     python bench/prompt_growth.py [--db URL]
 """
 
@@ -50,6 +62,29 @@ QUESTIONS = [
 ANSWER = ("Good question. For a Sphynx with dry skin, bathe once a week with lukewarm water, "
           "rinse well and dry with a soft towel; the formula is gentle, fragrance-free and safe "
           "if she licks a little. One bottle lasts about two months at that pace.")
+
+
+DOUBTS = [
+    ("Hmm, 420 UAH for a lotion is a lot.", "price"),
+    ("And what is in it exactly? She reacts to almost everything.", "composition"),
+    ("I'm not sure it suits an old cat like her.", "fit"),
+    ("Still pricey, to be honest.", "price"),
+    ("Does it smell? My husband is allergic to perfume.", "composition"),
+    ("Is it really better than a baby shampoo?", "fit"),
+]
+DOUBT_ANSWER = ("I understand. The lotion is fragrance-free and hypoallergenic, and one bottle "
+                "lasts two months of daily care; if you prefer, the Calm Skin shampoo (310 UAH) "
+                "is a gentler start.")
+
+
+def objection_conversation(n: int) -> list[tuple[str, dict[str, Any]]]:
+    """(customer message, model output): to presentation, then doubt after doubt."""
+    turns = conversation(3)
+    for i in range(n - len(turns)):
+        text, kind = DOUBTS[i % len(DOUBTS)]
+        turns.append((text, {"reply": DOUBT_ANSWER, "actions": [
+            {"type": "record_objection", "objection": kind}]}))
+    return turns
 
 
 def conversation(n: int) -> list[tuple[str, dict[str, Any]]]:
@@ -93,11 +128,53 @@ class Recorder:
     def __init__(self, script: list[tuple[str, dict[str, Any]]]) -> None:
         self.inner = ScriptedModel.from_data({"turns": [out for _, out in script]})
         self.tokens: list[int] = []
+        self.prompts: list[tuple[str, str]] = []  # (stage, the chat as one text)
 
     async def complete(self, request: ModelRequest) -> Completion:
         completion = await self.inner.complete(request)
         self.tokens.append(completion.prompt_tokens)
+        self.prompts.append((request.stage, serialized(request.messages)))
         return completion
+
+
+def serialized(messages: list[dict[str, str]]) -> str:
+    """The chat as one text, in the order a provider reads (and caches) it."""
+    return "".join(f"<{m['role']}>\n{m['content']}\n" for m in messages)
+
+
+def shared_prefix(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` share from their start."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefix_shares(prompts: list[tuple[str, str]]) -> dict[str, list[float]]:
+    """Per stage: for each turn after the first in a run of the same stage, the share of
+    its prompt that the previous turn's prompt starts with too."""
+    out: dict[str, list[float]] = {}
+    for (stage_a, a), (stage_b, b) in zip(prompts, prompts[1:], strict=False):
+        if stage_a == stage_b:
+            out.setdefault(stage_b, []).append(shared_prefix(a, b) / len(b))
+    return out
+
+
+class AppendOnly:
+    """A summarizer that only appends (one line per folded message) until the budget is
+    full, then keeps what it has: earlier lines never change."""
+
+    inline = True
+
+    async def summarize(self, previous: str, messages: Any, budget: int) -> str:
+        text = previous
+        for m in messages:
+            line = f"{'Customer' if m.role == 'user' else 'You'}: {' '.join(m.content.split())}"
+            if len(text) + len(line) + 3 > budget * 4:
+                break
+            text = f"{text} | {line}" if text else line
+        return text
 
 
 def baseline_system_prompt() -> str:
@@ -109,10 +186,12 @@ def baseline_system_prompt() -> str:
     return "\n".join(parts)
 
 
-async def run(url: str, n: int, system: str) -> tuple[list[int], list[int]]:
-    script = conversation(n)
+async def run(url: str, n: int, system: str, script: list[tuple[str, dict[str, Any]]] | None
+              = None, summarizer: Any = None) -> tuple[list[int], list[int], Recorder]:
+    script = script or conversation(n)
     model = Recorder(script)
-    engine = await Engine.open(ROOT / "funnels" / "puramur.yaml", db=url, model=model)
+    engine = await Engine.open(ROOT / "funnels" / "puramur.yaml", db=url, model=model,
+                               summarizer=summarizer)
     session = f"growth-{n}-{uuid.uuid4().hex[:6]}"
     history: list[dict[str, str]] = []
     baseline: list[int] = []
@@ -127,10 +206,10 @@ async def run(url: str, n: int, system: str) -> tuple[list[int], list[int]]:
                         {"role": "assistant", "content": result.reply}]
     finally:
         await engine.close()
-    return model.tokens, baseline
+    return model.tokens, baseline, model
 
 
-def mean(values: list[int]) -> float:
+def mean(values: list[int] | list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
@@ -140,7 +219,11 @@ async def main() -> None:
     args = ap.parse_args()
     system = baseline_system_prompt()
     with throwaway_schema(server_url(args.db)) as url:
-        results = {n: await run(url, n, system) for n in (5, 15, 30, 60)}
+        runs = {n: await run(url, n, system) for n in (5, 15, 30, 60)}
+        objections = await run(url, 12, system, objection_conversation(12))
+        appended = [await run(url, 60, system, summarizer=AppendOnly()),
+                    await run(url, 12, system, objection_conversation(12), AppendOnly())]
+    results = {n: (eng, base) for n, (eng, base, _) in runs.items()}
     engine60, base60 = results[60]
     print("Prompt tokens per turn, 60-turn conversation (engine | window-buffer baseline):")
     print(f"{'turn':>5} {'engine':>7} {'baseline':>9}")
@@ -157,6 +240,15 @@ async def main() -> None:
           f"{late / early:.2f} (target <= 1.15); largest prompt {worst} (target < 1000)")
     print(f"baseline: turns 6-15 mean {b_early:.0f}, turns 51-60 mean {b_late:.0f}, ratio "
           f"{b_late / b_early:.2f}; first turn {base60[0]}, largest {max(base60)}")
+    print("\nShared prefix of consecutive prompts in the same stage (share of the later prompt; "
+          "target >= 70% on presentation and objection_handling):")
+    print(f"{'stage':>20} {'pairs':>5} {'mean':>6} {'min':>6}   summary")
+    for label, pair in (("the funnel's", (runs[60], objections)), ("append-only", appended)):
+        shares = prefix_shares(pair[0][2].prompts)
+        for stage, values in prefix_shares(pair[1][2].prompts).items():
+            shares.setdefault(stage, []).extend(values)
+        for stage, values in shares.items():
+            print(f"{stage:>20} {len(values):5d} {mean(values):6.0%} {min(values):6.0%}   {label}")
 
 
 if __name__ == "__main__":

@@ -12,15 +12,31 @@ A stage's prompt is built from parts, from most to least important:
 5. the window of recent messages, oldest dropped first.
 
 Parts 3 and 4 come from customers and models, so they never enter the system
-message: they travel in a delimited data message (:func:`data_message`) that the
+message: they travel in delimited data messages (:func:`data_message`) that the
 system message tells the model to read as information, not instructions.
 
-:func:`fit` cuts from the bottom of that list until the prompt fits. What is
+:func:`fit` cuts from the bottom of the priority list until the prompt fits. What is
 left at the end (instructions + contract + minimal state + the message) is
 the floor; a message too long for it is :class:`engine.errors.MessageTooLong` (the customer is
 asked to shorten it), anything else :class:`engine.errors.PromptTooLarge`.
 Since every part the model or the customer can grow is capped, a session can
 never grow into a state where the model is no longer called.
+
+The chat is laid out for providers' prefix caches (:func:`assemble`): what does
+not change within a stage comes first, what changes every turn last, so two
+consecutive prompts of a stage share their longest possible start:
+
+1. the static prefix (system): the template outside its ``{% block turn %}``,
+   the persona, rules, stage instructions, output contract and catalog;
+2. the summary (a ``<data>`` user message): it changes only when older messages
+   are folded in;
+3. the turn part (system): the template's ``turn`` block, the state and what
+   depends on it (the knowledge found for this message, products shown);
+4. the notices (a ``<data>`` user message);
+5. the window of recent messages, then the customer's message.
+
+The order is not the priority: the summary, cut before the state, comes before
+it because it changes less often.
 """
 
 from __future__ import annotations
@@ -75,11 +91,11 @@ def compact(value: Any, level: int = 0) -> Any:
 def data_message(summary: str, notices: Sequence[str]) -> str:
     """The delimited data block for text derived from customers and models ("" if none)."""
     parts = []
+    if summary:
+        parts.append(f"Summary of earlier messages:\n{printable(summary)}")
     if notices:
         parts.append("Notes from the shop (it refused these last turn):\n"
                      + "\n".join(f"- {n}" for n in notices))
-    if summary:
-        parts.append(f"Summary of earlier messages:\n{printable(summary)}")
     if not parts:
         return ""
     # The closing tag inside the data would end the block early: break it.
@@ -112,12 +128,25 @@ class Fitted:
         return not self.cut.summary
 
 
-def assemble(system: str, data: str, history: Sequence[Message], text: str
-             ) -> list[dict[str, str]]:
-    """System (author and engine text only), the data block, the window, the message."""
-    out = [{"role": "system", "content": f"{system}\n\n{DATA_RULE}" if data else system}]
-    if data:
-        out.append({"role": "user", "content": data})
+Parts = tuple[str, str]
+"""A stage prompt rendered: (static prefix, turn part); see :func:`assemble`."""
+
+
+def assemble(parts: Parts, summary: str, notices: Sequence[str], history: Sequence[Message],
+             text: str) -> list[dict[str, str]]:
+    """The chat, static first (see the module docstring): the static prefix, the summary,
+    the turn part, the notices, the window, the message. Only author and engine text is in
+    the system role; the static prefix is the same for every turn of a stage."""
+    static, turn = parts
+    # The rule is there with or without data this turn: the static prefix stays the same
+    # when the budget drops the summary or the notices come and go.
+    out = [{"role": "system", "content": f"{static}\n\n{DATA_RULE}"}]
+    if summary:
+        out.append({"role": "user", "content": data_message(summary, [])})
+    if turn:
+        out.append({"role": "system", "content": turn})
+    if notices:
+        out.append({"role": "user", "content": data_message("", notices)})
     out.extend({"role": m.role, "content": m.content} for m in history)
     out.append({"role": "user", "content": text})
     return out
@@ -134,27 +163,27 @@ def cuts(window: int, has_notices: bool, has_summary: bool) -> list[Cut]:
     return out
 
 
-def fit(stage: str, render: Callable[[int], str], summary: str, notices: Sequence[str],
+def fit(stage: str, render: Callable[[int], Parts], summary: str, notices: Sequence[str],
         history: Sequence[Message], text: str, budget: int | None,
         count: Callable[[list[dict[str, str]]], int] = estimate_tokens) -> Fitted:
     """Build the chat within ``budget`` tokens, cutting the lowest priorities first.
 
-    ``render(level)`` renders the stage's system prompt with the state compacted to
-    ``level``. Without a budget, nothing is cut.
+    ``render(level)`` renders the stage's prompt (static prefix, turn part) with the state
+    compacted to ``level``. Without a budget, nothing is cut.
 
     Raises:
         MessageTooLong: only the customer's message keeps the floor over the budget.
         PromptTooLarge: even the floor (instructions, contract, minimal state) is over it.
     """
     history = list(history)
-    systems: dict[int, str] = {}
+    rendered: dict[int, Parts] = {}
 
     def build(cut: Cut, message: str) -> list[dict[str, str]]:
-        if cut.level not in systems:
-            systems[cut.level] = render(cut.level)
-        data = data_message(summary if cut.summary else "", notices if cut.notices else [])
+        if cut.level not in rendered:
+            rendered[cut.level] = render(cut.level)
         kept = history[len(history) - cut.window:] if cut.window else []
-        return assemble(systems[cut.level], data, kept, message)
+        return assemble(rendered[cut.level], summary if cut.summary else "",
+                        notices if cut.notices else [], kept, message)
 
     plan = cuts(len(history), bool(notices), bool(summary))
     for cut in plan if budget is not None else plan[:1]:
@@ -169,8 +198,8 @@ def fit(stage: str, render: Callable[[int], str], summary: str, notices: Sequenc
     raise PromptTooLarge(stage, tokens, budget)
 
 
-def floor_tokens(render: Callable[[int], str],
+def floor_tokens(render: Callable[[int], Parts],
                  count: Callable[[list[dict[str, str]]], int] = estimate_tokens) -> int:
     """The smallest prompt of a stage: its instructions and the most compacted state, with
     an empty message. ``funnel validate`` compares it with ``prompt_budget``."""
-    return count(assemble(render(len(LEVELS) - 1), "", [], ""))
+    return count(assemble(render(len(LEVELS) - 1), "", [], [], ""))

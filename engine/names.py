@@ -41,6 +41,14 @@ PROMPT_NAMES: frozenset[str] = frozenset(
     }
 )
 
+# What the static part of a stage template (everything outside its `{% block turn %}`)
+# may read: nothing that changes from turn to turn, so that the prompt's start is the
+# same for every turn of the stage and a provider's prefix cache can reuse it.
+STATIC_PROMPT_NAMES: frozenset[str] = frozenset(
+    {"funnel", "stage", "stage_description", "catalog", "currency", "thresholds"}
+)
+TURN_BLOCK = "turn"
+
 # The tables every funnel shares (engine/store/ddl.py creates them). A funnel's own
 # `table:` may not take one of these names (F005).
 MESSAGES = "funnel_messages"

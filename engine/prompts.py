@@ -1,4 +1,4 @@
-"""Prompts: the stage template rendered from compact state.
+"""Prompts: the stage template rendered from compact state, static part first.
 
 The model sees what the stage needs and nothing else: the state as compact
 JSON (no nulls, no engine bookkeeping), presented products numbered in order
@@ -9,20 +9,30 @@ customer and model text (recent messages, this message, the summary, the
 notices) reach the model in messages of their own (engine.budget), and the
 template variables ``messages``, ``customer_message``, ``summary`` and
 ``notices`` are empty.
+
+A template is rendered in two parts (:func:`render_parts`). Its top-level
+``{% block turn %}`` holds what changes from turn to turn (the state, the
+knowledge found for this message, the products shown so far); the rest is the
+static prefix, rendered with :data:`~engine.names.STATIC_PROMPT_NAMES` only,
+so that it is the same text on every turn of the stage and a provider's
+prefix cache can reuse it (docs/funnel-format.md, "Prompt layout"). A
+template without the block is one part, all of it turn-dependent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jinja2 import TemplateError, UndefinedError
 
-from .budget import bound_notices, compact, floor_tokens
+from .budget import Parts, bound_notices, compact, floor_tokens
 from .chat import Message
 from .errors import ConfigError
 from .expressions import compact_json, declared_view
 from .funnel import CompiledFunnel, CompiledStage
+from .names import STATIC_PROMPT_NAMES, TURN_BLOCK
+from .sandbox import render_block, render_without
 from .state import defaults
 
 # Bookkeeping, not facts about the customer (the summary has its own `summary` slot).
@@ -174,21 +184,56 @@ def prompt_floor(funnel: CompiledFunnel, stage: CompiledStage) -> int:
     row = {"stage_iteration": 0, "turns": 0, "notices": []}
     context = build_context(funnel, stage, state, row, customer_message="", messages=[],
                             returning=False, idle_seconds=None, now="2000-01-01T00:00:00+00:00")
-    return floor_tokens(lambda level: render(stage, at_level(funnel, stage, state, context,
-                                                              level)))
+    return floor_tokens(lambda level: render_parts(stage, at_level(funnel, stage, state,
+                                                                    context, level)))
 
 
 def render(stage: CompiledStage, context: Mapping[str, Any]) -> str:
-    """Render a stage's template.
+    """Render a stage's template whole (its ``turn`` block in place).
 
     Raises:
         ConfigError: the template reads an undefined name or fails; names the file and line.
     """
+    return _rendered(stage, lambda: stage.template.render(context))
+
+
+def render_parts(stage: CompiledStage, context: Mapping[str, Any]) -> Parts:
+    """A stage's prompt as (static prefix, turn part), see the module docstring.
+
+    A template without a ``turn`` block renders whole as the static prefix (it may read
+    every name, so its start changes with the state: nothing for a cache to reuse).
+
+    Raises:
+        ConfigError: the template fails, or its static part reads a name that changes
+            from turn to turn; names the file and line.
+    """
+    template = stage.template
+    if TURN_BLOCK not in template.blocks:
+        return render(stage, context), ""
+    hint = (f"; outside {{% block {TURN_BLOCK} %}} a template may read only "
+            f"{', '.join(sorted(STATIC_PROMPT_NAMES))} (the start of the prompt that every "
+            "turn of the stage shares): move what reads the state into the block")
+    static = _rendered(stage, lambda: render_without(template, TURN_BLOCK,
+                                                        static_view(context)), hint)
+    turn = _rendered(stage, lambda: render_block(template, TURN_BLOCK, context))
+    return static, turn
+
+
+def static_view(context: Mapping[str, Any]) -> dict[str, Any]:
+    """The variables of the static part: the same for every turn of a stage. Of
+    ``thresholds`` only the thresholds themselves (not whether the cart reached them)."""
+    out = {name: context[name] for name in STATIC_PROMPT_NAMES if name in context}
+    out["thresholds"] = {k: v for k, v in (context.get("thresholds") or {}).items()
+                         if k.endswith("_threshold")}
+    return out
+
+
+def _rendered(stage: CompiledStage, run: Callable[[], str], hint: str = "") -> str:
     try:
-        return stage.template.render(context).strip()
+        return run().strip()
     except UndefinedError as exc:
         file, line = _template_position(exc, stage)
-        raise ConfigError(f"template uses an undefined value: {exc.message}",
+        raise ConfigError(f"template uses an undefined value: {exc.message}{hint}",
                           file=file, line=line) from None
     except TemplateError as exc:
         file, line = _template_position(exc, stage)

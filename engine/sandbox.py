@@ -18,7 +18,7 @@ import os
 import posixpath
 import re
 import string
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,7 +35,7 @@ from .paths import OutsideFunnel, is_confined
 
 __all__ = ["MAX_BITS", "MAX_BUILT", "MAX_ITERATIONS", "MAX_SIZE", "MAX_WIDTH",
            "BoundedSandbox", "BoundedTemplate", "ConfinedLoader", "WorkLimit", "bounded_render",
-           "charge"]
+           "charge", "render_block", "render_without"]
 
 MAX_SIZE = 100_000  # characters of a string, items of a list an operator builds
 MAX_BITS = 8_192  # bits of an integer an operator builds (2**8192 has 2,467 digits)
@@ -334,6 +334,36 @@ class BoundedTemplate(Template):
 
     def render(self, *args: Any, **kwargs: Any) -> str:
         return bounded_render(lambda: super(BoundedTemplate, self).render(*args, **kwargs))
+
+
+def render_block(template: Template, name: str, variables: Mapping[str, Any]) -> str:
+    """Only the top-level block ``name`` of ``template`` (Jinja's documented
+    ``Template.blocks``), with a fresh budget like every render."""
+    return bounded_render(lambda: _concat(template, template.blocks[name], variables))
+
+
+def render_without(template: Template, name: str, variables: Mapping[str, Any]) -> str:
+    """The whole ``template`` with its top-level block ``name`` rendered empty."""
+    def body(context: Context) -> Iterator[str]:
+        context.blocks[name] = [_nothing]
+        return template.root_render_func(context)
+
+    return bounded_render(lambda: _concat(template, body, variables))
+
+
+def _concat(template: Template, body: Callable[[Context], Iterator[str]],
+            variables: Mapping[str, Any]) -> str:
+    # What Template.render does, for one of the template's render functions.
+    context = template.new_context(dict(variables))
+    try:
+        return "".join(body(context))
+    except Exception:
+        template.environment.handle_exception()
+    raise AssertionError("handle_exception always raises")  # pragma: no cover
+
+
+def _nothing(context: Context) -> Iterator[str]:
+    return iter(())
 
 
 class ConfinedLoader(FileSystemLoader):

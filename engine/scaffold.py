@@ -217,8 +217,9 @@ def _minimal(name: str, folder: Path, catalog: bool) -> None:
     (folder / "funnel.yaml").write_text(text, "utf-8")
     (folder / "prompts").mkdir()
     for stage, body in _PROMPTS.items():
-        extra = _CATALOG_PROMPT if catalog and stage == "discovery" else ""
-        (folder / "prompts" / f"{stage}.j2").write_text(body + extra, "utf-8")
+        # The catalog does not change from turn to turn: it belongs to the static part.
+        prompt = body.replace("CATALOG", _CATALOG_PROMPT if catalog else "")
+        (folder / "prompts" / f"{stage}.j2").write_text(prompt, "utf-8")
     _write_schemas(folder, _yaml.load(text).data, {})
     (folder / "scenarios").mkdir()
     for file, body in _MINIMAL_SCENARIOS.items():
@@ -303,19 +304,26 @@ stages:
     final: true
 """
 
+# Each prompt is laid out for providers' prefix caches (docs/funnel-format.md, "Prompt
+# layout"): the static instructions first, what changes every turn in `{% block turn %}`.
+_TURN = "{% block turn %}\nKnown facts (JSON): {{ state_json }}\n"
 _PROMPTS = {
     "greeting": "You are the assistant of this business. Greet the customer and ask what they "
                 "need.\nIf they already said it, put it in \"updates.need\" (one sentence).\n"
                 "If they ask for a person, add the action {\"type\": \"request_handoff\", "
-                "\"reason\": \"explicit_request\"}.\n",
-    "discovery": "Find out what the customer needs. Known so far: {{ state_json }}.\n"
+                "\"reason\": \"explicit_request\"}.\n" + _TURN + "{% endblock %}\n",
+    "discovery": "You are the assistant of this business. Find out what the customer needs.\n"
                  "When you understand it, put it in \"updates.need\" (one sentence).\n"
-                 "{% if offer %}{{ offer }}\n{% endif %}",
-    "contact": "The customer needs: {{ need }}.\nAsk for their name and phone number and put "
-               "them in \"updates.customer\".\n"
-               "{% if customer.name %}Their name is {{ customer.name }}.{% endif %}\n",
-    "done": "Thank {{ customer.name or 'the customer' }}; a colleague will call "
-            "{{ customer.phone or 'soon' }}. Do not promise anything else.\n",
+                 "CATALOG" + _TURN + "{% if offer %}{{ offer }}\n{% endif %}{% endblock %}\n",
+    "contact": "You are the assistant of this business. Ask for the customer's name and phone "
+               "number and put them in \"updates.customer\".\n" + _TURN
+               + "The customer needs: {{ need }}.\n"
+               "{% if customer.name %}Their name is {{ customer.name }}.{% endif %}\n"
+               "{% endblock %}\n",
+    "done": "You are the assistant of this business. A colleague takes over: thank the customer "
+            "and do not promise anything else.\n" + _TURN
+            + "Thank {{ customer.name or 'the customer' }}; a colleague will call "
+            "{{ customer.phone or 'soon' }}.\n{% endblock %}\n",
 }
 
 _CATALOG_PROMPT = ("Products you may present (never invent others):\n"

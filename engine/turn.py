@@ -53,7 +53,7 @@ from .memory import RollingSummary, Summarizer
 from .models import Model, make_model
 from .notify import Notifier, dispatch, make_notifier
 from .output import Answer, ask
-from .prompts import at_level, build_context, prompt_data, render
+from .prompts import at_level, build_context, prompt_data, render_parts
 from .spec import FunnelSpec
 from .state import defaults, plain
 from .store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
@@ -428,7 +428,7 @@ class Engine:
             context["knowledge"], turn.knowledge = found.chunks, found.ids
         summary, notices = prompt_data(turn.funnel, turn.state, turn.pos)
         try:
-            fitted = fit(stage.spec.name, lambda level: render(
+            fitted = fit(stage.spec.name, lambda level: render_parts(
                 stage, at_level(turn.funnel, stage, turn.state, context, level)),
                 summary, notices, history, turn.text, stage.spec.memory.prompt_budget)
         except MessageTooLong as exc:

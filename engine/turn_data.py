@@ -127,6 +127,7 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         "turn_ms": round((time.perf_counter() - turn.inbound.started) * 1000),
         "prompt_tokens": sum(c.prompt_tokens for c in answer.completions),
         "completion_tokens": sum(c.completion_tokens for c in answer.completions),
+        "cached_prompt_tokens": sum(c.cached_prompt_tokens for c in answer.completions),
         # One completion of unknown cost makes the turn's cost unknown.
         "cost": sum(costs) if costs and len(costs) == len(answer.completions) else None,
         "model": answer.model or model, "attempts": answer.attempts,

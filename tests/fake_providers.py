@@ -50,6 +50,7 @@ class Behaviour:
     seconds: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
     then: Behaviour | None = None
 
 
@@ -70,11 +71,15 @@ class FakeProvider(LoopbackServer):
         self._lock = threading.Lock()
 
     # -- programming -------------------------------------------------------------------
-    def reply(self, content: str, *, prompt_tokens: int = 120,
-              completion_tokens: int = 30) -> FakeProvider:
-        """Answer with ``content`` (the envelope's JSON text) in the wire's response shape."""
+    def reply(self, content: str, *, prompt_tokens: int = 120, completion_tokens: int = 30,
+              cached_tokens: int = 0) -> FakeProvider:
+        """Answer with ``content`` (the envelope's JSON text) in the wire's response shape;
+        ``cached_tokens`` of the prompt tokens were read from the prompt cache (reported as
+        the wire reports it: Anthropic's ``cache_read_input_tokens``, OpenAI's
+        ``prompt_tokens_details.cached_tokens``)."""
         self._queue.append(Behaviour("reply", content=content, prompt_tokens=prompt_tokens,
-                                     completion_tokens=completion_tokens))
+                                     completion_tokens=completion_tokens,
+                                     cached_tokens=cached_tokens))
         return self
 
     def fail(self, status: int = 500, message: str = "The server had an error.",
@@ -267,7 +272,11 @@ def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[
             content, stop = [{"type": "text", "text": b.content}], "end_turn"
         return {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
                 "model": model, "content": content, "stop_reason": stop, "stop_sequence": None,
-                "usage": {"input_tokens": b.prompt_tokens, "output_tokens": b.completion_tokens}}
+                # Anthropic's input_tokens leaves out what was read from the cache.
+                "usage": {"input_tokens": b.prompt_tokens - b.cached_tokens,
+                          "cache_creation_input_tokens": 0,
+                          "cache_read_input_tokens": b.cached_tokens,
+                          "output_tokens": b.completion_tokens}}
     if wire == "ollama":
         common = {"model": model, "created_at": "2026-12-01T00:00:00Z", "done": True,
                   "done_reason": "stop", "total_duration": 1000, "prompt_eval_count":
@@ -294,7 +303,8 @@ def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": finish}],
             "usage": {"prompt_tokens": b.prompt_tokens, "completion_tokens": b.completion_tokens,
-                      "total_tokens": b.prompt_tokens + b.completion_tokens}}
+                      "total_tokens": b.prompt_tokens + b.completion_tokens,
+                      "prompt_tokens_details": {"cached_tokens": b.cached_tokens}}}
 
 
 FakeProvider.handler = _Handler  # defined after the server class it serves

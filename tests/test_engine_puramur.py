@@ -25,6 +25,7 @@ from engine.chat import estimate_tokens
 from engine.errors import FunnelError
 from engine.funnel import CompiledFunnel, load_funnel
 from engine.models import Completion, ModelRequest, ScriptedModel
+from engine.scenarios.run import prompt_messages
 from engine.sync import SyncEngine
 from engine.turn import Engine, TurnResult
 
@@ -115,13 +116,11 @@ class RecordingModel:
         return [r for r in self.requests if r.session_id == session_id and r.attempt == 0]
 
     def prompt(self, session_id: str, turn: int) -> str:
-        """The system prompt of the session's N-th turn (1-based), and the data message
-        (notices, summary) after it when there is one."""
+        """The prompt of the session's N-th turn (1-based) before the window: the static
+        system message, the summary, the turn part, the notices (engine.budget.assemble)."""
         [request] = [r for r in self.first_calls(session_id) if r.turn == turn]
         assert request.messages[0]["role"] == "system"
-        data = request.messages[1]["content"] if len(request.messages) > 2 else ""
-        return request.messages[0]["content"] + ("\n" + data if data.startswith("<data>")
-                                                 else "")
+        return "\n".join(m["content"] for m in prompt_messages(request.messages))
 
 
 @dataclasses.dataclass
@@ -210,8 +209,9 @@ async def test_new_session_starts_with_defaults_in_greeting(make: Factory, sql: 
     [first] = await h.say("s1", "Hi!")
     request = h.model.first_calls("s1")[0]
     assert request.turn == 1 and request.stage == "greeting"
-    assert [m["role"] for m in request.messages] == ["system", "user"]  # empty history
-    assert request.messages[1]["content"] == "Hi!"
+    # the static prefix, the turn part, the message: empty history
+    assert [m["role"] for m in request.messages] == ["system", "system", "user"]
+    assert request.messages[2]["content"] == "Hi!"
     assert "Stage: greeting." in request.messages[0]["content"]
     assert "Greet the customer" in request.messages[0]["content"]
     assert first.reply == GREET["reply"] and not first.fallback
@@ -238,8 +238,9 @@ async def test_new_session_starts_with_defaults_in_greeting(make: Factory, sql: 
     [second] = await h.say("s1", "A cat")
     request = h.model.first_calls("s1")[1]
     assert request.stage == "discovery" and "Stage: discovery." in request.messages[0]["content"]
-    assert [m["role"] for m in request.messages] == ["system", "user", "assistant", "user"]
-    assert request.messages[1:3] == [{"role": "user", "content": "Hi!"},
+    assert [m["role"] for m in request.messages] == ["system", "system", "user", "assistant",
+                                                     "user"]
+    assert request.messages[2:4] == [{"role": "user", "content": "Hi!"},
                                      {"role": "assistant", "content": GREET["reply"]}]
     assert (second.stage_before, second.stage_after) == ("discovery", "discovery")
     assert (await h.state("s1"))["stage_iteration"] == 1
@@ -412,7 +413,9 @@ async def test_presented_products_are_recorded_in_order_without_duplicates(
     ]
 
     def recommended(prompt: str) -> list[str]:
-        return [line.split()[1] for line in prompt.splitlines() if line.startswith("- PR")]
+        # The catalog is in the static prefix; what the model may choose now is in the turn.
+        [line] = [x for x in prompt.splitlines() if x.startswith("Products you may recommend")]
+        return line.split(": ", 1)[1].rstrip(".").split(", ")
 
     first = h.model.prompt("s1", 3)
     assert "Already shown" not in first
@@ -745,7 +748,8 @@ async def test_the_manager_is_notified_once(make: Factory, sql: Any) -> None:
     for turn in (6, 7, 8):
         prompt = h.model.prompt("s1", turn)
         assert "Stage: handoff." in prompt
-        assert "A manager already has this conversation (reason: cart_confirmed)" in prompt
+        assert "A manager already has this conversation." in prompt
+        assert "The manager (reason: cart_confirmed)" in prompt
         assert "will contact Anna at +380661234567" in prompt
     rows = sql("SELECT session_id, kind, attempts, delivered_at IS NOT NULL, last_error "
                "FROM funnel_outbox")

@@ -18,6 +18,7 @@ from engine.errors import ConfigError
 from engine.funnel import CompiledFunnel
 from engine.knowledge.chunks import chunk_folder, chunk_text, markdown_files
 from engine.models import ScriptedModel
+from engine.scenarios.run import prompt_messages
 from engine.spec import KnowledgeSpec, StageKnowledge
 from engine.store import Store, open_store
 from engine.turn import Engine
@@ -157,6 +158,11 @@ async def engine(db_url: str, puramur: CompiledFunnel) -> AsyncIterator[Engine]:
     await e.close()
 
 
+def _prompt(request: Any) -> str:
+    """The prompt before the window: static prefix, summary, turn part, notices."""
+    return "\n".join(m["content"] for m in prompt_messages(request.messages))
+
+
 async def test_the_presentation_prompt_gets_and_cites_the_chunks(engine: Engine, sql: Any
                                                                  ) -> None:
     await engine.handle("s1", "Hi!")
@@ -165,8 +171,9 @@ async def test_the_presentation_prompt_gets_and_cites_the_chunks(engine: Engine,
     third = await engine.handle("s1", "What would you recommend?")
     assert not third.fallback
     calls = engine.calls  # type: ignore[attr-defined]
-    discovery_prompt, presentation_prompt = (calls[1].messages[0]["content"],
-                                             calls[2].messages[0]["content"])
+    # the chunks depend on the message: in the turn part, after the static prefix
+    discovery_prompt, presentation_prompt = (_prompt(calls[1]), _prompt(calls[2]))
+    assert f"[{SPHYNX_DRY}]" not in calls[2].messages[0]["content"]
     assert "Care notes" not in discovery_prompt  # no knowledge -> no section
     assert f"[{SPHYNX_DRY}]" in presentation_prompt
     cited = [r[0] for r in sql("SELECT knowledge FROM funnel_turns ORDER BY id")]
@@ -185,7 +192,7 @@ async def test_a_funnel_without_knowledge_has_no_section(db_url: str, sql: Any,
     complete = model.complete
 
     async def spy(request: Any) -> Any:
-        prompts.append(request.messages[0]["content"])
+        prompts.append(_prompt(request))
         return await complete(request)
 
     model.complete = spy  # type: ignore[method-assign]

@@ -172,7 +172,9 @@ async def test_the_repair_call_names_the_expected_language(
 
     engine.model.complete = spy  # type: ignore[method-assign]
     await engine.handle("s1", "Hello, I have a question about my cat")
-    assert 'code "uk"' in requests[0].messages[0]["content"]
+    # the language changes with the customer's: in the turn part, not the static prefix
+    assert 'code "uk"' in requests[0].messages[1]["content"]
+    assert requests[0].messages[1]["role"] == "system"
     repair = requests[1].messages[-1]["content"]
     assert "the reply is in English (en) but must be in Ukrainian (uk)" in repair
 

@@ -202,7 +202,9 @@ async def test_good_output_is_applied_and_recorded(db_url: str, sql: Any, fake_l
         assert "Greet the customer and ask whether their pet is a cat or a dog" \
             in chat[0]["content"]
         assert chat[-1] == {"role": "user", "content": "Hi, I have a Yorkie"}
-        assert len(chat) == 2  # a new session has no history
+        # a new session has no history: the static prefix, the turn part, the message
+        assert [m["role"] for m in chat] == ["system", "system", "user"]
+        assert "Known facts (JSON)" in chat[1]["content"]
         # litellm does not know the model and there is an api_base: a self-hosted
         # server, asked for the stage's portable schema first
         fmt = body["response_format"]
@@ -219,7 +221,8 @@ async def test_good_output_is_applied_and_recorded(db_url: str, sql: Any, fake_l
         assert result.reply == "Three years, noted." and not result.fallback
         chat = fake_llm.requests[1]["messages"]
         assert "Stage: discovery." in chat[0]["content"]
-        assert chat[1:] == [
+        assert chat[1]["role"] == "system" and '"breed":"Yorkie"' in chat[1]["content"]
+        assert chat[2:] == [
             {"role": "user", "content": "Hi, I have a Yorkie"},
             {"role": "assistant", "content": "Hello! A Yorkie, lovely. How old is he?"},
             {"role": "user", "content": "He is 3"},

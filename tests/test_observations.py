@@ -353,8 +353,8 @@ def test_memory_settings_are_validated_by_name(tmp_path: Path) -> None:
 
 def test_validate_warns_when_observations_may_crowd_the_prompt(tmp_path: Path) -> None:
     _, diagnostics = check_file(funnel_file(tmp_path, observation_budget=600))
-    warned = [d for d in diagnostics if d.code == "F206"]
+    warned = [d for d in diagnostics if d.code == "F207"]
     assert warned and all(d.severity == "warning" for d in warned)
     assert "observation_budget (600) is over half its prompt_budget (1000)" in warned[0].message
     _, diagnostics = check_file(funnel_file(tmp_path, observation_budget=500))
-    assert not [d for d in diagnostics if d.code == "F206"]
+    assert not [d for d in diagnostics if d.code == "F207"]

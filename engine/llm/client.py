@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ModelError, first_line
+from . import cache as _cache
 from . import retry as _retry
 from . import strategy as _strategy
 from .portable import portable_schema
@@ -125,9 +126,12 @@ class Caller:
                        ) -> dict[str, Any]:
         """The ``litellm.acompletion`` arguments of one call (no retries of litellm's own)."""
         s = request.settings
+        messages: list[dict[str, Any]] = list(request.messages)
+        if _cache.marks_prefix(self._provider(model, api_base)):
+            messages = _cache.mark_static_prefix(messages)
         kwargs: dict[str, Any] = {
             "model": model,
-            "messages": request.messages,
+            "messages": messages,
             "timeout": timeout,
             # The engine retries; litellm and the OpenAI SDK must not (their counts lie).
             "num_retries": 0,
@@ -188,6 +192,7 @@ class Caller:
             text=_strategy.answer_text(message),
             prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            cached_prompt_tokens=_cache.cached_tokens(usage),
             model=model,
             latency_ms=latency,
             cost=self.cost(model, response),

@@ -41,6 +41,8 @@ class Completion:
     latency_ms: float
     cost: float | None = None  # None: unknown (a model litellm has no prices for)
     attempts: int = 1  # HTTP calls made for this completion, retries included
+    # Of prompt_tokens, those the provider read from its prompt cache (0: none or not said).
+    cached_prompt_tokens: int = 0
 
 
 class Model(Protocol):

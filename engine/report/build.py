@@ -108,7 +108,8 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
     conversations = conv[0] if conv else {
         "conversations": 0, "turns": 0, "prompt_tokens": 0, "completion_tokens": 0,
         "cost": None, "avg_turns": None, "avg_tokens": None, "avg_cost": None,
-        "median_cost": None, "turns_without_cost": 0}
+        "median_cost": None, "turns_without_cost": 0, "cached_prompt_tokens": 0,
+        "cached_prompt_pct": None}
     report = {
         "funnel": spec.name, "version": spec.version, "table": spec.table,
         "generated_at": _num(data["now"]), "since": since_text(since),
@@ -243,20 +244,25 @@ def render_table(report: dict[str, Any]) -> str:
                       [[h["reason"] or "-", _fmt(h["handoffs"]), _fmt(h["avg_cart_total"], "money"),
                         _fmt(h["avg_seconds_to_handoff"], "dur")] for h in r["handoff_reasons"]]))
     c = r["costs"]["conversations"]
-    body = table(["conversations", "turns", "tokens", "cost", "avg turns", "avg tokens",
-                  "avg cost", "median cost"],
+    body = table(["conversations", "turns", "tokens", "cached", "cost", "avg turns",
+                  "avg tokens", "avg cost", "median cost"],
                  [[_fmt(c["conversations"]), _fmt(c["turns"]),
-                   _fmt(c["prompt_tokens"] + c["completion_tokens"]), _fmt(c["cost"], "cost"),
+                   _fmt(c["prompt_tokens"] + c["completion_tokens"]),
+                   _fmt(c["cached_prompt_pct"], "pct"), _fmt(c["cost"], "cost"),
                    _fmt(c["avg_turns"]), _fmt(c["avg_tokens"]), _fmt(c["avg_cost"], "cost"),
                    _fmt(c["median_cost"], "cost")]]) if c["conversations"] else "  (no data)"
+    if c.get("cached_prompt_tokens"):
+        body += (f"\n  {_fmt(c['cached_prompt_tokens'])} of {_fmt(c['prompt_tokens'])} prompt "
+                 "tokens were read from the provider's prompt cache (billed at its lower rate)")
     if c.get("turns_without_cost"):
         body += (f"\n  {_fmt(c['turns_without_cost'])} of {_fmt(c['turns'])} turns had no cost "
                  "(a model without prices in litellm's map): the cost above leaves them out")
     body += "\n\n" + table(
-        ["stage", "turns", "sessions", "tokens", "cost", "cost/conv", "validation failed",
-         "fallback"],
+        ["stage", "turns", "sessions", "tokens", "cached", "cost", "cost/conv",
+         "validation failed", "fallback"],
         [[s["stage"], _fmt(s["turns"]), _fmt(s["sessions"]),
-          _fmt(s["prompt_tokens"] + s["completion_tokens"]), _fmt(s["cost"], "cost"),
+          _fmt(s["prompt_tokens"] + s["completion_tokens"]),
+          _fmt(s["cached_prompt_pct"], "pct"), _fmt(s["cost"], "cost"),
           _fmt(s["cost_per_conversation"], "cost"), _fmt(s["validation_failure_pct"], "pct"),
           _fmt(s["fallback_pct"], "pct")] for s in r["costs"]["stages"]])
     section("costs", "turns in the window, per conversation and per stage", body)

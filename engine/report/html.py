@@ -232,7 +232,9 @@ def render_html(report: dict[str, Any]) -> str:
                f"{c['prompt_tokens'] + c['completion_tokens']:,} tokens · total "
                f"{_n(c['cost'], 'cost')} · per conversation {_n(c['avg_cost'], 'cost')} "
                f"(median {_n(c['median_cost'], 'cost')}), {_n(c['avg_tokens'])} tokens, "
-               f"{_n(c['avg_turns'])} turns")
+               f"{_n(c['avg_turns'])} turns"
+               + (f" · {_n(c['cached_prompt_pct'], 'pct')} of the prompt tokens cached"
+                  if c.get("cached_prompt_tokens") else ""))
     priced = any(s["cost"] for s in stages)  # a model without prices: tokens instead
     chart = hbars([(s["stage"].replace("_", " "),
                     float(s["cost"] or 0) if priced else s["prompt_tokens"] + s["completion_tokens"],
@@ -246,11 +248,12 @@ def render_html(report: dict[str, Any]) -> str:
         return f'<span class="bad">{_n(v, "pct")}</span>' if v and v >= 10 else _n(v, "pct")
 
     rows = [[_e(s["stage"]), _n(s["turns"]), _n(s["sessions"]),
-             _n(s["prompt_tokens"] + s["completion_tokens"]), _n(s["cost"], "cost"),
-             _n(s["cost_per_conversation"], "cost"), rate(s["validation_failure_pct"]),
-             rate(s["fallback_pct"])] for s in stages]
-    table = _table(["stage", "turns", "conversations", "tokens", "cost", "cost / conversation",
-                    "validation failed", "fallback"], rows, {1, 2, 3, 4, 5, 6, 7}) if rows else ""
+             _n(s["prompt_tokens"] + s["completion_tokens"]), _n(s["cached_prompt_pct"], "pct"),
+             _n(s["cost"], "cost"), _n(s["cost_per_conversation"], "cost"),
+             rate(s["validation_failure_pct"]), rate(s["fallback_pct"])] for s in stages]
+    table = _table(["stage", "turns", "conversations", "tokens", "cached", "cost",
+                    "cost / conversation", "validation failed", "fallback"], rows,
+                   {1, 2, 3, 4, 5, 6, 7, 8}) if rows else ""
     out.append(_section("costs", summary if c["conversations"] else "No turn in this period.",
                         chart + table))
     out.append(f"<footer>Computed in SQL by <code>funnel report</code>. The same queries are "

@@ -70,13 +70,22 @@ class ScenarioModel:
 
     async def complete(self, request: ModelRequest) -> Completion:
         if request.attempt == 0 and request.messages:
-            # The system message, and the data message after it (summary, notices).
-            data = request.messages[1]["content"] if len(request.messages) > 2 else ""
-            self.prompt = request.messages[0]["content"] + (
-                "\n" + data if data.startswith("<data>") else "")
+            self.prompt = "\n".join(m["content"] for m in prompt_messages(request.messages))
         if self.script is None:
             raise ModelError("the scenario gives no `llm` output for this turn")
         return await self.script.complete(request)
+
+
+def prompt_messages(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The messages before the window (engine.budget.assemble): the system messages (static
+    prefix, turn part) and the data messages (summary, notices) between them."""
+    out: list[dict[str, str]] = []
+    for m in messages[:-1]:
+        if m["role"] != "system" and not (m["role"] == "user"
+                                          and m["content"].startswith("<data>\n")):
+            break
+        out.append(m)
+    return out
 
 
 class Clock:

@@ -232,10 +232,16 @@ def conversation_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "round(avg(c.cost), 6) AS avg_cost, "
         "round((percentile_cont(0.5) WITHIN GROUP (ORDER BY c.cost))::numeric, 6) AS median_cost, "
         # Turns whose model has no price in litellm's map: their cost is unknown, not 0.
-        "COALESCE(sum(c.uncosted), 0) AS turns_without_cost "
+        "COALESCE(sum(c.uncosted), 0) AS turns_without_cost, "
+        # Of the prompt tokens, those the provider read from its prompt cache (new columns
+        # go last: the analysts' views are replaced in place).
+        "COALESCE(sum(c.cached_prompt_tokens), 0) AS cached_prompt_tokens, "
+        "round(100.0 * sum(c.cached_prompt_tokens) / NULLIF(sum(c.prompt_tokens), 0), 1) "
+        "AS cached_prompt_pct "
         "FROM (SELECT tr.session_id, count(*) AS turns, sum(tr.prompt_tokens) AS prompt_tokens, "
         "sum(tr.completion_tokens) AS completion_tokens, sum(tr.cost) AS cost, "
-        "count(*) FILTER (WHERE tr.cost IS NULL) AS uncosted "
+        "count(*) FILTER (WHERE tr.cost IS NULL) AS uncosted, "
+        "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens "
         "FROM {turns} tr WHERE {where} GROUP BY tr.session_id) c"
     ).format(turns=sql.Identifier(ddl.TURNS), where=_turns_where(spec, b))
 
@@ -248,7 +254,8 @@ def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "WITH {st}, a AS (SELECT tr.stage_before AS stage, count(*) AS turns, "
         "sum(tr.prompt_tokens) AS prompt_tokens, sum(tr.completion_tokens) AS completion_tokens, "
         "sum(tr.cost) AS cost, count(*) FILTER (WHERE tr.validation_failures > 0) AS failed, "
-        "count(*) FILTER (WHERE tr.fallback) AS fallbacks, avg(tr.llm_ms) AS llm_ms "
+        "count(*) FILTER (WHERE tr.fallback) AS fallbacks, avg(tr.llm_ms) AS llm_ms, "
+        "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens "
         "FROM {turns} tr WHERE {where} GROUP BY 1), "
         "s AS (SELECT x.stage, count(*) AS sessions FROM (SELECT DISTINCT tr.stage_before AS stage, "
         "tr.session_id FROM {turns} tr WHERE {where}) x GROUP BY 1) "
@@ -258,7 +265,9 @@ def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "AS avg_tokens_per_turn, a.failed AS validation_failed_turns, "
         "round(100.0 * a.failed / a.turns, 1) AS validation_failure_pct, "
         "a.fallbacks AS fallback_turns, round(100.0 * a.fallbacks / a.turns, 1) AS fallback_pct, "
-        "round(a.llm_ms) AS avg_llm_ms "
+        "round(a.llm_ms) AS avg_llm_ms, a.cached_prompt_tokens, "
+        "round(100.0 * a.cached_prompt_tokens / NULLIF(a.prompt_tokens, 0), 1) "
+        "AS cached_prompt_pct "
         "FROM a JOIN s ON s.stage = a.stage LEFT JOIN st ON st.stage = a.stage "
         "ORDER BY st.pos NULLS LAST, a.stage"
     ).format(st=_stages(spec, b), turns=sql.Identifier(ddl.TURNS), where=where)

@@ -287,4 +287,7 @@ SHARED_MIGRATIONS: list[str] = [
         last_run_at TIMESTAMPTZ NOT NULL,
         result JSONB
     )""",
+    # Of prompt_tokens, those the provider read from its prompt cache (OpenAI's
+    # usage.prompt_tokens_details.cached_tokens, Anthropic's cache_read_input_tokens).
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS cached_prompt_tokens INT NOT NULL DEFAULT 0",
 ]

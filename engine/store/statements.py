@@ -37,7 +37,10 @@ def _default(value: Any) -> Any:
 _TURN_COLUMNS = ("funnel_version", "stage_before", "transitions", "actions", "refused",
                  "validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
                  "prompt_tokens", "completion_tokens", "cost", "model", "error", "attempts",
-                 "knowledge", "explain", "raw_output", "migration", "variant")
+                 "knowledge", "explain", "raw_output", "migration", "variant",
+                 "cached_prompt_tokens")
+# What a record written without a column (a failed turn's, an older engine's) stores.
+_TURN_DEFAULTS = {"knowledge": "'[]'", "cached_prompt_tokens": "0"}
 
 
 class Statements:
@@ -93,8 +96,8 @@ class Statements:
         turn_columns = sql.SQL(", ").join(map(sql.Identifier, _TURN_COLUMNS))
         # A record without `knowledge` (written before it existed) cites nothing.
         turn_values = sql.SQL(", ").join(
-            sql.SQL("coalesce(x.{}, '[]')" if c == "knowledge" else "x.{}").format(
-                sql.Identifier(c)) for c in _TURN_COLUMNS)
+            sql.SQL(f"coalesce(x.{{}}, {_TURN_DEFAULTS[c]})" if c in _TURN_DEFAULTS
+                    else "x.{}").format(sql.Identifier(c)) for c in _TURN_COLUMNS)
 
         # One statement saves the whole turn: the state (if the version still
         # matches), the reply, the turn record and the outbox rows. Atomic, one

@@ -16,6 +16,7 @@ from .. import _yaml
 from ..catalog import load_catalog
 from ..errors import CatalogError, did_you_mean
 from ..expressions import attribute_paths, make_environment
+from ..names import STATIC_PROMPT_NAMES, TURN_BLOCK
 from ..paths import funnel_roots, is_confined
 from ..settings import MemorySettings
 from ..spec import PROMPT_NAMES
@@ -50,6 +51,7 @@ def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Repor
     owned = engine_owned_names(data, state)
     known_names = set(state) | set(PROMPT_NAMES)
     checked_templates: set[Path] = set()
+    static_reported: set[tuple[Path, int, str]] = set()
     stages = as_dict(data.get("stages"))
     # A folder outside the funnel is reported once, at `prompts:`/`schemas:`, not per stage.
     folders_out = {key for key, default in (("prompts", "prompts"), ("schemas", "schemas"))
@@ -70,6 +72,7 @@ def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Repor
         else:
             _check_template(prompt, prompts_dir, state, known_names, report, checked_templates,
                             roots)
+            _check_static_part(prompt, prompts_dir, roots, report, static_reported)
             _check_budget(data, stage, prompt, prompts_dir, report)
         if "schemas" in folders_out or not is_confined(schema, roots):
             if "schemas" not in folders_out:
@@ -126,6 +129,54 @@ def _check_template(
                        f"exist in {folder}")
         else:
             _check_template(included, folder, state, known, report, seen, roots)
+
+
+def _check_static_part(path: Path, folder: Path, roots: tuple[Path, ...], report: Report,
+                       reported: set[tuple[Path, int, str]]) -> None:
+    """F206: in a template with a top-level ``{% block turn %}``, the rest (and what it
+    includes) is the prompt's static prefix: it may read only the names that do not
+    change from turn to turn (engine.prompts.render_parts)."""
+    tree = _tree(path)
+    if tree is None or not any(isinstance(n, nodes.Block) and n.name == TURN_BLOCK
+                               for n in tree.body):
+        return
+    static = nodes.Template([n for n in tree.body if not (isinstance(n, nodes.Block)
+                                                           and n.name == TURN_BLOCK)])
+    seen: set[Path] = set()
+
+    def check(part: nodes.Template, file: Path) -> None:
+        for names, line in attribute_paths(part):
+            dynamic = names[0] not in STATIC_PROMPT_NAMES or (
+                names[0] == "thresholds" and len(names) > 1
+                and not names[1].endswith("_threshold"))
+            name = ".".join(names[:2]) if names[0] == "thresholds" else names[0]
+            if not dynamic or (file, line, name) in reported:
+                continue
+            reported.add((file, line, name))
+            report.add(file, line, 1, "error", "F206", f"'{name}' changes from turn to turn, "
+                       f"but it is read outside {{% block {TURN_BLOCK} %}} (of {path.name}), in "
+                       "the part of the prompt every turn of the stage shares; move it into "
+                       "the block, or read only "
+                       f"{', '.join(sorted(STATIC_PROMPT_NAMES))} (of thresholds, the "
+                       "*_threshold values) there")
+        for ref in meta.find_referenced_templates(part):
+            included = folder / ref if ref else None
+            if included is None or included in seen or not is_confined(included, roots):
+                continue
+            seen.add(included)
+            inner = _tree(included)
+            if inner is not None:
+                check(inner, included)
+
+    check(static, path)
+
+
+def _tree(path: Path) -> nodes.Template | None:
+    try:
+        source = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None  # F201, reported by _check_template
+    return _parse_template(source, path.name, str(path))[0]
 
 
 def column(lines: list[str], line: int, token: str) -> int:
@@ -233,7 +284,7 @@ def _check_budget(data: dict[str, Any], stage: str, prompt: Path, folder: Path,
         return
     observations = memory.get("observation_budget", MemorySettings.observation_budget)
     if memory.get("summary") and isinstance(observations, int) and observations > budget // 2:
-        report.at(("stages", stage), "warning", "F206", f"stage '{stage}': "
+        report.at(("stages", stage), "warning", "F207", f"stage '{stage}': "
                   f"memory.observation_budget ({observations}) is over half its prompt_budget "
                   f"({budget}); a full observation list leaves little room for the template, "
                   "the state and the messages, and is dropped from the prompt when it does "

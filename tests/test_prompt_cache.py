@@ -1,0 +1,197 @@
+"""The cache-friendly prompt layout and providers' prompt caches.
+
+The static prefix (the template outside ``{% block turn %}``) is the first
+system message and the same text on every turn of a stage; the summary, the
+turn part, the notices and the window follow. Anthropic gets that prefix, and
+only it, marked ``cache_control``; the cached prompt tokens a provider reports
+(Anthropic's ``cache_read_input_tokens``, OpenAI's
+``prompt_tokens_details.cached_tokens``) reach the turn record and
+``funnel report``. Against the recording fake servers of tests/fake_providers.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PURAMUR
+from fake_providers import FakeProvider
+from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
+from test_providers import SESSION, fresh_strategies, happy_turns, keys, open_engine  # noqa: F401
+
+from engine.errors import ConfigError, FunnelInvalid
+from engine.funnel import load_funnel
+from engine.prompts import render_parts
+
+BASE = Path(__file__).resolve().parent / "corpus" / "_base"
+
+
+def _texts(blocks: Any) -> list[str]:
+    return [b["text"] for b in blocks] if isinstance(blocks, list) else [blocks]
+
+
+def _marked(value: Any) -> list[Any]:
+    """Every ``cache_control`` anywhere in ``value``."""
+    if isinstance(value, dict):
+        found = [value["cache_control"]] if "cache_control" in value else []
+        return found + [m for v in value.values() for m in _marked(v)]
+    if isinstance(value, list):
+        return [m for v in value for m in _marked(v)]
+    return []
+
+
+# -- the layout -------------------------------------------------------------------------
+
+
+def _funnel_with(tmp_path: Path, greeting: str) -> Any:
+    for name in ("prompts", "schemas"):
+        shutil.copytree(BASE / name, tmp_path / name)
+    text = (BASE / "funnel.yaml").read_text("utf-8")
+    (tmp_path / "funnel.yaml").write_text(
+        text.replace("prompts: ../_base/prompts", "prompts: prompts")
+        .replace("schemas: ../_base/schemas", "schemas: schemas"), "utf-8")
+    (tmp_path / "prompts" / "greeting.j2").write_text(greeting, "utf-8")
+    return load_funnel(tmp_path / "funnel.yaml").stage("greeting")
+
+
+def test_the_turn_block_is_rendered_apart_from_the_static_part(tmp_path: Path) -> None:
+    stage = _funnel_with(tmp_path, 'Greet the customer. Stage: {{ stage }}.\n'
+                         '{% block turn %}Facts: {{ state_json }}{% endblock %}\n'
+                         'Answer with JSON: {"reply": "..."}\n')
+    context = {"stage": "greeting", "state_json": '{"name":"Ann"}', "funnel": "f",
+               "stage_description": "", "catalog": [], "currency": "", "thresholds": {}}
+    static, turn = render_parts(stage, context)
+    assert static == 'Greet the customer. Stage: greeting.\nAnswer with JSON: {"reply": "..."}'
+    assert turn == 'Facts: {"name":"Ann"}'
+
+
+def test_the_static_part_may_not_read_what_changes_every_turn(tmp_path: Path) -> None:
+    bad = ('Greet the customer.\nFacts: {{ state_json }}\n'
+           '{% block turn %}Stage: {{ stage }}{% endblock %}\n')
+    with pytest.raises(FunnelInvalid) as invalid:  # funnel validate: F206
+        _funnel_with(tmp_path, bad)
+    [problem] = [d for d in invalid.value.diagnostics if d.code == "F206"]
+    assert problem.line == 2 and "'state_json' changes from turn to turn" in problem.message
+    # A template changed after validation fails the render, naming the file and line.
+    template = tmp_path / "prompts" / "greeting.j2"
+    template.write_text("Greet the customer.\n{% block turn %}{% endblock %}\n", "utf-8")
+    stage = load_funnel(tmp_path / "funnel.yaml").stage("greeting")
+    template.write_text(bad, "utf-8")
+    environment = stage.template.environment
+    environment.cache = None  # what a reload of the changed file sees
+    stage = dataclasses.replace(stage, template=environment.get_template("greeting.j2"))
+    with pytest.raises(ConfigError) as caught:
+        render_parts(stage, {"stage": "greeting", "state_json": "{}"})
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'prompts' / 'greeting.j2'}:2: ")
+    assert "'state_json' is undefined" in message and "{% block turn %}" in message
+
+
+def test_a_template_without_the_block_is_one_static_part(tmp_path: Path) -> None:
+    stage = _funnel_with(tmp_path, "Greet the customer. Facts: {{ state_json }}\n")
+    assert render_parts(stage, {"state_json": "{}"}) == ("Greet the customer. Facts: {}", "")
+
+
+# -- Anthropic: cache_control on the static prefix only ----------------------------------
+
+
+async def test_anthropic_gets_the_static_prefix_marked_and_reports_cached_tokens(
+        db_url: str, sql: Any, keys: None) -> None:  # noqa: F811
+    from engine.report import build_report, render_table
+
+    turns = happy_turns(3)
+    with FakeProvider("anthropic") as fake:
+        engine = await open_engine(PURAMUR, db_url, "anthropic/claude-sonnet-4-5",
+                                   fake.api_base)
+        try:
+            for i, (text, output) in enumerate(turns):
+                fake.reply(json.dumps(output), prompt_tokens=1500, completion_tokens=40,
+                           cached_tokens=1200 if i else 0)
+                assert not (await engine.handle(SESSION, text)).fallback
+        finally:
+            await engine.close()
+        bodies = fake.requests
+
+    for body in bodies:
+        system = body["system"]
+        assert isinstance(system, list) and len(system) >= 2  # static prefix, turn part
+        assert system[0]["cache_control"] == {"type": "ephemeral"}
+        assert "Answer with one JSON object only" in system[0]["text"]
+        # Only the static prefix: not the turn part, not a message.
+        assert _marked(body) == [{"type": "ephemeral"}]
+        assert all("cache_control" not in block for block in system[1:])
+    presentation = bodies[2]["system"]
+    assert "Stage: presentation." in presentation[0]["text"]
+    assert "\"breed\":\"Sphynx\"" not in presentation[0]["text"]  # the state: in the turn part
+    assert any("\"breed\":\"Sphynx\"" in text for text in _texts(presentation[1:]))
+
+    rows = sql("SELECT prompt_tokens, cached_prompt_tokens FROM funnel_turns "
+               "WHERE session_id = %s ORDER BY id", (SESSION,))
+    assert [cached for _, cached in rows] == [0, 1200, 1200]
+    assert all(prompt == 1500 for prompt, _ in rows)
+
+    report = await build_report(PURAMUR, db=db_url)
+    costs = report["costs"]["conversations"]
+    assert costs["cached_prompt_tokens"] == 2400 and costs["prompt_tokens"] == 4500
+    assert float(costs["cached_prompt_pct"]) == pytest.approx(53.3)
+    presentation_row = next(s for s in report["costs"]["stages"] if s["stage"] == "presentation")
+    assert presentation_row["cached_prompt_tokens"] == 1200
+    assert "2,400 of 4,500 prompt tokens were read from the provider's prompt cache" in \
+        render_table(report)
+
+
+# -- OpenAI: caches by itself; the cached tokens are recorded ----------------------------
+
+
+async def test_openai_is_not_marked_and_its_cached_tokens_are_recorded(
+        db_url: str, sql: Any, keys: None) -> None:  # noqa: F811
+    with FakeProvider("openai") as fake:
+        engine = await open_engine(PURAMUR, db_url, "openai/gpt-4o-mini", fake.api_base)
+        try:
+            for i, (text, output) in enumerate(happy_turns(2)):
+                fake.reply(json.dumps(output), prompt_tokens=1100, completion_tokens=40,
+                           cached_tokens=1024 if i else 0)
+                assert not (await engine.handle(SESSION, text)).fallback
+        finally:
+            await engine.close()
+        bodies = fake.requests
+    for body in bodies:
+        assert _marked(body) == []  # OpenAI caches a shared prefix by itself
+        messages = body["messages"]
+        assert messages[0]["role"] == "system" and isinstance(messages[0]["content"], str)
+        assert messages[-1] == {"role": "user", "content": messages[-1]["content"]}
+    rows = sql("SELECT cached_prompt_tokens FROM funnel_turns WHERE session_id = %s "
+               "ORDER BY id", (SESSION,))
+    assert rows == [(0,), (1024,)]
+
+
+# -- the static prefix does not change within a stage ------------------------------------
+
+
+async def test_consecutive_turns_of_a_stage_share_the_static_prefix(
+        db_url: str, keys: None) -> None:  # noqa: F811
+    questions = ["Is it safe if she licks it?", "How long does a bottle last?"]
+    with FakeProvider("openai") as fake:
+        engine = await open_engine(PURAMUR, db_url, "openai/gpt-4o-mini", fake.api_base)
+        try:
+            for text, output in happy_turns(3):
+                fake.reply(json.dumps(output))
+                await engine.handle(SESSION, text)
+            for text in questions:  # no action: the session stays in presentation
+                fake.reply(json.dumps({"reply": "It is gentle and lasts two months."}))
+                assert (await engine.handle(SESSION, text)).stage_after == "presentation"
+        finally:
+            await engine.close()
+        last, before = fake.requests[-1]["messages"], fake.requests[-2]["messages"]
+    assert last[0] == before[0]  # the static prefix, word for word
+    assert "Already shown" not in last[0]["content"]
+    # the summary (data) comes before the turn part (system), which holds the state
+    roles = [m["role"] for m in last]
+    data = [i for i, m in enumerate(last) if m["content"].startswith("<data>")]
+    turn = roles.index("system", 1)
+    assert data and data[0] < turn and "Already shown" in last[turn]["content"]
+    assert last[-1]["content"] == questions[-1]
