@@ -25,6 +25,7 @@ from test_providers import SESSION, fresh_strategies, happy_turns, keys, open_en
 
 from engine.errors import ConfigError, FunnelInvalid
 from engine.funnel import load_funnel
+from engine.memory import ExtractiveSummarizer
 from engine.prompts import render_parts
 
 BASE = Path(__file__).resolve().parent / "corpus" / "_base"
@@ -177,6 +178,9 @@ async def test_consecutive_turns_of_a_stage_share_the_static_prefix(
     questions = ["Is it safe if she licks it?", "How long does a bottle last?"]
     with FakeProvider("openai") as fake:
         engine = await open_engine(PURAMUR, db_url, "openai/gpt-4o-mini", fake.api_base)
+        # The offline summary: an observer would ask this fake too, and take the replies
+        # queued for the turns (the layout, not the memory, is under test here).
+        engine.summary.summarizer = ExtractiveSummarizer()
         try:
             for text, output in happy_turns(3):
                 fake.reply(json.dumps(output))
