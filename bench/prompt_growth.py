@@ -42,12 +42,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the loopback fake model server
 
 from _db import server_url, throwaway_schema  # noqa: E402
+from fake_openai import FakeOpenAI  # noqa: E402
+from observations import model as observer_fake  # noqa: E402  (bench/observations.py)
 
 from engine import Engine, ModelRequest, ScriptedModel, load_funnel  # noqa: E402
 from engine.chat import estimate_tokens  # noqa: E402
-from engine.models import Completion  # noqa: E402
+from engine.models import Completion, LiteLLMModel  # noqa: E402
+from engine.observations import ModelSummarizer  # noqa: E402
 
 QUESTIONS = [
     "How often should I use the shampoo on a cat with such dry skin?",
@@ -223,6 +227,17 @@ async def main() -> None:
         objections = await run(url, 12, system, objection_conversation(12))
         appended = [await run(url, 60, system, summarizer=AppendOnly()),
                     await run(url, 12, system, objection_conversation(12), AppendOnly())]
+        # What a real model gets: the engine's own observer and reflector, their model
+        # played by the loopback fake OpenAI server of tests/ (through litellm).
+        os.environ.setdefault("OPENAI_API_KEY", "sk-bench-dummy")
+        fake = FakeOpenAI().respond_with(observer_fake).start()
+        try:
+            observer = ModelSummarizer(LiteLLMModel("openai/fake-model",
+                                                    api_base=fake.api_base))
+            observed = [await run(url, 60, system, summarizer=observer),
+                        await run(url, 12, system, objection_conversation(12), observer)]
+        finally:
+            fake.stop()
     results = {n: (eng, base) for n, (eng, base, _) in runs.items()}
     engine60, base60 = results[60]
     print("Prompt tokens per turn, 60-turn conversation (engine | window-buffer baseline):")
@@ -243,7 +258,9 @@ async def main() -> None:
     print("\nShared prefix of consecutive prompts in the same stage (share of the later prompt; "
           "target >= 70% on presentation and objection_handling):")
     print(f"{'stage':>20} {'pairs':>5} {'mean':>6} {'min':>6}   summary")
-    for label, pair in (("the funnel's", (runs[60], objections)), ("append-only", appended)):
+    for label, pair in (("extractive (scripted model)", (runs[60], objections)),
+                        ("bench append-only", appended),
+                        ("observer (real-model default)", observed)):
         shares = prefix_shares(pair[0][2].prompts)
         for stage, values in prefix_shares(pair[1][2].prompts).items():
             shares.setdefault(stage, []).extend(values)
