@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import jsonschema_rs
 from jinja2 import Template
 
 from .actions import ActionRunner
@@ -33,6 +34,10 @@ class CompiledStage:
     schema: dict[str, Any]
     validator: jsonschema.Draft202012Validator
     allowed_updates: frozenset[str]
+    # The same schema compiled by jsonschema-rs: a turn asks it first whether the output
+    # is valid (well under a microsecond, against ~50 us for `validator`); `validator`
+    # stays the authority and writes the message when it is not (engine.output).
+    fast_validator: jsonschema_rs.Draft202012Validator | None = None
 
 
 class CompiledFunnel:
@@ -83,6 +88,7 @@ class CompiledFunnel:
                 schema=schema,
                 validator=jsonschema.Draft202012Validator(schema),
                 allowed_updates=allowed,
+                fast_validator=fast_validator(schema),
             )
 
     def stage(self, name: str) -> CompiledStage:
@@ -96,6 +102,16 @@ class CompiledFunnel:
                 f"funnel '{self.name}' has no stage '{name}'; declare where its sessions go "
                 f"under `removed_stages` and run `funnel migrate --check`"
             ) from None
+
+
+def fast_validator(schema: dict[str, Any]) -> jsonschema_rs.Draft202012Validator | None:
+    """``schema`` compiled by jsonschema-rs, or None when it cannot be (a dangling
+    ``$ref``: then only jsonschema runs, and reports it). Formats are annotations, as
+    for jsonschema without a format checker; nothing is ever fetched."""
+    try:
+        return jsonschema_rs.Draft202012Validator(schema, validate_formats=False, offline=True)
+    except ValueError:  # jsonschema_rs.ValidationError: an unresolvable or invalid schema
+        return None
 
 
 def load_funnel(path: str | Path) -> CompiledFunnel:
