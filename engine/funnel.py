@@ -7,7 +7,7 @@ and JSON Schema validators are built here once per funnel, never per turn.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,17 @@ class CompiledStage:
     schema: dict[str, Any]
     validator: jsonschema.Draft202012Validator
     allowed_updates: frozenset[str]
-    # The same schema compiled by jsonschema-rs: a turn asks it first whether the output
-    # is valid (well under a microsecond, against ~50 us for `validator`); `validator`
-    # stays the authority and writes the message when it is not (engine.output).
-    fast_validator: jsonschema_rs.Draft202012Validator | None = None
+    # `validator`'s schema compiled by jsonschema-rs: a turn asks it first whether the
+    # output is valid (well under a microsecond, against ~50 us for `validator`), and
+    # `validator` stays the authority that explains a rejection (engine.output). Derived,
+    # so that a stage copied with another validator (dataclasses.replace) gets its own.
+    fast_validator: jsonschema_rs.Draft202012Validator | None = field(
+        init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        schema = self.validator.schema
+        object.__setattr__(self, "fast_validator",
+                           fast_validator(schema) if isinstance(schema, dict) else None)
 
 
 class CompiledFunnel:
@@ -88,7 +95,6 @@ class CompiledFunnel:
                 schema=schema,
                 validator=jsonschema.Draft202012Validator(schema),
                 allowed_updates=allowed,
-                fast_validator=fast_validator(schema),
             )
 
     def stage(self, name: str) -> CompiledStage:
