@@ -60,11 +60,9 @@ def _derived(funnel: CompiledFunnel, name: str, ctx: Mapping[str, Any]) -> str |
     if name != funnel.spec.completeness_field:
         return None
     parts = []
-    for condition, points, source in funnel.rules.completeness:
-        try:
-            held = condition(ctx)
-        except Exception:
-            held = False
+    # All the rules in one evaluation, as StateRules.recompute scores them.
+    hits = funnel.rules.completeness_hits(ctx)
+    for held, (_condition, points, source) in zip(hits, funnel.rules.completeness, strict=True):
         if held and points:
             parts.append(f"{source} {points}")
     return " + ".join(parts) if parts else "no rule holds"

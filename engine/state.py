@@ -198,19 +198,24 @@ class StateRules:
             self._recompute_cart(state, now)
         if spec.completeness_field:
             score = 0
-            try:
-                hits = self._all_rules(ctx) if self._all_rules else []
-            except Exception:  # some rule fails here: evaluate them one by one
-                hits = []
-                for cond, _points, _source in self.completeness:
-                    try:
-                        hits.append(cond(ctx))
-                    except Exception:  # a rule that cannot be evaluated scores nothing
-                        hits.append(False)
-            for hit, (_cond, points, _source) in zip(hits, self.completeness, strict=True):
+            for hit, (_cond, points, _source) in zip(self.completeness_hits(ctx),
+                                                     self.completeness, strict=True):
                 if hit:
                     score += points
             state[spec.completeness_field] = score
+
+    def completeness_hits(self, ctx: Mapping[str, Any]) -> list[bool]:
+        """Which completeness rules hold, in order: one evaluation of them all."""
+        try:
+            return self._all_rules(ctx) if self._all_rules else []
+        except Exception:  # some rule fails here: evaluate them one by one
+            hits = []
+            for cond, _points, _source in self.completeness:
+                try:
+                    hits.append(cond(ctx))
+                except Exception:  # a rule that cannot be evaluated scores nothing
+                    hits.append(False)
+            return hits
 
     def _recompute_cart(self, state: dict[str, Any], now: str) -> None:
         cart = self.spec.cart
