@@ -38,7 +38,13 @@ def _empty(value: Any) -> bool:
 
 def _prune(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _prune(v) for k, v in value.items() if not _empty(_prune(v))}
+        # Each value pruned once (pruning it again to test it doubled the work per level).
+        out = {}
+        for k, v in value.items():
+            pruned = _prune(v)
+            if not _empty(pruned):
+                out[k] = pruned
+        return out
     if isinstance(value, list):
         return [_prune(v) for v in value if not _empty(v)]
     return value
