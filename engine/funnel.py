@@ -22,7 +22,7 @@ from .expressions import compile_condition, make_environment
 from .machine import StageMachine
 from .paths import confine, funnel_roots
 from .spec import FunnelSpec, StageSpec
-from .state import StateRules
+from .state import StateRules, fast_validator
 from .validation import check_file
 from .validation.files import resolve_local_ref
 
@@ -108,16 +108,6 @@ class CompiledFunnel:
                 f"funnel '{self.name}' has no stage '{name}'; declare where its sessions go "
                 f"under `removed_stages` and run `funnel migrate --check`"
             ) from None
-
-
-def fast_validator(schema: dict[str, Any]) -> jsonschema_rs.Draft202012Validator | None:
-    """``schema`` compiled by jsonschema-rs, or None when it cannot be (a dangling
-    ``$ref``: then only jsonschema runs, and reports it). Formats are annotations, as
-    for jsonschema without a format checker; nothing is ever fetched."""
-    try:
-        return jsonschema_rs.Draft202012Validator(schema, validate_formats=False, offline=True)
-    except ValueError:  # jsonschema_rs.ValidationError: an unresolvable or invalid schema
-        return None
 
 
 def load_funnel(path: str | Path) -> CompiledFunnel:

@@ -110,3 +110,15 @@ async def test_the_first_commit_alone_is_asynchronous(store: Any, puramur: Any, 
     # The message committed all the same, with its lease.
     assert sql("SELECT role, content FROM funnel_messages") == [("user", "Hi, a dog")]
     assert sql("SELECT holder FROM funnel_leases") == [("h1",)]
+
+
+@pytest.mark.parametrize("path", FUNNELS, ids=lambda p: p.stem)
+def test_state_fields_are_judged_as_jsonschema_judges_them(path: Path) -> None:
+    rules = load_funnel(path).rules
+    values: list[Any] = [None, "", "x" * 400, 0, -1, 1.5, 10**20, True, [], {}, ["a"],
+                         {"type": "cat"}, {"type": "parrot"}, {"name": "Anna", "phone": 1},
+                         [{"sku": "PR251010", "qty": 1}], [{"qty": "two"}], "2026-01-01"]
+    for name, validator in rules.validators.items():
+        assert rules.fast_validators[name] is not None
+        verdicts = [rules.invalid(name, value) is None for value in values]
+        assert verdicts == [validator.is_valid(value) for value in values], name
