@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 from _db import server_url, throwaway_schema  # noqa: E402
+from psycopg import sql  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
 from engine import Engine, ScriptedModel, load_funnel  # noqa: E402
@@ -95,8 +96,13 @@ def raw_state(sid: str) -> dict[str, Any]:
 # WAL of this database's statements (pg_stat_statements, when the server loads it: exact
 # on a shared server, commit records left out), else the server's WAL position (all of
 # the server's work, other databases' too).
-_WAL_STATEMENTS = ("SELECT COALESCE(sum(wal_bytes), 0)::bigint FROM pg_stat_statements "
-                   "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())")
+_PGSS_SCHEMA = ("SELECT extnamespace::regnamespace::text FROM pg_extension "
+                "WHERE extname = 'pg_stat_statements'")
+# Top-level statements only: with `pg_stat_statements.track = all`, a function's
+# statements are counted on their own too.
+_WAL_STATEMENTS = ("SELECT COALESCE(sum(wal_bytes), 0)::bigint FROM {}.pg_stat_statements "
+                   "WHERE toplevel AND dbid = "
+                   "(SELECT oid FROM pg_database WHERE datname = current_database())")
 _WAL_SERVER = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
 
 
@@ -107,12 +113,18 @@ async def db_counters(url: str) -> tuple[int, int, str]:
             "SELECT xact_commit + xact_rollback FROM pg_stat_database "
             "WHERE datname = current_database()")).fetchone()
         assert row is not None
-        try:
-            wal = await (await conn.execute(_WAL_STATEMENTS)).fetchone()
-            source = "pg_stat_statements"
-        except psycopg.Error:
+        # The extension's view is outside the benchmark's own schema (its search_path).
+        schema = await (await conn.execute(_PGSS_SCHEMA)).fetchone()
+        wal, source = None, "server-wide WAL position"
+        if schema is not None:
+            try:
+                wal = await (await conn.execute(sql.SQL(_WAL_STATEMENTS).format(
+                    sql.Identifier(schema[0])))).fetchone()
+                source = "pg_stat_statements"
+            except psycopg.Error:  # installed but not loaded (shared_preload_libraries)
+                pass
+        if wal is None:
             wal = await (await conn.execute(_WAL_SERVER)).fetchone()
-            source = "server-wide WAL position"
     assert wal is not None
     return int(row[0]), int(wal[0]), source
 
