@@ -84,6 +84,11 @@ class Mover:
             ctx = self.context(state)
             step = explain_stage(funnel, pos["stage"], ctx)
             self.explanation.append(step)
+            # The explanation just evaluated every exit of the stage on this context:
+            # when none held (nor failed), the machine has nothing to fire, and asking it
+            # would evaluate them all again. Most turns stay in their stage.
+            if all(t["held"] is False for t in step["transitions"]):
+                break
             fired = self.fire("advance", ctx)
             if not fired:
                 break

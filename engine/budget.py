@@ -79,12 +79,21 @@ def compact(value: Any, level: int = 0) -> Any:
     Lists keep their newest items (the last ones), objects their first keys.
     """
     chars, items, keys = LEVELS[min(level, len(LEVELS) - 1)]
+    return _compact(value, chars, items, keys)
+
+
+def _compact(value: Any, chars: int, items: int, keys: int) -> Any:
+    # Every prompt compacts the whole state (a few hundred values) once or twice per
+    # turn: scalars return first, and small containers are not sliced into copies.
     if isinstance(value, str):
         return value if len(value) <= chars else value[:chars] + "…"
     if isinstance(value, list):
-        return [compact(v, level) for v in value[-items:]]
+        return [_compact(v, chars, items, keys)
+                for v in (value if len(value) <= items else value[-items:])]
     if isinstance(value, dict):
-        return {str(k)[:chars]: compact(v, level) for k, v in list(value.items())[:keys]}
+        pairs = value.items() if len(value) <= keys else list(value.items())[:keys]
+        return {(k if type(k) is str and len(k) <= chars else str(k)[:chars]):
+                _compact(v, chars, items, keys) for k, v in pairs}
     return value
 
 

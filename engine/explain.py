@@ -16,11 +16,11 @@ record's ``explain`` column, returned in ``TurnResult.explain``)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from .expressions import attribute_paths, compact_json, parse_expression
+from .expressions import attribute_paths, compact_json, compile_condition_list, parse_expression
 
 if TYPE_CHECKING:
     from .funnel import CompiledFunnel
@@ -60,11 +60,9 @@ def _derived(funnel: CompiledFunnel, name: str, ctx: Mapping[str, Any]) -> str |
     if name != funnel.spec.completeness_field:
         return None
     parts = []
-    for condition, points, source in funnel.rules.completeness:
-        try:
-            held = condition(ctx)
-        except Exception:
-            held = False
+    # All the rules in one evaluation, as StateRules.recompute scores them.
+    hits = funnel.rules.completeness_hits(ctx)
+    for held, (_condition, points, source) in zip(hits, funnel.rules.completeness, strict=True):
         if held and points:
             parts.append(f"{source} {points}")
     return " + ".join(parts) if parts else "no rule holds"
@@ -77,6 +75,27 @@ def _evaluate(condition: Any, ctx: Mapping[str, Any]) -> tuple[bool | None, str 
         return None, str(exc)
 
 
+@lru_cache(maxsize=512)
+def _all_of(sources: tuple[str, ...]) -> Callable[[Mapping[str, Any]], list[bool]]:
+    return compile_condition_list(list(sources))
+
+
+def _held(funnel: CompiledFunnel, sources: tuple[str, ...], ctx: Mapping[str, Any]
+          ) -> list[tuple[bool | None, str | None]]:
+    """Each condition's verdict on ``ctx``: all of a stage's exits in one evaluation (one
+    sandbox context instead of one per exit, on every turn), one by one when any fails,
+    so that the failing one names its error and the others still count."""
+    if not sources:
+        return []
+    try:
+        values = _all_of(sources)(ctx)
+        if len(values) == len(sources):
+            return [(v, None) for v in values]
+    except Exception:  # evaluated one by one below, each with its own error
+        pass
+    return [_evaluate(funnel.explain_conditions[s], ctx) for s in sources]
+
+
 def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any]
                   ) -> dict[str, Any]:
     """Every exit of ``stage`` (global ones first, as the machine tries them), evaluated."""
@@ -84,7 +103,8 @@ def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any]
     own = spec.stages[stage].transitions if stage in spec.stages else ()
     candidates = [(t, True) for t in spec.global_transitions if t.to != stage] + \
         [(t, False) for t in own]
-    compiled = funnel.explain_conditions
+    verdicts = iter(_held(funnel, tuple(t.when for t, _ in candidates if t.when is not None),
+                          ctx))
     out: list[dict[str, Any]] = []
     for t, is_global in candidates:
         entry: dict[str, Any] = {"to": t.to, "when": t.when}
@@ -93,7 +113,7 @@ def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any]
         if t.when is None:
             entry["held"] = True
         else:
-            held, error = _evaluate(compiled[t.when], ctx)
+            held, error = next(verdicts)
             entry["held"] = held
             if error:
                 entry["error"] = error

@@ -7,11 +7,12 @@ and JSON Schema validators are built here once per funnel, never per turn.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import jsonschema_rs
 from jinja2 import Template
 
 from .actions import ActionRunner
@@ -21,7 +22,7 @@ from .expressions import compile_condition, make_environment
 from .machine import StageMachine
 from .paths import confine, funnel_roots
 from .spec import FunnelSpec, StageSpec
-from .state import StateRules
+from .state import StateRules, fast_validator
 from .validation import check_file
 from .validation.files import resolve_local_ref
 
@@ -33,6 +34,17 @@ class CompiledStage:
     schema: dict[str, Any]
     validator: jsonschema.Draft202012Validator
     allowed_updates: frozenset[str]
+    # `validator`'s schema compiled by jsonschema-rs: a turn asks it first whether the
+    # output is valid (well under a microsecond, against ~50 us for `validator`), and
+    # `validator` stays the authority that explains a rejection (engine.output). Derived,
+    # so that a stage copied with another validator (dataclasses.replace) gets its own.
+    fast_validator: jsonschema_rs.Draft202012Validator | None = field(
+        init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        schema = self.validator.schema
+        object.__setattr__(self, "fast_validator",
+                           fast_validator(schema) if isinstance(schema, dict) else None)
 
 
 class CompiledFunnel:

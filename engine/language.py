@@ -88,7 +88,7 @@ def detect(text: str, languages: Iterable[str] = BASE_LANGUAGES) -> Detection:
     links, numbers and SKUs are removed, or the best guess is below ``MIN_CONFIDENCE``.
     """
     cleaned = _NOISE.sub(" ", text[:2000])
-    if sum(ch.isalpha() for ch in cleaned) < MIN_LETTERS:
+    if not _enough_letters(cleaned):
         return Detection(None, 0.0)
     values = _detector(tuple(sorted(set(languages))))\
         .compute_language_confidence_values(cleaned)
@@ -101,6 +101,17 @@ def detect(text: str, languages: Iterable[str] = BASE_LANGUAGES) -> Detection:
         if marked is not None and marked in languages:
             return Detection(marked, max(float(top.value), SWITCH_CONFIDENCE))
     return Detection(code if top.value >= MIN_CONFIDENCE else None, float(top.value))
+
+
+def _enough_letters(text: str) -> bool:
+    """At least MIN_LETTERS letters (counted only that far: this runs twice a turn)."""
+    letters = 0
+    for ch in text:
+        if ch.isalpha():
+            letters += 1
+            if letters >= MIN_LETTERS:
+                return True
+    return False
 
 
 def _uk_or_ru(text: str) -> str | None:

@@ -111,6 +111,9 @@ def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None
         data = model_json(text)
     except Rejected as exc:
         return None, str(exc)
+    fast = stage.fast_validator
+    if fast is not None and fast.is_valid(data):
+        return data, ""  # the common case; jsonschema below only explains a rejection
     try:
         error = best_match(stage.validator.iter_errors(data))
     except (Unresolvable, RecursionError) as exc:

@@ -48,7 +48,13 @@ def _empty(value: Any) -> bool:
 
 def _prune(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _prune(v) for k, v in value.items() if not _empty(_prune(v))}
+        # Each value pruned once (pruning it again to test it doubled the work per level).
+        out = {}
+        for k, v in value.items():
+            pruned = _prune(v)
+            if not _empty(pruned):
+                out[k] = pruned
+        return out
     if isinstance(value, list):
         return [_prune(v) for v in value if not _empty(v)]
     return value
@@ -164,11 +170,19 @@ def at_level(funnel: CompiledFunnel, stage: CompiledStage, state: Mapping[str, A
     fields a template reads directly too, so that no loop over a field the customer
     grows can outgrow the budget. The row keeps the full values."""
     out = dict(context)
+    # Each field compacted once (a turn renders every prompt at least once: this is on
+    # the hot path): the top-level names and ``state`` mostly hold the same values.
+    view = context["state"]
+    compacted = {k: compact(v, level) for k, v in view.items()}
     for name in funnel.spec.state:
         if name in out:
-            out[name] = compact(out[name], level)
-    out["state"] = {k: compact(v, level) for k, v in context["state"].items()}
-    out["state_json"] = compact_json(compact(compact_state(funnel, state, stage), level))
+            value = out[name]
+            out[name] = compacted[name] if name in view and value is view[name] \
+                else compact(value, level)
+    out["state"] = compacted
+    # build_context wrote state_json at level 0 already.
+    out["state_json"] = context["state_json"] if level == 0 else \
+        compact_json(compact(compact_state(funnel, state, stage), level))
     return out
 
 

@@ -263,6 +263,9 @@ def _count_arg(position: int, keyword: str) -> Callable[..., None]:
     return check
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """An immutable sandbox in which every operator and loop does bounded work."""
 
@@ -287,6 +290,19 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         return _BINOPS[operator](left, right)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        # ``p.sku`` on a dict (the state, the catalog, every template's loop) first asks
+        # for a Python attribute, which raises AttributeError, and only then reads the
+        # key: a raised exception per access, most of a prompt's render time. A name no
+        # dict has as an attribute reads the key directly: the same value, the same
+        # sandbox (item access is not checked there either), attributes win as before.
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                pass
+        return super().getattr(obj, attribute)
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         wrapped = super().wrap_str_format(value)

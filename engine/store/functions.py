@@ -7,7 +7,9 @@ window. With a delivery key (``p_ikey``: a Telegram update, an HTTP
 ``Idempotency-Key``) it first records the key in ``funnel_inbound``; a key
 seen before logs nothing and takes no lease, and returns the first delivery's
 stored answer instead (``replayed``; see engine.store.idempotency). It is one
-statement and one commit. Inside it, each statement sees
+statement and one commit, and an asynchronous one (``synchronous_commit`` off for
+this transaction only: the turn does not wait for a WAL flush before calling the
+model; see docs/persistence.md for what that risks). Inside it, each statement sees
 what committed before it ran, so the row and the window include the previous
 turn's save even if that committed while this call waited on the lease.
 
@@ -49,6 +51,12 @@ DECLARE
     logged bigint;
     answer jsonb;
 BEGIN
+    -- This commit is not waited for (docs/persistence.md): a crash of the service loses
+    -- nothing, since PostgreSQL writes it out within the WAL writer's delay; only a crash
+    -- of PostgreSQL itself within that delay can lose the message, and then its turn failed
+    -- (its save, a synchronous commit, would have flushed it) and the customer resends.
+    -- Transaction-local: the turn's save commits synchronously as before.
+    PERFORM set_config('synchronous_commit', 'off', true);
     replayed := FALSE;
     IF p_text IS NOT NULL AND p_ikey IS NOT NULL THEN
         -- A delivery key seen before: no message, no lease, no turn; the first

@@ -1,0 +1,124 @@
+"""The turn's hot path (issue 19) does the same work, only cheaper.
+
+The stage schema is checked by jsonschema-rs first and by jsonschema when that
+rejects, with the same verdicts; the sandbox reads dict keys without a failed
+attribute lookup, attributes still winning; the first round trip's commit is
+asynchronous and only its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+from conftest import ROOT
+
+from engine.expressions import compile_condition, make_environment
+from engine.funnel import load_funnel
+from engine.output import parse_output
+from engine.store.functions import call
+
+FUNNELS = sorted((ROOT / "funnels").glob("*.yaml"))
+
+ENVELOPES: list[Any] = [
+    {"reply": "Hello!"},
+    {"reply": "Hello!", "language": "en"},
+    {"reply": "Hello!", "language": "english"},
+    {"reply": ""},
+    {"reply": "x" * 5000},
+    {"reply": "Hi", "surprise": 1},
+    {"reply": "Hi", "updates": {"pet": {"type": "cat", "breed": "Sphynx"}}},
+    {"reply": "Hi", "updates": {"pet": {"type": "parrot"}}},
+    {"reply": "Hi", "updates": {"pet": {"age_years": -1}}},
+    {"reply": "Hi", "updates": {"customer": {"name": "Anna", "phone": "066 123 45 67"}}},
+    {"reply": "Hi", "actions": [{"type": "present_products", "skus": ["PR251010"]}]},
+    {"reply": "Hi", "actions": [{"type": "add_to_cart", "sku": "PR251010", "qty": 1}]},
+    {"reply": "Hi", "actions": [{"type": "add_to_cart", "sku": "PR251010", "qty": "one"}]},
+    {"reply": "Hi", "actions": [{"type": "launch_rockets"}]},
+    {"reply": "Hi", "actions": [{"type": "confirm_cart"}] * 20},
+    {"updates": {}},
+]
+
+
+@pytest.mark.parametrize("path", FUNNELS, ids=lambda p: p.stem)
+def test_the_fast_check_gives_jsonschemas_verdict_on_every_shipped_stage(path: Path) -> None:
+    funnel = load_funnel(path)
+    for stage in funnel.stages.values():
+        assert stage.fast_validator is not None, f"{path.name} {stage.spec.name}"
+        verdicts = set()
+        for envelope in ENVELOPES:
+            parsed, problem = parse_output(stage, orjson.dumps(envelope).decode())
+            valid = stage.validator.is_valid(envelope)
+            assert (parsed == envelope) if valid else (parsed is None and "at $" in problem), \
+                (path.name, stage.spec.name, envelope, problem)
+            verdicts.add(valid)
+        assert verdicts == {True, False}  # the corpus has both for every stage
+
+
+def test_a_stage_given_another_validator_is_checked_by_that_one(puramur: Any) -> None:
+    stage = puramur.stage("greeting")
+    bad = {"reply": "Hi", "surprise": 1}
+    assert parse_output(stage, orjson.dumps(bad).decode())[0] is None
+    loose = dataclasses.replace(
+        stage, validator=jsonschema.Draft202012Validator({"type": "object"}))
+    assert parse_output(loose, orjson.dumps(bad).decode())[0] == bad
+    strict = dataclasses.replace(stage, validator=jsonschema.Draft202012Validator(
+        {"type": "object", "required": ["reply", "language"]}))
+    envelope, problem = parse_output(strict, '{"reply": "Hi"}')
+    assert envelope is None and "language" in problem
+
+
+def test_a_schema_jsonschema_rs_cannot_build_leaves_only_jsonschema(puramur: Any) -> None:
+    stage = puramur.stage("greeting")
+    dangling = dataclasses.replace(stage, validator=jsonschema.Draft202012Validator(
+        {"type": "object", "properties": {"reply": {"$ref": "#/$defs/missing"}}}))
+    assert dangling.fast_validator is None
+    envelope, problem = parse_output(dangling, '{"reply": "Hi"}')
+    assert envelope is None and "cannot be evaluated" in problem
+
+
+def test_dict_keys_read_directly_and_dict_attributes_still_win() -> None:
+    env = make_environment()
+    template = env.from_string("{{ p.sku }}|{{ p['items'] }}|{{ p.items is callable }}")
+    assert template.render(p={"sku": "PR1", "items": 3}) == "PR1|3|True"
+    with pytest.raises(Exception, match="no attribute 'name'"):
+        env.from_string("{{ p.name }}").render(p={"sku": "PR1"})
+    # Conditions read state the same way.
+    assert compile_condition("pet.type == 'cat' and pet.age_years is none")(
+        {"pet": {"type": "cat", "age_years": None}})
+    with pytest.raises(Exception, match="__class__"):
+        env.from_string("{{ p.__class__.__mro__ }}").render(p={})
+
+
+@pytest.mark.postgres
+async def test_the_first_commit_alone_is_asynchronous(store: Any, puramur: Any, sql: Any
+                                                      ) -> None:
+    await store.ensure_schema(puramur.spec)
+    statement = call(puramur.spec)
+    args = ("puramur", "s1", "Hi, a dog", "greeting", "puramur/s1", "h1", 6.0, 4, 0, False,
+            None, None)
+    async with store._conn() as conn:
+        async with conn.transaction():
+            await conn.execute(statement, args)
+            inside = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+        after = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+    assert inside == ("off",) and after == ("on",)
+    # The message committed all the same, with its lease.
+    assert sql("SELECT role, content FROM funnel_messages") == [("user", "Hi, a dog")]
+    assert sql("SELECT holder FROM funnel_leases") == [("h1",)]
+
+
+@pytest.mark.parametrize("path", FUNNELS, ids=lambda p: p.stem)
+def test_state_fields_are_judged_as_jsonschema_judges_them(path: Path) -> None:
+    rules = load_funnel(path).rules
+    values: list[Any] = [None, "", "x" * 400, 0, -1, 1.5, 10**20, True, [], {}, ["a"],
+                         {"type": "cat"}, {"type": "parrot"}, {"name": "Anna", "phone": 1},
+                         [{"sku": "PR251010", "qty": 1}], [{"qty": "two"}], "2026-01-01"]
+    for name, validator in rules.validators.items():
+        assert rules.fast_validators[name] is not None
+        verdicts = [rules.invalid(name, value) is None for value in values]
+        assert verdicts == [validator.is_valid(value) for value in values], name
