@@ -54,11 +54,11 @@ from .models import Model, make_model
 from .notify import Notifier, dispatch, make_notifier
 from .output import Answer, ask
 from .prompts import at_level, build_context, prompt_data, render_parts
+from .routing import Routing
 from .spec import FunnelSpec
 from .state import defaults, plain
 from .store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
 from .turn_data import Incoming, Turn, TurnResult, turn_record
-from .versions.pinning import Versions
 
 __all__ = ["TECHNICAL_REPLY", "Engine", "TurnResult"]
 
@@ -94,12 +94,7 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.summary = RollingSummary(funnel.spec, store, self._window, model=model,
                                       clock=self.clock)
-        self.versions = Versions(funnel, store)  # pinning (docs/versions.md)
-        # The newest version's experiment, its variants compiled once (engine.experiments);
-        # an older version's are compiled when a session pinned to it comes back.
-        self.variants = Variants.for_funnel(funnel)
-        self._variants_of: dict[int, tuple[CompiledFunnel, Variants]] = {
-            id(funnel): (funnel, self.variants)}
+        self.routing = Routing(funnel, store)  # versions and variants (engine.routing)
 
     @classmethod
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
@@ -131,7 +126,7 @@ class Engine:
             await store.ensure_schema(compiled.spec)
             await knowledge.ensure_index(store, compiled.spec)
             engine = cls(compiled, store, model, notifier=notifier, clock=clock)
-            await engine.versions.store_newest(compiled, strict=False)  # for when it is old
+            await engine.routing.versions.store_newest(compiled, strict=False)  # for when it is old
         except BaseException:
             if owns:
                 await store.close()
@@ -155,10 +150,8 @@ class Engine:
             raise ConfigError(f"cannot deploy funnel '{funnel.name}' on the engine of funnel "
                               f"'{self.funnel.name}'; open an Engine for it")
         await self.store.ensure_schema(funnel.spec)
-        variants = Variants.for_funnel(funnel)  # its experiment (ConfigError: invalid)
-        await self.versions.store_newest(funnel)
-        self.funnel, self.spec, self.variants = funnel, funnel.spec, variants
-        self._variants_of[id(funnel)] = (funnel, variants)
+        await self.routing.deploy(funnel)
+        self.funnel, self.spec = funnel, funnel.spec
         # Wide enough for every version loaded (the window is read before the version
         # is known).
         self._window = max(self._window, *(s.spec.memory.window
@@ -170,11 +163,16 @@ class Engine:
     def loaded_versions(self) -> dict[int, str]:
         """The versions compiled in this engine, ``{version: content hash}``: the newest
         (new sessions start on it) and the old ones that pinned sessions came back to."""
-        return self.versions.loaded()
+        return self.routing.loaded()
+
+    @property
+    def variants(self) -> Variants:
+        """The newest version's experiment variants (``force`` one for QA)."""
+        return self.routing.variants
 
     async def close(self) -> None:
         await self.drain()
-        self.versions.close()
+        self.routing.close()
         if self._owns_store:
             await self.store.close()
 
@@ -316,7 +314,7 @@ class Engine:
         else:
             _, row, recent = await access.load(3 * self._window, current_id=inbound.message_id,
                                                inbound=inbound.delivery)
-        await self.versions.prepare(row)  # a pinned session's version, from the store
+        await self.routing.prepare(row)  # a pinned session's version, from the store
         return self._start(inbound, self.clock(), row, recent)
 
     def _funnel_for(self, session_id: str, row: Mapping[str, Any] | None,
@@ -327,17 +325,7 @@ class Engine:
         ``turn.funnel`` and ``turn.spec``, never ``self.funnel``, so that a session can
         run on another version or variant of the funnel than the newest one.
         """
-        # The version first (pinning, docs/versions.md: the session's own while it is
-        # open), then the experiment's variant of that version (docs/experiments.md).
-        return self._variant(self.versions.choose(row, now or self.clock()), session_id, row)
-
-    def _variant(self, funnel: CompiledFunnel, session_id: str,
-                 row: Mapping[str, Any] | None) -> CompiledFunnel:
-        """The session's variant of ``funnel`` (``funnel`` itself outside an experiment)."""
-        held = self._variants_of.get(id(funnel))
-        if held is None or held[0] is not funnel:  # the pair keeps ``funnel`` alive
-            held = self._variants_of[id(funnel)] = (funnel, Variants.for_funnel(funnel))
-        return held[1].funnel_for(session_id, row)
+        return self.routing.choose(session_id, row, now or self.clock())
 
     def _start(self, inbound: Incoming, now: datetime, row: dict[str, Any] | None,
                recent: list[Message], funnel: CompiledFunnel | None = None) -> Turn:
@@ -346,7 +334,7 @@ class Engine:
         funnel = funnel or self._funnel_for(inbound.session_id, row, now)
         read, migration = row, None
         if row is not None:  # moving to another version: the declared migrations
-            funnel, row, migration = self.versions.move(inbound.session_id, row, funnel)
+            funnel, row, migration = self.routing.move(inbound.session_id, row, funnel)
         spec = funnel.spec
         if row is None:
             state, pos = defaults(spec), start_position(spec.initial, now)
