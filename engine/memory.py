@@ -9,7 +9,7 @@
    last one stopped (``summary_upto``). Two kinds:
 
    * observational memory (seed 002's tier 3), with a real model: once the
-     messages not observed yet pass ``memory.observe_after`` tokens, the
+     messages that left the window unobserved pass ``memory.observe_after`` tokens, the
      observer appends dated observations, one a line; when the list would pass
      ``memory.observation_budget``, the reflector condenses it. The block is
      append-only between reflections, so providers' prompt caches keep hitting;
@@ -159,8 +159,8 @@ class RollingSummary:
         """Whether this turn folds old messages into the summary, and which.
 
         The extractive summary folds once a window's worth of messages has left the
-        window; observational memory once the messages not observed yet (``text``, the
-        customer's message, included) pass ``memory.observe_after`` tokens. The turn
+        window; observational memory once the messages that left the window and are not
+        observed yet pass ``memory.observe_after`` tokens (``text`` is not counted). The turn
         read up to three windows of messages: the job gets the ones to fold directly,
         with no extra query; when all of those are unsummarized, it reads the log.
         """
@@ -172,10 +172,12 @@ class RollingSummary:
         if self.observational:
             if not complete:  # more unobserved messages than the turn reads: fold them now
                 return (None, 0, None)
-            unobserved = [m for m in recent if m.id > upto]
-            tokens = estimate_tokens([{"content": m.content} for m in unobserved]
-                                     + [{"content": text}])
-            if tokens < self.spec.memory.observe_after or len(unobserved) <= self.window:
+            # The threshold counts the messages that left the window unobserved (tier 2
+            # holds the rest): counting the window too would fold on every turn once the
+            # window alone passes it, one observer call per turn.
+            left = [m for m in recent[:-self.window] if m.id > upto] if self.window else []
+            tokens = estimate_tokens([{"content": m.content} for m in left])
+            if not left or tokens < self.spec.memory.observe_after:
                 return None
         elif backlog < max(2, self.window):
             return None
