@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Coroutine
@@ -26,23 +26,15 @@ from typing import Any
 
 import yaml
 
-from engine.funnel import load_funnel
-from engine.service.config import ServiceConfig
-from engine.service.core import Service
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the Puramur project copy (tests/projects.py)
 
+from projects import copy_puramur  # noqa: E402
 
-def make_project(folder: Path) -> Path:
-    (folder / "funnels" / "puramur").mkdir(parents=True)
-    (folder / "pyproject.toml").write_text("")
-    shutil.copy(ROOT / "funnels" / "puramur.yaml", folder / "funnels" / "puramur.yaml")
-    shutil.copy(ROOT / "funnels" / "puramur" / "catalog.yaml", folder / "funnels" / "puramur")
-    shutil.copytree(ROOT / "funnels" / "puramur" / "knowledge",
-                    folder / "funnels" / "puramur" / "knowledge")
-    for kind in ("prompts", "schemas"):
-        shutil.copytree(ROOT / kind / "puramur", folder / kind / "puramur")
-    return folder / "funnels" / "puramur.yaml"
+from engine.funnel import load_funnel  # noqa: E402
+from engine.service.config import ServiceConfig  # noqa: E402
+from engine.service.core import Service  # noqa: E402
 
 
 def edit(path: Path, n: int) -> None:
@@ -72,7 +64,7 @@ def summary(name: str, lags: list[float]) -> str:
 
 async def main(reloads: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        funnel = make_project(Path(tmp))
+        funnel = copy_puramur(Path(tmp))
         script = Path(tmp) / "script.yaml"
         script.write_text(yaml.safe_dump({"default": {"reply": "ok"}}))
         service = Service(ServiceConfig(funnels=[funnel], model=f"scripted:{script}",

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from projects import copy_puramur
 
 from engine.funnel import load_funnel
 from engine.models import make_model
@@ -22,7 +23,6 @@ from engine.service.config import ServiceConfig
 from engine.service.core import Service
 from engine.service.reload import watched_files
 
-ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.postgres
 
@@ -30,14 +30,7 @@ pytestmark = pytest.mark.postgres
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     root = tmp_path / "project"
-    (root / "funnels" / "puramur").mkdir(parents=True)
-    (root / "pyproject.toml").write_text("")
-    shutil.copy(ROOT / "funnels" / "puramur.yaml", root / "funnels" / "puramur.yaml")
-    shutil.copy(ROOT / "funnels" / "puramur" / "catalog.yaml", root / "funnels" / "puramur")
-    shutil.copytree(ROOT / "funnels" / "puramur" / "knowledge",
-                    root / "funnels" / "puramur" / "knowledge")
-    for kind in ("prompts", "schemas"):
-        shutil.copytree(ROOT / kind / "puramur", root / kind / "puramur")
+    copy_puramur(root)
     return root
 
 

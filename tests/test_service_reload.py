@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from projects import copy_puramur
 from service_support import stop, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,16 +43,7 @@ def _free_port() -> int:
 def project(tmp_path: Path) -> Path:
     """A project of its own (pyproject.toml marks its root) holding a copy of Puramur:
     the funnel file, its prompts, schemas, catalog and knowledge folder."""
-    root = tmp_path / "project"
-    (root / "funnels" / "puramur").mkdir(parents=True)
-    (root / "pyproject.toml").write_text("")
-    shutil.copy(ROOT / "funnels" / "puramur.yaml", root / "funnels" / "puramur.yaml")
-    shutil.copy(ROOT / "funnels" / "puramur" / "catalog.yaml", root / "funnels" / "puramur")
-    shutil.copytree(ROOT / "funnels" / "puramur" / "knowledge",
-                    root / "funnels" / "puramur" / "knowledge")
-    for kind in ("prompts", "schemas"):
-        shutil.copytree(ROOT / kind / "puramur", root / kind / "puramur")
-    return root / "funnels" / "puramur.yaml"
+    return copy_puramur(tmp_path / "project")
 
 
 def edit(path: Path, old: str, new: str) -> None:

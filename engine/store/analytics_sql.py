@@ -10,9 +10,10 @@ read from the ``funnel.since`` setting). Identifiers always go through
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import psycopg
@@ -417,12 +418,14 @@ async def view_changes(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *,
 
 
 # -- running the report ----------------------------------------------------------------
-async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit: int = 20,
-                       timeout: float = 10.0) -> dict[str, Any]:
-    """Run every section in one read-only snapshot; return the aggregated rows.
+@contextlib.asynccontextmanager
+async def report_snapshot(url: str | None, timeout: float
+                          ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A read-only REPEATABLE READ transaction with the report's settings (every report's
+    queries see one snapshot, and none can run away).
 
-    Returns ``{"now", "sessions_table", "turns_table", "sections": {name: [row, ...]}}``;
-    a section whose table does not exist yet has no rows. Nothing is written.
+    Raises:
+        StoreUnavailable: the database cannot be reached.
     """
     url = url or embedded_url()
     try:
@@ -436,26 +439,37 @@ async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit
         async with conn.transaction():
             for name, value in REPORT_SETTINGS.items():
                 await conn.execute("SELECT set_config(%s, %s, true)", (name, value))
-            row = await (await conn.execute(
-                "SELECT NOW(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
-                "to_regclass(%s) IS NOT NULL",
-                (sql.Identifier(spec.table).as_string(conn),
-                 sql.Identifier(ddl.TURNS).as_string(conn),
-                 sql.Identifier(ddl.CONVERSIONS).as_string(conn)))).fetchone()
-            assert row is not None
-            now, have_sessions, have_turns, have_orders = row
-            sections: dict[str, list[dict[str, Any]]] = {}
-            for name, (query, params, turns) in section_queries(spec, since, limit=limit).items():
-                if not (have_turns if turns else have_sessions) or (
-                        name in CONVERSION_SECTIONS and not have_orders):
-                    sections[name] = []
-                    continue
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(query, params)
-                sections[name] = await cur.fetchall()
+            yield conn
+
+
+async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit: int = 20,
+                       timeout: float = 10.0) -> dict[str, Any]:
+    """Run every section in one read-only snapshot; return the aggregated rows.
+
+    Returns ``{"now", "sessions_table", "turns_table", "sections": {name: [row, ...]}}``;
+    a section whose table does not exist yet has no rows. Nothing is written.
+    """
+    async with report_snapshot(url, timeout) as conn:
+        row = await (await conn.execute(
+            "SELECT NOW(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
+            "to_regclass(%s) IS NOT NULL",
+            (sql.Identifier(spec.table).as_string(conn),
+             sql.Identifier(ddl.TURNS).as_string(conn),
+             sql.Identifier(ddl.CONVERSIONS).as_string(conn)))).fetchone()
+        assert row is not None
+        now, have_sessions, have_turns, have_orders = row
+        sections: dict[str, list[dict[str, Any]]] = {}
+        for name, (query, params, turns) in section_queries(spec, since, limit=limit).items():
+            if not (have_turns if turns else have_sessions) or (
+                    name in CONVERSION_SECTIONS and not have_orders):
+                sections[name] = []
+                continue
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(query, params)
+            sections[name] = await cur.fetchall()
     return {"now": now, "sessions_table": bool(have_sessions), "turns_table": bool(have_turns),
             "sections": sections}
 
 
 __all__ = ["CONVERSION_SECTIONS", "REPORT_SETTINGS", "SECTIONS", "fetch_report",
-           "section_queries", "view_changes", "view_name", "view_statements"]
+           "report_snapshot", "section_queries", "view_changes", "view_name", "view_statements"]

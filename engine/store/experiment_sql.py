@@ -10,16 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from ..errors import ConfigError, StoreUnavailable, first_line
+from ..errors import ConfigError
 from ..spec import FunnelSpec
 from . import ddl
-from .analytics_sql import REPORT_SETTINGS
-from .connect import safe_url
-from .embedded import embedded_url
+from .analytics_sql import report_snapshot
 
 GoalKind = Literal["handoff", "purchase", "cart_at_least"]
 
@@ -102,33 +99,22 @@ async def fetch_variants(url: str | None, spec: FunnelSpec, kind: GoalKind,
         StoreUnavailable: the database cannot be reached.
     """
     queries, params = variant_queries(spec, kind, amount, since)
-    url = url or embedded_url()
-    try:
-        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout)))
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL at {safe_url(url)}: "
-                               f"{first_line(exc)}") from None
     out: dict[str, Any] = {name: [] for name in queries}
-    async with conn:
-        await conn.set_read_only(True)
-        await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
-        async with conn.transaction():
-            for name, value in REPORT_SETTINGS.items():
-                await conn.execute("SELECT set_config(%s, %s, true)", (name, value))
-            row = await (await conn.execute(
-                "SELECT NOW(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
-                "EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = "
-                "current_schema() AND table_name = %s AND column_name = 'variant')",
-                (sql.Identifier(spec.table).as_string(conn),
-                 sql.Identifier(ddl.TURNS).as_string(conn), spec.table))).fetchone()
-            assert row is not None
-            out["now"], have_table, have_turns, have_variant = row
-            out["table"] = bool(have_table and have_variant)
-            if out["table"]:
-                for name, query in queries.items():
-                    if name == "costs" and not have_turns:
-                        continue
-                    cur = conn.cursor(row_factory=dict_row)
-                    await cur.execute(query, params)
-                    out[name] = await cur.fetchall()
+    async with report_snapshot(url, timeout) as conn:
+        row = await (await conn.execute(
+            "SELECT NOW(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
+            "EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = %s AND column_name = 'variant')",
+            (sql.Identifier(spec.table).as_string(conn),
+             sql.Identifier(ddl.TURNS).as_string(conn), spec.table))).fetchone()
+        assert row is not None
+        out["now"], have_table, have_turns, have_variant = row
+        out["table"] = bool(have_table and have_variant)
+        if out["table"]:
+            for name, query in queries.items():
+                if name == "costs" and not have_turns:
+                    continue
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(query, params)
+                out[name] = await cur.fetchall()
     return out
