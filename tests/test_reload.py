@@ -23,7 +23,6 @@ from engine.service.config import ServiceConfig
 from engine.service.core import Service
 from engine.service.reload import watched_files
 
-
 pytestmark = pytest.mark.postgres
 
 
