@@ -26,24 +26,28 @@ The chat is laid out for providers' prefix caches (:func:`assemble`): what does
 not change within a stage comes first, what changes every turn last, so two
 consecutive prompts of a stage share their longest possible start:
 
-1. the static prefix (system): the template outside its ``{% block turn %}``,
-   the persona, rules, stage instructions, output contract and catalog;
-2. the summary (a ``<data>`` user message): it changes only when older messages
-   are folded in;
-3. the turn part (system): the template's ``turn`` block, the state and what
-   depends on it (the knowledge found for this message, products shown);
-4. the notices (a ``<data>`` user message);
-5. the window of recent messages, then the customer's message.
+1. the static prefix (system): the template outside its ``state`` and ``turn``
+   blocks, the persona, rules, stage instructions, output contract and catalog;
+2. the summary (a ``<data>`` user message): append-only, it changes only when
+   older messages are folded in;
+3. the state part (system): the template's ``{% block state %}``, what changes
+   when the state does (the facts, the products shown);
+4. the window of recent messages: append-only between folds and cuts;
+5. the turn part (system): the template's ``{% block turn %}``, what changes
+   every turn (the knowledge found for this message, a round counter, an offer);
+6. the notices (a ``<data>`` user message), then the customer's message.
 
 The order is not the priority: the summary, cut before the state, comes before
-it because it changes less often.
+it because it changes less often. When the budget must cut the window, it cuts
+the messages not yet observed all at once, down to the stage's window (see
+:func:`cuts`), and the engine has the observer fold them now.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .chat import Message, estimate_tokens
 from .errors import MessageTooLong, PromptTooLarge
@@ -137,33 +141,50 @@ class Fitted:
         return not self.cut.summary
 
 
-Parts = tuple[str, str]
-"""A stage prompt rendered: (static prefix, turn part); see :func:`assemble`."""
+class Parts(NamedTuple):
+    """A stage prompt rendered in its three parts; see :func:`assemble`."""
+
+    static: str
+    """The template outside its ``state`` and ``turn`` blocks: the same every turn."""
+    state: str = ""
+    """The ``{% block state %}``: what changes when the state does."""
+    turn: str = ""
+    """The ``{% block turn %}``: what changes every turn."""
 
 
 def assemble(parts: Parts, summary: str, notices: Sequence[str], history: Sequence[Message],
              text: str) -> list[dict[str, str]]:
     """The chat, static first (see the module docstring): the static prefix, the summary,
-    the turn part, the notices, the window, the message. Only author and engine text is in
-    the system role; the static prefix is the same for every turn of a stage."""
-    static, turn = parts
+    the state part, the window, the turn part, the notices, the message. Only author and
+    engine text is in the system role; the static prefix is the same for every turn of a
+    stage."""
     # The rule is there with or without data this turn: the static prefix stays the same
     # when the budget drops the summary or the notices come and go.
-    out = [{"role": "system", "content": f"{static}\n\n{DATA_RULE}"}]
+    out = [{"role": "system", "content": f"{parts.static}\n\n{DATA_RULE}"}]
     if summary:
         out.append({"role": "user", "content": data_message(summary, [])})
-    if turn:
-        out.append({"role": "system", "content": turn})
+    if parts.state:
+        out.append({"role": "system", "content": parts.state})
+    out.extend({"role": m.role, "content": m.content} for m in history)
+    if parts.turn:
+        out.append({"role": "system", "content": parts.turn})
     if notices:
         out.append({"role": "user", "content": data_message("", notices)})
-    out.extend({"role": m.role, "content": m.content} for m in history)
     out.append({"role": "user", "content": text})
     return out
 
 
-def cuts(window: int, has_notices: bool, has_summary: bool) -> list[Cut]:
-    """The cuts :func:`fit` tries, in order: each gives up one more low-priority part."""
-    out = [Cut(0, has_notices, has_summary, n) for n in range(window, -1, -1)]
+def cuts(window: int, has_notices: bool, has_summary: bool, keep: int | None = None
+         ) -> list[Cut]:
+    """The cuts :func:`fit` tries, in order: each gives up one more low-priority part.
+
+    ``window`` messages are at hand; past the stage's own window (``keep``) they are the
+    ones the observer has not seen yet. Those go all at once, not one a turn: the window
+    then grows by appending for a few turns again, where dropping the oldest message on
+    every turn would change the prompt's start of the window every turn."""
+    keep = window if keep is None else min(keep, window)
+    sizes = [window, *range(keep, -1, -1)] if keep < window else range(window, -1, -1)
+    out = [Cut(0, has_notices, has_summary, n) for n in sizes]
     if has_summary:
         out.append(Cut(0, has_notices, False, 0))
     if has_notices:
@@ -174,7 +195,8 @@ def cuts(window: int, has_notices: bool, has_summary: bool) -> list[Cut]:
 
 def fit(stage: str, render: Callable[[int], Parts], summary: str, notices: Sequence[str],
         history: Sequence[Message], text: str, budget: int | None,
-        count: Callable[[list[dict[str, str]]], int] = estimate_tokens) -> Fitted:
+        count: Callable[[list[dict[str, str]]], int] = estimate_tokens,
+        window: int | None = None) -> Fitted:
     """Build the chat within ``budget`` tokens, cutting the lowest priorities first.
 
     ``render(level)`` renders the stage's prompt (static prefix, turn part) with the state
@@ -194,7 +216,7 @@ def fit(stage: str, render: Callable[[int], Parts], summary: str, notices: Seque
         return assemble(rendered[cut.level], summary if cut.summary else "",
                         notices if cut.notices else [], kept, message)
 
-    plan = cuts(len(history), bool(notices), bool(summary))
+    plan = cuts(len(history), bool(notices), bool(summary), window)
     for cut in plan if budget is not None else plan[:1]:
         messages = build(cut, text)
         tokens = count(messages)

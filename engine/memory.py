@@ -155,7 +155,8 @@ class RollingSummary:
         return recent[-max(window, unobserved):]
 
     def plan(self, state: Mapping[str, Any], row: Mapping[str, Any] | None,
-             recent: list[Message], backlog: int, text: str = "") -> SummaryJob | None:
+             recent: list[Message], backlog: int, text: str = "",
+             crowded: bool = False) -> SummaryJob | None:
         """Whether this turn folds old messages into the summary, and which.
 
         The extractive summary folds once a window's worth of messages has left the
@@ -177,7 +178,7 @@ class RollingSummary:
             # window alone passes it, one observer call per turn.
             left = [m for m in recent[:-self.window] if m.id > upto] if self.window else []
             tokens = estimate_tokens([{"content": m.content} for m in left])
-            if not left or tokens < self.spec.memory.observe_after:
+            if not left or (tokens < self.spec.memory.observe_after and not crowded):
                 return None
         elif backlog < max(2, self.window):
             return None

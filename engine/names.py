@@ -41,13 +41,17 @@ PROMPT_NAMES: frozenset[str] = frozenset(
     }
 )
 
-# What the static part of a stage template (everything outside its `{% block turn %}`)
+# What the static part of a stage template (everything outside its `state` and `turn` blocks)
 # may read: nothing that changes from turn to turn, so that the prompt's start is the
 # same for every turn of the stage and a provider's prefix cache can reuse it.
 STATIC_PROMPT_NAMES: frozenset[str] = frozenset(
     {"funnel", "stage", "stage_description", "catalog", "currency", "thresholds"}
 )
 TURN_BLOCK = "turn"
+# The template's optional block of what changes with the state, not every turn: it goes
+# before the recent messages, the turn block after them (engine.budget.assemble).
+STATE_BLOCK = "state"
+PROMPT_BLOCKS = (STATE_BLOCK, TURN_BLOCK)
 
 # The tables every funnel shares (engine/store/ddl.py creates them). A funnel's own
 # `table:` may not take one of these names (F005).

@@ -10,13 +10,14 @@ notices) reach the model in messages of their own (engine.budget), and the
 template variables ``messages``, ``customer_message``, ``summary`` and
 ``notices`` are empty.
 
-A template is rendered in two parts (:func:`render_parts`). Its top-level
-``{% block turn %}`` holds what changes from turn to turn (the state, the
-knowledge found for this message, the products shown so far); the rest is the
-static prefix, rendered with :data:`~engine.names.STATIC_PROMPT_NAMES` only,
-so that it is the same text on every turn of the stage and a provider's
+A template is rendered in up to three parts (:func:`render_parts`). Its
+top-level ``{% block state %}`` holds what changes with the state (the facts,
+the products shown so far), its top-level ``{% block turn %}`` what changes
+every turn (the knowledge found for this message, a round counter); the rest
+is the static prefix, rendered with :data:`~engine.names.STATIC_PROMPT_NAMES`
+only, so that it is the same text on every turn of the stage and a provider's
 prefix cache can reuse it (docs/funnel-format.md, "Prompt layout"). A
-template without the block is one part, all of it turn-dependent.
+template without either block is one part, all of it turn-dependent.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .chat import Message
 from .errors import ConfigError
 from .expressions import compact_json, declared_view
 from .funnel import CompiledFunnel, CompiledStage
-from .names import STATIC_PROMPT_NAMES, TURN_BLOCK
+from .names import PROMPT_BLOCKS, STATE_BLOCK, STATIC_PROMPT_NAMES, TURN_BLOCK
 from .sandbox import render_block, render_without
 from .state import defaults
 
@@ -212,25 +213,35 @@ def render(stage: CompiledStage, context: Mapping[str, Any]) -> str:
 
 
 def render_parts(stage: CompiledStage, context: Mapping[str, Any]) -> Parts:
-    """A stage's prompt as (static prefix, turn part), see the module docstring.
+    """A stage's prompt as (static prefix, state part, turn part), see the module docstring.
 
-    A template without a ``turn`` block renders whole as the static prefix (it may read
-    every name, so its start changes with the state: nothing for a cache to reuse).
+    A template without a ``state`` or ``turn`` block renders whole as the static prefix
+    (it may read every name, so its start changes with the state: nothing for a cache to
+    reuse).
 
     Raises:
         ConfigError: the template fails, or its static part reads a name that changes
             from turn to turn; names the file and line.
     """
     template = stage.template
-    if TURN_BLOCK not in template.blocks:
-        return render(stage, context), ""
-    hint = (f"; outside {{% block {TURN_BLOCK} %}} a template may read only "
-            f"{', '.join(sorted(STATIC_PROMPT_NAMES))} (the start of the prompt that every "
-            "turn of the stage shares): move what reads the state into the block")
-    static = _rendered(stage, lambda: render_without(template, TURN_BLOCK,
+    blocks = [name for name in PROMPT_BLOCKS if name in template.blocks]
+    if not blocks:
+        return Parts(render(stage, context))
+    hint = (f"; outside {{% block {STATE_BLOCK} %}} and {{% block {TURN_BLOCK} %}} a "
+            f"template may read only {', '.join(sorted(STATIC_PROMPT_NAMES))} (the start of "
+            "the prompt that every turn of the stage shares): move what reads the state "
+            "into a block")
+    static = _rendered(stage, lambda: render_without(template, blocks,
                                                         static_view(context)), hint)
-    turn = _rendered(stage, lambda: render_block(template, TURN_BLOCK, context))
-    return static, turn
+
+    def block(name: str) -> str:
+        if name not in blocks:
+            return ""
+        # A block nested in the other renders once, in its own place in the chat.
+        others = [other for other in blocks if other != name]
+        return _rendered(stage, lambda: render_block(template, name, context, others))
+
+    return Parts(static, block(STATE_BLOCK), block(TURN_BLOCK))
 
 
 def static_view(context: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import os
 import posixpath
 import re
 import string
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
@@ -352,16 +352,25 @@ class BoundedTemplate(Template):
         return bounded_render(lambda: super(BoundedTemplate, self).render(*args, **kwargs))
 
 
-def render_block(template: Template, name: str, variables: Mapping[str, Any]) -> str:
-    """Only the top-level block ``name`` of ``template`` (Jinja's documented
-    ``Template.blocks``), with a fresh budget like every render."""
-    return bounded_render(lambda: _concat(template, template.blocks[name], variables))
-
-
-def render_without(template: Template, name: str, variables: Mapping[str, Any]) -> str:
-    """The whole ``template`` with its top-level block ``name`` rendered empty."""
+def render_block(template: Template, name: str, variables: Mapping[str, Any],
+                 without: Sequence[str] = ()) -> str:
+    """Only the block ``name`` of ``template`` (Jinja's documented ``Template.blocks``),
+    with the blocks ``without`` rendered empty should it hold them, with a fresh budget
+    like every render."""
     def body(context: Context) -> Iterator[str]:
-        context.blocks[name] = [_nothing]
+        for other in without:
+            context.blocks[other] = [_nothing]
+        return template.blocks[name](context)
+
+    return bounded_render(lambda: _concat(template, body, variables))
+
+
+def render_without(template: Template, names: Sequence[str],
+                   variables: Mapping[str, Any]) -> str:
+    """The whole ``template`` with its top-level blocks ``names`` rendered empty."""
+    def body(context: Context) -> Iterator[str]:
+        for name in names:
+            context.blocks[name] = [_nothing]
         return template.root_render_func(context)
 
     return bounded_render(lambda: _concat(template, body, variables))

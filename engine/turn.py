@@ -418,7 +418,8 @@ class Engine:
         try:
             fitted = fit(stage.spec.name, lambda level: render_parts(
                 stage, at_level(turn.funnel, stage, turn.state, context, level)),
-                summary, notices, history, turn.text, stage.spec.memory.prompt_budget)
+                summary, notices, history, turn.text, stage.spec.memory.prompt_budget,
+                window=window)
         except MessageTooLong as exc:
             # Not the model's fault nor the session's: ask the customer to shorten it.
             return Answer({"reply": stage.spec.memory.too_long_reply}, [], fallback=True,
@@ -426,6 +427,12 @@ class Engine:
         except PromptTooLarge as exc:
             # The customer still gets an answer; the turn record keeps the sizes.
             return Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
+        if fitted.dropped_messages and self.summary.observational and not (
+                turn.summary_job or turn.folded):
+            # The budget cut messages the observer has not seen: observe them now, below
+            # the threshold, or they stay out of the model's sight until it is reached.
+            turn.summary_job = self.summary.plan(turn.state, turn.row, turn.recent,
+                                                 turn.backlog, turn.text, crowded=True)
         return await ask(self.model, stage, fitted.messages, turn.session_id,
                          turn.pos["turns"] + 1, turn.text, reply_check=self._reply_check(turn))
 

@@ -184,9 +184,9 @@ async def test_what_the_engine_refused_reaches_the_model_as_short_data(
     messages = fake.requests[-1]["messages"]
     assert "<data>" in messages[0]["content"]  # the rule that explains the data block
     assert not any("QQQQ" in m["content"] for m in messages if m["role"] == "system")
-    # after the static prefix and the turn part (no summary yet): the notices, as data
-    assert [m["role"] for m in messages[:3]] == ["system", "system", "user"]
-    data = messages[2]["content"]
+    # after the turn part (no summary yet), right before the message: the notices, as data
+    assert [m["role"] for m in messages[-3:]] == ["system", "user", "user"]
+    data = messages[-2]["content"]
     assert data.startswith("<data>")
     assert "add_to_cart refused: unknown SKU 'QQQQ" in data and "(5000 chars)" in data
     assert len(data) < 600

@@ -159,7 +159,7 @@ async def engine(db_url: str, puramur: CompiledFunnel) -> AsyncIterator[Engine]:
 
 
 def _prompt(request: Any) -> str:
-    """The prompt before the window: static prefix, summary, turn part, notices."""
+    """The prompt without the conversation: static prefix, summary, parts, notices."""
     return "\n".join(m["content"] for m in prompt_messages(request.messages))
 
 

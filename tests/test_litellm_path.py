@@ -221,12 +221,13 @@ async def test_good_output_is_applied_and_recorded(db_url: str, sql: Any, fake_l
         assert result.reply == "Three years, noted." and not result.fallback
         chat = fake_llm.requests[1]["messages"]
         assert "Stage: discovery." in chat[0]["content"]
-        assert chat[1]["role"] == "system" and '"breed":"Yorkie"' in chat[1]["content"]
-        assert chat[2:] == [
+        # discovery's facts change every turn: its turn part follows the recent messages
+        assert chat[1:3] == [
             {"role": "user", "content": "Hi, I have a Yorkie"},
             {"role": "assistant", "content": "Hello! A Yorkie, lovely. How old is he?"},
-            {"role": "user", "content": "He is 3"},
         ]
+        assert chat[3]["role"] == "system" and '"breed":"Yorkie"' in chat[3]["content"]
+        assert chat[4:] == [{"role": "user", "content": "He is 3"}]
         row = await engine.state(SESSION)
         assert row is not None and row["pet"]["age_years"] == 3
         assert row["discovery_completeness"] == 65

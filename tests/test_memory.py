@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from engine import Engine, ModelRequest, ScriptedModel
-from engine.budget import Cut, fit, floor_tokens
+from engine.budget import Cut, Parts, fit, floor_tokens
 from engine.chat import Message
 from engine.errors import MessageTooLong, PromptTooLarge
 from engine.memory import ExtractiveSummarizer
@@ -61,9 +61,10 @@ async def test_window_is_the_last_n_messages_in_order(puramur: Any, db_url: str)
     finally:
         await engine.close()
     last = model.requests[-1].messages
-    assert last[1]["content"].startswith("<data>")  # the summary, as data, before the state
-    assert last[2]["role"] == "system" and "Known facts" in last[2]["content"]
-    history = last[3:-1]
+    assert last[1]["content"].startswith("<data>")  # the summary, as data, first
+    # Discovery's facts change every turn: its turn part follows the window.
+    assert last[-2]["role"] == "system" and "Known facts" in last[-2]["content"]
+    history = last[2:-2]
     assert len(history) == window
     # The last `window` messages before "message 7", oldest first, alternating roles.
     expected_users = [f"message {i}" for i in range(7 - window // 2, 7)]
@@ -144,8 +145,8 @@ async def test_sessions_never_see_each_others_messages(puramur: Any, db_url: str
 def test_budget_cuts_the_window_then_the_summary_then_the_notices_then_the_state() -> None:
     history = [Message("user", "x" * 400), Message("assistant", "y" * 400)]
 
-    def render(level: int) -> tuple[str, str]:
-        return "RULES", "s" * (200 // (level + 1))
+    def render(level: int) -> Parts:
+        return Parts("RULES", turn="s" * (200 // (level + 1)))
 
     def fitted_for(budget: int | None) -> Any:
         return fit("s", render, "S" * 400, ["N" * 100], history, "hi", budget)
@@ -153,16 +154,16 @@ def test_budget_cuts_the_window_then_the_summary_then_the_notices_then_the_state
     full = fitted_for(None)
     assert full.dropped_messages == 0 and full.cut == Cut(0, True, True, 2)
     assert fitted_for(full.tokens - 50).cut == Cut(0, True, True, 1)
-    # static, summary, turn part, notices, then the window: the oldest message went first
-    assert [m["content"][:6] for m in full.messages[:4]] == ["RULES\n", "<data>", "s" * 6,
-                                                              "<data>"]
-    assert fitted_for(full.tokens - 50).messages[4]["content"] == "y" * 400
+    # static, summary, the window, turn part, notices: the oldest message went first
+    assert [m["content"][:6] for m in full.messages] == ["RULES\n", "<data>", "x" * 6,
+                                                          "y" * 6, "s" * 6, "<data>", "hi"]
+    assert fitted_for(full.tokens - 50).messages[2]["content"] == "y" * 400
     no_window = fitted_for(full.tokens - 200).cut
     assert no_window == Cut(0, True, True, 0)
     assert fitted_for(full.tokens - 300).cut == Cut(0, True, False, 0)  # then the summary
     assert fitted_for(full.tokens - 360).cut == Cut(0, False, False, 0)  # then the notices
     smallest = fitted_for(floor_tokens(render) + 4)  # the floor and the message "hi"
-    assert smallest.cut.level == 2 and smallest.messages[1]["content"] == render(2)[1]
+    assert smallest.cut.level == 2 and smallest.messages[1]["content"] == render(2).turn
     assert smallest.messages[0]["content"].startswith("RULES")  # the static part is never cut
     with pytest.raises(MessageTooLong):  # only the message is too long: ask to shorten
         fit("discovery", render, "", [], [], "hi " * 500, floor_tokens(render) + 10)

@@ -203,6 +203,47 @@ async def test_folding_is_triggered_by_tokens_not_by_message_count(
     assert "Said: ok 0" in block and upto > 0
 
 
+async def test_messages_the_budget_cuts_before_they_are_observed_are_observed_at_once(
+        tmp_path: Path, db_url: str, sql: Any, fake_llm: Any) -> None:
+    # observe_after is never reached; the prompt budget is: what it cuts is observed now.
+    funnel = funnel_file(tmp_path, window=4, observe_after=100_000, observation_budget=2000)
+    fake_llm.respond_with(playing_model)
+    engine = await Engine.open(funnel, db=db_url, model=MODEL, api_base=fake_llm.api_base)
+
+    def conversation(body: dict[str, Any]) -> list[str]:
+        return [str(m["content"]) for m in body["messages"][:-1]
+                if m["role"] in ("user", "assistant")
+                and not str(m["content"]).startswith("<data>")]
+
+    try:
+        shown: list[list[str]] = []
+        observed: list[int] = []  # observer calls once each turn's jobs are done
+        for turn in range(1, 9):
+            await engine.handle("crowded", f"Detail {turn}: " + "my dog's coat is long. " * 24)
+            await engine.drain()
+            shown.append(conversation(requests_of(fake_llm, "turn")[-1]))
+            observed.append(len(requests_of(fake_llm, "observer")))
+    finally:
+        await engine.close()
+    observers = requests_of(fake_llm, "observer")
+    assert observers, "the cut messages were never observed"
+    block, upto = summary_of(sql, "crowded")
+    assert "Said: Detail 1:" in block and upto > 0
+    # From turn to turn the messages shown only grow (the start stays the same, for a
+    # provider's cache) or are cut down to the stage's window (four) at once: never a
+    # sliding window that drops its oldest message on every turn.
+    sizes = [len(messages) for messages in shown]
+    assert max(sizes) > 4 and sizes[-1] <= 4, sizes  # the budget did cut
+    for before, now in zip(shown, shown[1:], strict=False):
+        assert now[:len(before)] == before or len(now) <= 4, sizes
+    # The turn that cut them had them observed, and the next turn's prompt shows them.
+    cut = next(i for i in range(1, len(sizes)) if sizes[i] < sizes[i - 1])
+    assert observed[cut - 1] == 0 and observed[cut] == 1, (sizes, observed)
+    after = requests_of(fake_llm, "turn")[cut + 1]["messages"]
+    data = " ".join(str(m["content"]) for m in after if str(m["content"]).startswith("<data>"))
+    assert "Said: Detail 1:" in data
+
+
 async def test_the_reflector_runs_past_the_budget_and_the_block_is_append_only_until_then(
         fake_llm: Any) -> None:
     fake_llm.respond_with(playing_model)

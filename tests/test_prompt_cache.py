@@ -23,6 +23,8 @@ from fake_providers import FakeProvider
 from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
 from test_providers import SESSION, fresh_strategies, happy_turns, keys, open_engine  # noqa: F401
 
+from engine.budget import Parts, assemble, fit
+from engine.chat import Message
 from engine.errors import ConfigError, FunnelInvalid
 from engine.funnel import load_funnel
 from engine.memory import ExtractiveSummarizer
@@ -65,9 +67,54 @@ def test_the_turn_block_is_rendered_apart_from_the_static_part(tmp_path: Path) -
                          'Answer with JSON: {"reply": "..."}\n')
     context = {"stage": "greeting", "state_json": '{"name":"Ann"}', "funnel": "f",
                "stage_description": "", "catalog": [], "currency": "", "thresholds": {}}
-    static, turn = render_parts(stage, context)
+    static, state, turn = render_parts(stage, context)
     assert static == 'Greet the customer. Stage: greeting.\nAnswer with JSON: {"reply": "..."}'
-    assert turn == 'Facts: {"name":"Ann"}'
+    assert (state, turn) == ("", 'Facts: {"name":"Ann"}')
+
+
+def test_the_state_block_is_rendered_apart_from_the_turn_block(tmp_path: Path) -> None:
+    # A state block nested in the turn block renders once, in its own part.
+    stage = _funnel_with(tmp_path, 'Greet the customer.\nAnswer with JSON.\n'
+                         '{% block turn %}Round {{ stage_iteration }}.\n'
+                         '{% block state %}Facts: {{ state_json }}{% endblock %}'
+                         '{% endblock %}\n')
+    context = {"stage": "greeting", "state_json": '{"name":"Ann"}', "funnel": "f",
+               "stage_description": "", "catalog": [], "currency": "", "thresholds": {},
+               "stage_iteration": 2}
+    parts = render_parts(stage, context)
+    assert parts == ("Greet the customer.\nAnswer with JSON.", 'Facts: {"name":"Ann"}',
+                     "Round 2.")
+    assert (parts.static, parts.state, parts.turn) == parts
+
+
+def test_the_chat_is_static_summary_state_window_turn_notices_message() -> None:
+    history = [Message("user", "earlier"), Message("assistant", "answer")]
+    chat = assemble(Parts("STATIC", "STATE", "TURN"), "summary", ["refused"], history, "now")
+    assert [m["role"] for m in chat] == ["system", "user", "system", "user", "assistant",
+                                         "system", "user", "user"]
+    contents = [m["content"] for m in chat]
+    assert contents[0].startswith("STATIC\n\n") and contents[1].startswith("<data>")
+    assert contents[2:6] == ["STATE", "earlier", "answer", "TURN"]
+    assert "refused" in contents[6] and contents[7] == "now"
+    # Empty parts leave no empty messages.
+    assert [m["content"] for m in assemble(Parts("S"), "", [], [], "m")][1:] == ["m"]
+
+
+def test_the_budget_cuts_the_unobserved_messages_at_once_down_to_the_window() -> None:
+    # Six messages at hand, the stage's window is two: the four older ones (not observed
+    # yet) go together, so that the window's start does not move on every turn.
+    history = [Message("user" if i % 2 == 0 else "assistant", f"m{i} " + "x" * 200, i)
+               for i in range(6)]
+    parts = Parts("RULES", "STATE", "TURN")
+    full = fit("s", lambda level: parts, "", [], history, "hi", None, window=2)
+    assert full.cut.window == 6
+    fitted = fit("s", lambda level: parts, "", [], history, "hi", full.tokens - 10, window=2)
+    assert fitted.cut.window == 2 and fitted.dropped_messages == 4
+    assert [m["content"][:2] for m in fitted.messages if m["role"] != "system"] == \
+        ["m4", "m5", "hi"]
+    # Without a stage window (the extractive summary) one message goes at a time.
+    assert fit("s", lambda level: parts, "", [], history, "hi",
+               full.tokens - 10).cut.window == 5
 
 
 def test_the_static_part_may_not_read_what_changes_every_turn(tmp_path: Path) -> None:
@@ -90,11 +137,13 @@ def test_the_static_part_may_not_read_what_changes_every_turn(tmp_path: Path) ->
     message = str(caught.value)
     assert message.startswith(f"{tmp_path / 'prompts' / 'greeting.j2'}:2: ")
     assert "'state_json' is undefined" in message and "{% block turn %}" in message
+    assert "{% block state %}" in message
 
 
 def test_a_template_without_the_block_is_one_static_part(tmp_path: Path) -> None:
     stage = _funnel_with(tmp_path, "Greet the customer. Facts: {{ state_json }}\n")
-    assert render_parts(stage, {"state_json": "{}"}) == ("Greet the customer. Facts: {}", "")
+    assert render_parts(stage, {"state_json": "{}"}) == ("Greet the customer. Facts: {}", "",
+                                                          "")
 
 
 # -- Anthropic: cache_control on the static prefix only ----------------------------------
@@ -119,7 +168,7 @@ async def test_anthropic_gets_the_static_prefix_marked_and_reports_cached_tokens
 
     for body in bodies:
         system = body["system"]
-        assert isinstance(system, list) and len(system) >= 2  # static prefix, turn part
+        assert isinstance(system, list) and system  # the static prefix first
         assert system[0]["cache_control"] == {"type": "ephemeral"}
         assert "Answer with one JSON object only" in system[0]["text"]
         # Only the static prefix: not the turn part, not a message.
@@ -127,8 +176,12 @@ async def test_anthropic_gets_the_static_prefix_marked_and_reports_cached_tokens
         assert all("cache_control" not in block for block in system[1:])
     presentation = bodies[2]["system"]
     assert "Stage: presentation." in presentation[0]["text"]
-    assert "\"breed\":\"Sphynx\"" not in presentation[0]["text"]  # the state: in the turn part
-    assert any("\"breed\":\"Sphynx\"" in text for text in _texts(presentation[1:]))
+    assert "\"breed\":\"Sphynx\"" not in presentation[0]["text"]  # the state: in its part
+    # The state and turn parts follow in order (litellm keeps a system message after the
+    # first user turn in place, so that the conversation before it stays cacheable).
+    later = _texts(presentation[1:]) + [text for m in bodies[2]["messages"]
+                                        for text in _texts(m["content"])]
+    assert any("\"breed\":\"Sphynx\"" in text for text in later)
 
     rows = sql("SELECT prompt_tokens, cached_prompt_tokens FROM funnel_turns "
                "WHERE session_id = %s ORDER BY id", (SESSION,))

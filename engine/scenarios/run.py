@@ -77,15 +77,15 @@ class ScenarioModel:
 
 
 def prompt_messages(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The messages before the window (engine.budget.assemble): the system messages (static
-    prefix, turn part) and the data messages (summary, notices) between them."""
+    """The prompt without the conversation (engine.budget.assemble): the system messages
+    (static prefix, state part, turn part) and the data messages (summary, notices), each
+    of which follows a system message; not the window, not the customer's message."""
     out: list[dict[str, str]] = []
-    for m in messages[:-1]:
-        if m["role"] != "system" and not (m["role"] == "user"
-                                          and m["content"].startswith("<data>\n")):
-            break
-        out.append(m)
-    return out
+    for before, m in zip(messages, messages[1:-1], strict=False):
+        if m["role"] == "system" or (m["role"] == "user" and before["role"] == "system"
+                                     and m["content"].startswith("<data>\n")):
+            out.append(m)
+    return ([messages[0]] if messages[:-1] else []) + out
 
 
 class Clock:

@@ -16,7 +16,7 @@ from .. import _yaml
 from ..catalog import load_catalog
 from ..errors import CatalogError, did_you_mean
 from ..expressions import attribute_paths, make_environment
-from ..names import STATIC_PROMPT_NAMES, TURN_BLOCK
+from ..names import PROMPT_BLOCKS, STATE_BLOCK, STATIC_PROMPT_NAMES, TURN_BLOCK
 from ..paths import funnel_roots, is_confined
 from ..settings import MemorySettings
 from ..spec import PROMPT_NAMES
@@ -133,15 +133,15 @@ def _check_template(
 
 def _check_static_part(path: Path, folder: Path, roots: tuple[Path, ...], report: Report,
                        reported: set[tuple[Path, int, str]]) -> None:
-    """F206: in a template with a top-level ``{% block turn %}``, the rest (and what it
-    includes) is the prompt's static prefix: it may read only the names that do not
-    change from turn to turn (engine.prompts.render_parts)."""
+    """F206: in a template with a top-level ``{% block state %}`` or ``{% block turn %}``,
+    the rest (and what it includes) is the prompt's static prefix: it may read only the
+    names that do not change from turn to turn (engine.prompts.render_parts)."""
     tree = _tree(path)
-    if tree is None or not any(isinstance(n, nodes.Block) and n.name == TURN_BLOCK
+    if tree is None or not any(isinstance(n, nodes.Block) and n.name in PROMPT_BLOCKS
                                for n in tree.body):
         return
     static = nodes.Template([n for n in tree.body if not (isinstance(n, nodes.Block)
-                                                           and n.name == TURN_BLOCK)])
+                                                           and n.name in PROMPT_BLOCKS)])
     seen: set[Path] = set()
 
     def check(part: nodes.Template, file: Path) -> None:
@@ -154,9 +154,10 @@ def _check_static_part(path: Path, folder: Path, roots: tuple[Path, ...], report
                 continue
             reported.add((file, line, name))
             report.add(file, line, 1, "error", "F206", f"'{name}' changes from turn to turn, "
-                       f"but it is read outside {{% block {TURN_BLOCK} %}} (of {path.name}), in "
-                       "the part of the prompt every turn of the stage shares; move it into "
-                       "the block, or read only "
+                       f"but it is read outside {{% block {STATE_BLOCK} %}} and {{% block "
+                       f"{TURN_BLOCK} %}} (of {path.name}), in the part of the prompt every "
+                       "turn of the stage shares; move it into a block (state: what changes "
+                       "with the state; turn: what changes every turn), or read only "
                        f"{', '.join(sorted(STATIC_PROMPT_NAMES))} (of thresholds, the "
                        "*_threshold values) there")
         for ref in meta.find_referenced_templates(part):
