@@ -246,3 +246,18 @@ async def test_cached_prompt_tokens_reach_the_service_metrics(
     assert 'funnel_tokens_total{funnel="puramur",kind="prompt"} 6000' in text
     assert 'funnel_cached_prompt_tokens_total{funnel="puramur"} 3600' in text
     assert "# TYPE funnel_cached_prompt_tokens_total counter" in text
+
+
+def test_doctor_says_how_the_prefix_is_marked() -> None:
+    from engine.llm.doctor import Diagnosis, render
+
+    def said(marker: str | None) -> str:
+        report = Diagnosis(model="m", api_base=None, setting="auto", chain=("json_schema",),
+                           cache_marker=marker)
+        [line] = [x for x in render(report).splitlines() if x.startswith("prompt cache:")]
+        return line
+
+    assert said("cachePoint") == \
+        "prompt cache: the static prefix is followed by a Bedrock cachePoint"
+    assert said("cache_control") == "prompt cache: the static prefix is marked cache_control"
+    assert said(None).startswith("prompt cache: not marked")
