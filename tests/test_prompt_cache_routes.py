@@ -188,6 +188,10 @@ async def test_the_openai_route_is_sent_no_mark(db_url: str, aws: None,
     ("bedrock/anthropic.claude-3-5-haiku-20241022-v1:0", "cachePoint"),
     ("bedrock/amazon.nova-pro-v1:0", "cachePoint"),  # explicit cache points pay on Nova too
     ("bedrock/invoke/anthropic.claude-sonnet-4-5-20250929-v1:0", "cache_control"),
+    ("bedrock/invoke/amazon.nova-pro-v1:0", "cachePoint"),  # a key of the text block
+    ("bedrock/claude_platform/claude-sonnet-4-5", "cache_control"),
+    ("bedrock/arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/x",
+     None),  # not in litellm's map: unknown, so unmarked
     (BEDROCK_NO_CACHE, None),
     ("bedrock/invoke/anthropic.claude-3-5-sonnet-20240620-v1:0", None),
     ("bedrock/meta.llama3-70b-instruct-v1:0", None),

@@ -15,23 +15,21 @@ Which requests are marked is :func:`cache_marker`'s decision, read off litellm
 (its provider resolution, its model map, and the gates its own request
 transformations apply), route by route:
 
-==================== ===================================================================
-route                what the marked system block becomes on the wire
-==================== ===================================================================
-``anthropic/``       the block keeps ``cache_control`` (Anthropic's Messages API), always
-``bedrock/``         Converse: a ``cachePoint`` block after it (litellm's
-(Converse)           ``AmazonConverseConfig._transform_system_message``), for a model
-                     whose map entry says ``supports_prompt_caching`` and that litellm's
-                     ``bedrock_model_accepts_cache_points`` lets through (Claude 3.5
-                     Haiku, 3.7 and 4.x, Nova); Bedrock refuses a cache point to others
-``bedrock/invoke/``  Claude on InvokeModel: Anthropic's format, ``cache_control`` kept
-``vertex_ai/``       Claude (the map's ``vertex_ai-anthropic_models``): Anthropic's format.
-                     Not Gemini: litellm turns a mark there into a separate
-                     context-cache request, and Gemini caches by itself
-``openrouter/``      Anthropic's models, when litellm's ``OpenrouterConfig`` keeps the
-                     block's ``cache_control`` (``openrouter_model_supports_cache_control``)
-                     and the map says the model caches
-==================== ===================================================================
+- ``anthropic/``: the block keeps ``cache_control`` (Anthropic's Messages API), always;
+- ``bedrock/`` on Converse: a ``cachePoint`` block right after it (litellm's
+  ``AmazonConverseConfig._transform_system_message``), for a model whose map entry
+  says ``supports_prompt_caching`` and that litellm's ``bedrock_model_accepts_cache_points``
+  lets through (Claude 3.5 Haiku, 3.7 and 4.x, Nova): Bedrock refuses a cache point
+  to any other model;
+- ``bedrock/invoke/``: Claude keeps ``cache_control`` (Anthropic's format); Nova gets
+  ``cachePoint`` as a key of the text block; ``bedrock/claude_platform/``: Anthropic's
+  format, ``cache_control`` kept;
+- ``vertex_ai/``: Claude (the map's ``vertex_ai-anthropic_models``), Anthropic's format.
+  Not Gemini: litellm turns a mark there into a separate context-cache request, and
+  Gemini caches by itself;
+- ``openrouter/``: Anthropic's models, where litellm's ``OpenrouterConfig`` keeps the
+  block's ``cache_control`` (``openrouter_model_supports_cache_control``) and the map
+  says the model caches.
 
 Any other request is sent exactly as before (a plain string system message):
 OpenAI-style routes drop ``cache_control`` anyway, and nothing is gained.
@@ -118,10 +116,15 @@ def _bedrock(litellm: Any, model_id: str) -> str | None:
     bare = common.strip_bedrock_routing_prefix(model_id)
     if route == "converse":
         return BEDROCK_CACHE_POINT if common.bedrock_model_accepts_cache_points(bare) else None
+    if route == "claude_platform":  # Anthropic's Messages API behind AWS's gateway
+        return ANTHROPIC_BLOCK
     if route == "invoke":
         aws = _module(litellm, "llms.bedrock.base_aws_llm")
-        if aws.BaseAWSLLM.get_bedrock_invoke_provider(model_id) == "anthropic":
+        vendor = aws.BaseAWSLLM.get_bedrock_invoke_provider(model_id)
+        if vendor == "anthropic":
             return ANTHROPIC_BLOCK
+        if vendor == "nova":  # litellm puts the cachePoint on the text block itself
+            return BEDROCK_CACHE_POINT
     return None
 
 
