@@ -16,8 +16,8 @@ One class, :class:`FakeProvider`, speaks one wire format chosen at start:
              turns its request validation error into a 500)
 ``bedrock``  ``POST /model/{modelId}/converse`` (Converse: ``toolUse`` blocks for a
              forced tool, text blocks otherwise) and ``POST /model/{modelId}/invoke``
-             (Claude on InvokeModel: Anthropic's Messages shape); requests must be
-             SigV4-signed (any key)
+             (Claude: Anthropic's Messages shape; Nova: Converse's); requests must
+             be SigV4-signed (any key)
 ============ ===============================================================
 
 As in tests/fake_openai.py, each request takes the next queued behaviour
@@ -275,6 +275,8 @@ def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[
     tool = _forced_tool(body)
     if wire == "bedrock" and path.endswith("/converse"):
         return _converse(body, b)
+    if wire == "bedrock" and "anthropic_version" not in body:  # Nova on InvokeModel
+        return _converse(body, b, invoke=True)
     if wire == "anthropic" or wire == "bedrock":  # Claude on InvokeModel: Anthropic's shape
         if tool is not None:
             try:
@@ -323,9 +325,10 @@ def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[
                       "prompt_tokens_details": {"cached_tokens": b.cached_tokens}}}
 
 
-def _converse(body: dict[str, Any], b: Behaviour) -> dict[str, Any]:
+def _converse(body: dict[str, Any], b: Behaviour, *, invoke: bool = False) -> dict[str, Any]:
     """Bedrock's Converse response: a forced tool (``toolConfig.toolChoice.tool``) answers
-    with a ``toolUse`` block, anything else with a text block."""
+    with a ``toolUse`` block, anything else with a text block. Nova on InvokeModel answers
+    in the same shape, but counts cache tokens as ``cacheReadInputTokenCount``."""
     choice = (body.get("toolConfig") or {}).get("toolChoice") or {}
     tool = choice.get("tool", {}).get("name") if isinstance(choice, dict) else None
     if tool:
@@ -344,7 +347,10 @@ def _converse(body: dict[str, Any], b: Behaviour) -> dict[str, Any]:
             "usage": {"inputTokens": b.prompt_tokens - b.cached_tokens,
                       "outputTokens": b.completion_tokens,
                       "totalTokens": b.prompt_tokens + b.completion_tokens,
-                      "cacheReadInputTokens": b.cached_tokens, "cacheWriteInputTokens": 0}}
+                      **({"cacheReadInputTokenCount": b.cached_tokens,
+                          "cacheWriteInputTokenCount": 0} if invoke else
+                         {"cacheReadInputTokens": b.cached_tokens,
+                          "cacheWriteInputTokens": 0})}}
 
 
 FakeProvider.handler = _Handler  # defined after the server class it serves

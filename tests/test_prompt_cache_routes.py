@@ -144,6 +144,20 @@ async def test_bedrock_invoke_keeps_cache_control_on_the_static_prefix(
     assert [r.cached_prompt_tokens for r in results] == [0, 1200, 1200, 1200]
 
 
+async def test_nova_on_invoke_model_gets_the_cache_point_in_the_static_block(
+        db_url: str, aws: None) -> None:
+    with FakeProvider("bedrock") as fake:
+        results = await _conversation(fake, db_url, "bedrock/invoke/amazon.nova-pro-v1:0")
+        bodies = fake.requests
+    for body in bodies:
+        assert _found(body, "cachePoint") == [{"type": "default"}]
+        assert body["system"][0]["cachePoint"] == {"type": "default"}  # the block's own key
+        assert _found(body, "cache_control") == []
+    assert STATE not in bodies[3]["system"][0]["text"]
+    # InvokeModel's cacheReadInputTokenCount, through litellm.
+    assert [r.cached_prompt_tokens for r in results] == [0, 1200, 1200, 1200]
+
+
 async def test_openrouter_marks_claude_only(db_url: str, aws: None) -> None:
     with FakeProvider("openai") as fake:
         results = await _conversation(fake, db_url, "openrouter/anthropic/claude-sonnet-4.5")
