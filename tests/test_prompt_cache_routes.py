@@ -191,6 +191,34 @@ async def test_the_openai_route_is_sent_no_mark(db_url: str, aws: None,
     assert [r.cached_prompt_tokens for r in results] == [0, 1024, 1024, 1024]
 
 
+def test_vertex_claude_keeps_the_mark_on_the_static_prefix(aws: None) -> None:
+    """Vertex AI's HTTP path needs google-auth for a token (not installed here), so this
+    route is checked one step short of the wire: litellm's own Vertex Claude request
+    transformation, on the messages the engine sends."""
+    import litellm
+    from litellm.llms.vertex_ai.vertex_ai_partner_models.anthropic.transformation import (
+        VertexAIAnthropicConfig,
+    )
+
+    from engine.llm.client import Caller
+    from engine.llm.request import ModelRequest
+    from engine.settings import ModelSettings
+
+    model = "vertex_ai/claude-sonnet-4-5@20250929"
+    chat = [{"role": "system", "content": "STATIC"}, {"role": "system", "content": "TURN"},
+            {"role": "user", "content": "Hi"}]
+    request = ModelRequest(messages=chat, schema={"type": "object"}, stage="greeting",
+                           settings=ModelSettings(name=model), session_id="s", turn=1,
+                           user_text="Hi")
+    sent = Caller(litellm, model).request_kwargs(model, None, request, "prompt", {}, 5.0)
+    body = VertexAIAnthropicConfig().transform_request(
+        model="claude-sonnet-4-5@20250929", messages=sent["messages"], optional_params={},
+        litellm_params={}, headers={})
+    assert body["system"][0] == {"type": "text", "text": "STATIC",
+                                 "cache_control": {"type": "ephemeral"}}
+    assert _found(body, "cache_control") == [{"type": "ephemeral"}]
+
+
 # -- the decision, route by route (litellm's map and routing; no request sent) ----------
 
 
