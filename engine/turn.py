@@ -495,6 +495,7 @@ class Engine:
             validation_failures=answer.failures, repaired=record["repaired"],
             fallback=answer.fallback, prompt_tokens=record["prompt_tokens"],
             completion_tokens=record["completion_tokens"], handoff=handoff,
+            cached_prompt_tokens=record["cached_prompt_tokens"],
             returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
             message_id=turn.inbound.message_id or 0,
             model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,

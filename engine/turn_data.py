@@ -42,6 +42,8 @@ class TurnResult:
     fallback: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of prompt_tokens, those the provider read from its prompt cache (billed lower).
+    cached_prompt_tokens: int = 0
     handoff: bool = False
     returning: bool = False
     error: str | None = None

@@ -14,6 +14,10 @@ One class, :class:`FakeProvider`, speaks one wire format chosen at start:
 ``llamacpp`` OpenAI's, but ``response_format.type`` other than ``text`` and
              ``json_object`` is a 500 naming ``response_format`` (llama-cpp-python
              turns its request validation error into a 500)
+``bedrock``  ``POST /model/{modelId}/converse`` (Converse: ``toolUse`` blocks for a
+             forced tool, text blocks otherwise) and ``POST /model/{modelId}/invoke``
+             (Claude: Anthropic's Messages shape; Nova: Converse's); requests must
+             be SigV4-signed (any key)
 ============ ===============================================================
 
 As in tests/fake_openai.py, each request takes the next queued behaviour
@@ -37,7 +41,8 @@ from typing import Any
 
 from loopback import LoopbackServer
 
-WIRES = ("openai", "azure", "anthropic", "ollama", "gemini", "lmstudio", "llamacpp")
+WIRES = ("openai", "azure", "anthropic", "ollama", "gemini", "lmstudio", "llamacpp",
+         "bedrock")
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,8 @@ class FakeProvider(LoopbackServer):
         """Answer with ``content`` (the envelope's JSON text) in the wire's response shape;
         ``cached_tokens`` of the prompt tokens were read from the prompt cache (reported as
         the wire reports it: Anthropic's ``cache_read_input_tokens``, OpenAI's
-        ``prompt_tokens_details.cached_tokens``)."""
+        ``prompt_tokens_details.cached_tokens``, Bedrock Converse's
+        ``cacheReadInputTokens``)."""
         self._queue.append(Behaviour("reply", content=content, prompt_tokens=prompt_tokens,
                                      completion_tokens=completion_tokens,
                                      cached_tokens=cached_tokens))
@@ -176,6 +182,8 @@ class _Handler(BaseHTTPRequestHandler):
             payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
         elif wire == "ollama":
             payload = {"error": message}
+        elif wire == "bedrock":
+            payload = {"message": message}
         elif wire == "gemini":
             payload = {"error": {"code": status, "message": message, "status": {
                 429: "RESOURCE_EXHAUSTED", 401: "UNAUTHENTICATED", 400: "INVALID_ARGUMENT",
@@ -209,6 +217,8 @@ def _route_ok(wire: str, path: str) -> bool:
         return path.startswith("/openai/deployments/") and path.endswith("/chat/completions")
     if wire == "anthropic":
         return path == "/v1/messages"
+    if wire == "bedrock":
+        return path.startswith("/model/") and path.endswith(("/converse", "/invoke"))
     if wire == "ollama":
         return path in ("/api/chat", "/api/generate")
     return path.endswith(":generateContent")
@@ -217,6 +227,10 @@ def _route_ok(wire: str, path: str) -> bool:
 def _has_key(wire: str, headers: dict[str, str], full_path: str, key: str | None) -> bool:
     if wire == "ollama":
         return True  # a local Ollama has no keys
+    if wire == "bedrock":  # SigV4: the fake checks the scheme, not the signature
+        given = headers.get("authorization", "")
+        return given.startswith("AWS4-HMAC-SHA256 Credential=") and (
+            key is None or f"Credential={key}/" in given)
     if wire == "anthropic":
         given = headers.get("x-api-key", "")
     elif wire == "azure":
@@ -259,7 +273,11 @@ def _forced_tool(body: dict[str, Any]) -> str | None:
 def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[str, Any]:
     model = str(body.get("model") or "fake-model")
     tool = _forced_tool(body)
-    if wire == "anthropic":
+    if wire == "bedrock" and path.endswith("/converse"):
+        return _converse(body, b)
+    if wire == "bedrock" and "anthropic_version" not in body:  # Nova on InvokeModel
+        return _converse(body, b, invoke=True)
+    if wire == "anthropic" or wire == "bedrock":  # Claude on InvokeModel: Anthropic's shape
         if tool is not None:
             try:
                 data = json.loads(b.content)
@@ -305,6 +323,34 @@ def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[
             "usage": {"prompt_tokens": b.prompt_tokens, "completion_tokens": b.completion_tokens,
                       "total_tokens": b.prompt_tokens + b.completion_tokens,
                       "prompt_tokens_details": {"cached_tokens": b.cached_tokens}}}
+
+
+def _converse(body: dict[str, Any], b: Behaviour, *, invoke: bool = False) -> dict[str, Any]:
+    """Bedrock's Converse response: a forced tool (``toolConfig.toolChoice.tool``) answers
+    with a ``toolUse`` block, anything else with a text block. Nova on InvokeModel answers
+    in the same shape, but counts cache tokens as ``cacheReadInputTokenCount``."""
+    choice = (body.get("toolConfig") or {}).get("toolChoice") or {}
+    tool = choice.get("tool", {}).get("name") if isinstance(choice, dict) else None
+    if tool:
+        try:
+            data = json.loads(b.content)
+        except json.JSONDecodeError:
+            data = {"raw": b.content}
+        content: list[dict[str, Any]] = [{"toolUse": {
+            "toolUseId": f"tooluse_{uuid.uuid4().hex[:20]}", "name": tool, "input": data}}]
+        stop = "tool_use"
+    else:
+        content, stop = [{"text": b.content}], "end_turn"
+    # Like Anthropic's, Converse's inputTokens leaves out what was read from the cache.
+    return {"output": {"message": {"role": "assistant", "content": content}},
+            "stopReason": stop, "metrics": {"latencyMs": 12},
+            "usage": {"inputTokens": b.prompt_tokens - b.cached_tokens,
+                      "outputTokens": b.completion_tokens,
+                      "totalTokens": b.prompt_tokens + b.completion_tokens,
+                      **({"cacheReadInputTokenCount": b.cached_tokens,
+                          "cacheWriteInputTokenCount": 0} if invoke else
+                         {"cacheReadInputTokens": b.cached_tokens,
+                          "cacheWriteInputTokens": 0})}}
 
 
 FakeProvider.handler = _Handler  # defined after the server class it serves

@@ -24,6 +24,25 @@ def test_all_is_pinned() -> None:
         assert getattr(engine, name) is not None
 
 
+# What a turn tells the caller: a field removed or renamed breaks every integration.
+TURN_RESULT_FIELDS = (
+    "session_id", "reply", "stage_before", "stage_after", "state", "transitions", "actions",
+    "updated", "notices", "validation_failures", "repaired", "fallback", "prompt_tokens",
+    "completion_tokens", "cached_prompt_tokens", "handoff", "returning", "error", "backlog",
+    "message_id", "model_seconds", "explain",
+)
+
+
+def test_turn_result_fields_are_pinned() -> None:
+    import dataclasses
+
+    assert tuple(f.name for f in dataclasses.fields(engine.TurnResult)) == TURN_RESULT_FIELDS
+    # Of the prompt tokens, those read from the provider's cache: 0 unless one says so.
+    result = engine.TurnResult(session_id="s", reply="r", stage_before="a", stage_after="a",
+                               state={})
+    assert result.cached_prompt_tokens == 0
+
+
 def test_errors_share_one_root() -> None:
     from engine import errors
 

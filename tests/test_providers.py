@@ -471,6 +471,7 @@ def test_doctor_reports_what_the_endpoint_accepts(keys: None,
     assert lines["prompt"].split()[1:3] == ["yes", "invalid"]
     assert "chosen strategy: json_object_schema" in out
     assert "cost: unknown" in out
+    assert "prompt cache: not marked" in out  # an OpenAI-compatible server
     assert lines["presentation"].split()[1] == "compiles"
     stage_bodies = fake.requests[-stages:]
     assert all(b["response_format"]["type"] == "json_object" for b in stage_bodies)

@@ -3,8 +3,8 @@
 - :mod:`engine.llm.strategy`: how each model is asked for the stage's envelope;
 - :mod:`engine.llm.portable`: the form of a stage schema every server can compile;
 - :mod:`engine.llm.retry`: the retry policy and the turn deadline;
-- :mod:`engine.llm.cache`: providers' prompt caches (Anthropic's ``cache_control``,
-  the cached tokens a response reports);
+- :mod:`engine.llm.cache`: providers' prompt caches (Claude's ``cache_control`` mark,
+  on every route that carries it; the cached tokens a response reports);
 - :mod:`engine.llm.client`: one request through litellm, with all of the above;
 - :mod:`engine.llm.doctor`: ``funnel doctor``, what an endpoint accepts.
 

@@ -127,7 +127,7 @@ class Caller:
         """The ``litellm.acompletion`` arguments of one call (no retries of litellm's own)."""
         s = request.settings
         messages: list[dict[str, Any]] = list(request.messages)
-        if _cache.marks_prefix(self._provider(model, api_base)):
+        if _cache.marks_prefix(self._litellm, model, api_base):
             messages = _cache.mark_static_prefix(messages)
         kwargs: dict[str, Any] = {
             "model": model,

@@ -19,6 +19,7 @@ from typing import Any
 from ..funnel import CompiledFunnel
 from ..models import LiteLLMModel, ModelRequest
 from ..settings import ModelSettings
+from . import cache as _cache
 from . import strategy as _strategy
 from .client import Caller, close_clients, error_detail
 from .portable import portable_schema
@@ -51,6 +52,7 @@ class Diagnosis:
     chosen: str | None = None
     cost_known: bool = False
     stages: list[Probe] = field(default_factory=list)
+    cache_marker: str | None = None  # how the static prefix is marked (engine.llm.cache)
 
 
 async def diagnose(funnel: CompiledFunnel, model: str, *, api_base: str | None = None,
@@ -63,7 +65,8 @@ async def diagnose(funnel: CompiledFunnel, model: str, *, api_base: str | None =
     setting = structured_output or spec_model.structured_output
     chain = caller.describe(model, base, setting)
     report = Diagnosis(model=model, api_base=base, setting=setting, chain=chain,
-                       cost_known=caller.cost_known(model))
+                       cost_known=caller.cost_known(model),
+                       cache_marker=_cache.cache_marker(caller._litellm, model, base))
     try:
         await _run(report, caller, model, base, funnel, timeout)
     finally:
@@ -131,6 +134,8 @@ def render(report: Diagnosis) -> str:
         lines.append(f"chosen strategy: none: the endpoint accepted none of {order}")
     lines.append("cost: " + ("known (litellm's price map)" if report.cost_known else
                              "unknown: turns are recorded with cost NULL"))
+    lines.append("prompt cache: " + (_MARKED.get(report.cache_marker, "") if report.cache_marker
+                                     else _UNMARKED))
     if report.stages:
         lines.append(f"stage schemas (portable form, sent with {report.chosen}):")
         for p in report.stages:
@@ -138,6 +143,12 @@ def render(report: Diagnosis) -> str:
             lines.append(f"  {p.stage or '':<22}{state:<10}{p.latency_ms:>7.0f} ms  "
                          f"{'' if p.accepted else p.detail[:160]}".rstrip())
     return "\n".join(lines) + "\n"
+
+
+_MARKED = {"cache_control": "the static prefix is marked cache_control",
+           "cachePoint": "the static prefix is followed by a Bedrock cachePoint"}
+_UNMARKED = ("not marked (the provider caches a shared prefix by itself, or this route "
+             "takes no mark)")
 
 
 def healthy(report: Diagnosis) -> bool:

@@ -44,6 +44,8 @@ HELP = {
                                        "answered by another."),
     "funnel_model_seconds": ("histogram", "Model time of a turn (all its calls), in seconds."),
     "funnel_tokens_total": ("counter", "Model tokens, by kind (prompt, completion)."),
+    "funnel_cached_prompt_tokens_total": ("counter", "Of the prompt tokens, those the "
+                                          "provider read from its prompt cache."),
     "funnel_conversions_total": ("counter", "Orders recorded against a session (not replays)."),
     "funnel_retention_runs_total": ("counter", "Scheduled retention purges, by outcome (done, "
                                     "skipped: another worker had it, failed)."),
@@ -104,6 +106,8 @@ class Metrics:
         for kind in ("prompt", "completion"):
             self.counters.setdefault(("funnel_tokens_total", _labels(funnel=funnel, kind=kind)),
                                      0.0)
+        self.counters.setdefault(("funnel_cached_prompt_tokens_total", _labels(funnel=funnel)),
+                                 0.0)
         for channel in ("api", "web", *(("telegram",) if telegram else ())):
             self.counters.setdefault(("funnel_replays_total",
                                       _labels(funnel=funnel, channel=channel)), 0.0)
@@ -175,6 +179,10 @@ class Metrics:
         self.inc("funnel_tokens_total", result.prompt_tokens, funnel=funnel, kind="prompt")
         self.inc("funnel_tokens_total", result.completion_tokens, funnel=funnel,
                  kind="completion")
+        # A counter of its own, not a third kind: the kinds of funnel_tokens_total add up
+        # to the tokens billed, and cached tokens are already among the prompt's.
+        self.inc("funnel_cached_prompt_tokens_total", result.cached_prompt_tokens,
+                 funnel=funnel)
         for t in result.transitions:
             self.inc("funnel_stage_transitions_total", funnel=funnel,
                      from_stage=str(t["from"]), to_stage=str(t["to"]))
