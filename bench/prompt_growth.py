@@ -20,11 +20,14 @@ from their start (the chat serialized as role and content, message after
 message, as providers see it) as a share of the later prompt. The 60-turn
 conversation stays in ``presentation`` for its middle turns; a second
 conversation of 12 turns spends its middle in ``objection_handling``.
-Target: at least 70 % on both (docs/funnel-format.md, "Prompt layout").
-The shares are printed twice: with the funnel's own summarizer, and with an
-append-only one (new lines are added after the old, never rewriting them; the
-layout puts the summary right after the static prefix for that reason), which
-shows what the layout gives once the summary no longer changes at its start.
+Target: at least 70 % on both (docs/funnel-format.md, "Prompt layout"), with
+the summary a real model gets: the observer and reflector (observational
+memory), their model played by the loopback fake OpenAI server through
+litellm. The shares are also printed with the offline extractive summary of
+the scripted model, which no provider ever sees (it rewrites its start on
+every fold once full, a clipped transcript), and with a bench summarizer
+that only appends and never condenses (what the layout gives once the
+summary never changes at its start).
 
     python bench/prompt_growth.py [--db URL]
 """
@@ -256,9 +259,10 @@ async def main() -> None:
     print(f"baseline: turns 6-15 mean {b_early:.0f}, turns 51-60 mean {b_late:.0f}, ratio "
           f"{b_late / b_early:.2f}; first turn {base60[0]}, largest {max(base60)}")
     print("\nShared prefix of consecutive prompts in the same stage (share of the later prompt; "
-          "target >= 70% on presentation and objection_handling):")
+          "target >= 70% on presentation and objection_handling with the observer):")
     print(f"{'stage':>20} {'pairs':>5} {'mean':>6} {'min':>6}   summary")
-    for label, pair in (("extractive (scripted model)", (runs[60], objections)),
+    for label, pair in (("extractive (scripted model: offline, never cached)",
+                         (runs[60], objections)),
                         ("bench append-only", appended),
                         ("observer (real-model default)", observed)):
         shares = prefix_shares(pair[0][2].prompts)
