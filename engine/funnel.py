@@ -24,7 +24,7 @@ from .paths import confine, funnel_roots
 from .spec import FunnelSpec, StageSpec
 from .state import StateRules, fast_validator
 from .validation import check_file
-from .validation.files import resolve_local_ref
+from .validation.schemas import resolve_local_ref
 
 
 @dataclass(frozen=True)

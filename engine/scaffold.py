@@ -21,7 +21,7 @@ from typing import Any
 from . import _yaml
 from .errors import ConfigError
 from .spec import SQL_IDENTIFIER, implied_engine_fields
-from .validation.files import action_types, resolve_local_ref
+from .validation.schemas import action_types, resolve_local_ref
 
 __all__ = ["TEMPLATES", "output_schema", "scaffold"]
 

@@ -31,7 +31,8 @@ from conftest import CliResult, run_funnel, seed_queries, sql_runner, temporary_
 from engine.funnel import load_funnel
 from engine.models import Completion, ModelRequest, ScriptedModel
 from engine.report import SECTIONS, build_report, render_html, render_table
-from engine.store.analytics_sql import section_queries, view_name
+from engine.store.analytics_sql import section_queries
+from engine.store.analytics_views import view_name
 from engine.turn import Engine
 
 HERE = Path(__file__).resolve().parent

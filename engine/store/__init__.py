@@ -7,7 +7,7 @@ one (`embedded`) when no URL is given. The modules:
 - `postgres`: the store itself (one pool); `session`: a turn's lease and save;
 - `ddl`, `statements`, `functions`: the SQL, built once per funnel;
 - `migrate` (tables, append-only migrations), `retention` (purge),
-  `analytics_sql` (the report's queries and the analysts' views);
+  `analytics_sql` (the report's queries), `analytics_views` (the analysts' views);
 - `connect`: connection helpers shared by the others (URLs in messages, temporary schemas);
 - `embedded`: the zero-set-up server.
 """

@@ -1,5 +1,8 @@
 """The SQL of `funnel report` and of the analysts' views, built from a funnel's declaration.
 
+The views themselves (their names, and what ``funnel migrate`` changes) are in
+:mod:`engine.store.analytics_views`.
+
 Every section is one query that aggregates on the server: Python only ever
 sees the aggregated rows. The same builders make the report's queries (the
 time window and the stage list bound as parameters) and the views that
@@ -11,7 +14,6 @@ read from the ``funnel.since`` setting). Identifiers always go through
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -29,7 +31,6 @@ from .embedded import embedded_url
 # The window of the views: `SET funnel.since = '30 days'` changes it for a session.
 SINCE_SETTING = "funnel.since"
 VIEW_SINCE_DEFAULT = "7 days"
-VIEW_COMMENT = "funnel analytics view "
 ACTIVE_WINDOW = "24 hours"
 # For the report's transaction: JIT compilation costs more than it saves on these
 # aggregates; hashing or sorting a few hundred thousand rows wants more than 4 MB;
@@ -361,60 +362,15 @@ def section_queries(spec: FunnelSpec, since: float, *, limit: int = 20
     return out
 
 
-# -- views -----------------------------------------------------------------------------
-def view_name(spec: FunnelSpec, section: str) -> str:
-    name = f"{spec.table}_v_{section}"
-    if len(name) <= 63:
-        return name
-    digest = hashlib.sha1(spec.table.encode()).hexdigest()[:6]
-    return f"{spec.table[:63 - len(section) - 10]}_{digest}_v_{section}"
-
-
-def view_statements(spec: FunnelSpec) -> dict[str, tuple[sql.Composed, str]]:
-    """View name -> (``CREATE OR REPLACE VIEW ...; COMMENT ON VIEW ...``, its comment)."""
+def inline_queries(spec: FunnelSpec) -> dict[str, sql.Composed]:
+    """The sections that apply to the funnel with every value inlined as a literal (the
+    window read from the ``funnel.since`` setting): the bodies of the analysts' views."""
     out = {}
     for section, (build, _) in SECTIONS.items():
         query = build(spec, _Binder(inline=True))
-        if query is None:
-            continue
-        name = view_name(spec, section)
-        body = query.as_string()
-        comment = VIEW_COMMENT + hashlib.sha1(body.encode()).hexdigest()[:16]
-        out[name] = (sql.SQL("CREATE OR REPLACE VIEW {v} AS {q}; COMMENT ON VIEW {v} IS {c}").format(
-            v=sql.Identifier(name), q=sql.SQL(body), c=sql.Literal(comment)), comment)
+        if query is not None:
+            out[section] = query
     return out
-
-
-async def view_changes(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *,
-                       dropping: bool = False
-                       ) -> tuple[list[tuple[str, sql.Composed]], list[tuple[str, sql.Composed]]]:
-    """What ``funnel migrate`` must do to the funnel's views: (before, after) the table changes.
-
-    A view is (re)created when missing or when its definition changed (its
-    comment carries a hash of the definition). Our views the funnel no longer
-    needs are dropped first; when columns are dropped, every view is dropped
-    before and recreated after, since a view may read a dropped column.
-    """
-    wanted = view_statements(spec)
-    rows = await (await conn.execute(
-        "SELECT c.relname, obj_description(c.oid, 'pg_class') FROM pg_class c "
-        "WHERE c.relkind = 'v' AND c.relnamespace = current_schema()::regnamespace "
-        "AND c.relname = ANY(%s)",
-        ([view_name(spec, s) for s in SECTIONS],))).fetchall()
-    existing = {name: comment or "" for name, comment in rows}
-    before: list[tuple[str, sql.Composed]] = []
-    after: list[tuple[str, sql.Composed]] = []
-    for name, comment in existing.items():
-        if (name not in wanted or dropping) and comment.startswith(VIEW_COMMENT):
-            before.append((f"drop view {name}", sql.SQL("DROP VIEW IF EXISTS {}").format(
-                sql.Identifier(name))))
-    dropped = {what.removeprefix("drop view ") for what, _ in before}
-    for name, (stmt, comment) in wanted.items():
-        if name in dropped or name not in existing:
-            after.append((f"create view {name}", stmt))
-        elif existing[name] != comment:
-            after.append((f"replace view {name}", stmt))
-    return before, after
 
 
 # -- running the report ----------------------------------------------------------------
@@ -471,5 +427,5 @@ async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit
             "sections": sections}
 
 
-__all__ = ["CONVERSION_SECTIONS", "REPORT_SETTINGS", "SECTIONS", "fetch_report",
-           "report_snapshot", "section_queries", "view_changes", "view_name", "view_statements"]
+__all__ = ["CONVERSION_SECTIONS", "REPORT_SETTINGS", "SECTIONS", "fetch_report", "inline_queries",
+           "report_snapshot", "section_queries"]

@@ -10,7 +10,7 @@ from psycopg import sql
 
 from ..spec import FunnelSpec
 from . import ddl
-from .analytics_sql import view_changes
+from .analytics_views import view_changes
 from .functions import function_changes
 
 # Migrations of every funnel serialize on one lock; a bounded wait turns a stuck
