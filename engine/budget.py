@@ -199,8 +199,10 @@ def fit(stage: str, render: Callable[[int], Parts], summary: str, notices: Seque
         window: int | None = None) -> Fitted:
     """Build the chat within ``budget`` tokens, cutting the lowest priorities first.
 
-    ``render(level)`` renders the stage's prompt (static prefix, turn part) with the state
-    compacted to ``level``. Without a budget, nothing is cut.
+    ``render(level)`` renders the stage's prompt (its :class:`Parts`) with the state
+    compacted to ``level``. ``history`` is the messages at hand, ``window`` the stage's
+    own window: what is past it goes at once (:func:`cuts`). Without a budget, nothing
+    is cut.
 
     Raises:
         MessageTooLong: only the customer's message keeps the floor over the budget.
