@@ -122,3 +122,59 @@ def test_state_fields_are_judged_as_jsonschema_judges_them(path: Path) -> None:
         assert rules.fast_validators[name] is not None
         verdicts = [rules.invalid(name, value) is None for value in values]
         assert verdicts == [validator.is_valid(value) for value in values], name
+
+
+HAPPY: list[dict[str, Any]] = [
+    {"reply": "Hello! Is your pet a cat or a dog?", "language": "en"},
+    {"reply": "Sphynx skin needs gentle care.",
+     "updates": {"pet": {"type": "cat", "breed": "Sphynx", "problems": ["dry_skin"]}}},
+    {"reply": "For Murka: Exotic Spa.", "updates": {"pet": {"age_years": 3, "name": "Murka"}},
+     "actions": [{"type": "present_products", "skus": ["PR251010", "PR251020"]}]},
+    {"reply": "I understand.", "actions": [{"type": "record_objection", "objection": "price"}]},
+]
+
+
+@pytest.mark.postgres
+async def test_a_turn_record_explains_what_the_turn_did_from_its_compact_form(
+        store: Any, puramur: Any, sql: Any) -> None:
+    from engine import Engine, ScriptedModel
+    from engine.state import plain
+
+    engine = await Engine.open(puramur, store=store,
+                               model=ScriptedModel.from_data({"turns": HAPPY}))
+    results = [await engine.handle("why", f"message {i}") for i in range(len(HAPPY))]
+    records = await store.turn_records(puramur.spec, "why")
+    # Every explanation reads back as the turn gave it: exits, conditions, verdicts,
+    # values and the completeness rules behind a derived value.
+    assert [r["explain"] for r in records] == [plain(r.explain) for r in results]
+    assert any(t.get("derived") for r in results for s in r.explain for t in s["transitions"])
+    # The record itself keeps what the turn found; each stage's exits are stored once.
+    stored = sql("SELECT explain FROM funnel_turns ORDER BY id")
+    assert all("transitions" not in step and "when" not in str(step)
+               for (steps,) in stored for step in steps)
+    cited = {step["exits"] for (steps,) in stored for step in steps}
+    assert sql("SELECT count(*) FROM funnel_exits") == [(len(cited),)]
+    await engine.close()
+
+
+def test_an_explanation_written_in_full_or_with_unknown_exits_still_reads() -> None:
+    from engine.explain import compact, describe, expand
+
+    full = [{"stage": "discovery", "fired": None, "transitions": [
+        {"to": "handoff", "when": "handoff_requested == 'complaint'", "global": True,
+         "held": False, "values": {"handoff_requested": None}},
+        {"to": "presentation", "when": "discovery_completeness >= 60", "held": None,
+         "error": "boom", "values": {"discovery_completeness": 50},
+         "derived": {"discovery_completeness": "pet.type 25 + pet.problems 25"}},
+        {"to": "thanks", "when": None, "held": True}],
+        "iterations": {"count": 2, "limit": 4, "to": "handoff"}}]
+    assert expand(full, {}) == full  # a record written before compaction
+    stored = compact(full)
+    assert expand(stored, {stored[0]["exits"]: [
+        ["handoff", "handoff_requested == 'complaint'", True],
+        ["presentation", "discovery_completeness >= 60", False],
+        ["thanks", None, False]]}) == full
+    unknown = expand(stored, {})
+    assert unknown is not None
+    assert [t["to"] for t in unknown[0]["transitions"]] == ["?", "?", "?"]
+    assert len(describe(unknown)) == 4

@@ -7,6 +7,7 @@ import json
 from psycopg import sql
 
 from ..names import CONVERSIONS as CONVERSIONS
+from ..names import EXITS as EXITS
 from ..names import INBOUND as INBOUND  # the shared tables' names, re-exported
 from ..names import JOBS as JOBS
 from ..names import KNOWLEDGE as KNOWLEDGE
@@ -290,4 +291,13 @@ SHARED_MIGRATIONS: list[str] = [
     # Of prompt_tokens, those the provider read from its prompt cache (OpenAI's
     # usage.prompt_tokens_details.cached_tokens, Anthropic's cache_read_input_tokens).
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS cached_prompt_tokens INT NOT NULL DEFAULT 0",
+    # A stage's exits as an explanation lists them (to, condition, global), once per
+    # distinct list, under a digest that turn records cite instead of repeating them on
+    # every turn (engine.explain.compact): content-addressed, so a version or variant
+    # whose exits differ gets a digest of its own, and nothing here is ever rewritten.
+    f"""CREATE TABLE IF NOT EXISTS {EXITS} (
+        digest TEXT PRIMARY KEY,
+        exits JSONB NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
+    )""",
 ]

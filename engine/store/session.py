@@ -41,6 +41,7 @@ async def save_turn_on(conn: psycopg.AsyncConnection[Any], table: Statements, wr
         found = await (await conn.execute(table.version_of, (write.session_id,))).fetchone()
         raise ConcurrentUpdate(write.session_id, write.expected_version,
                                found[0] if found else None)
+    table.saved(write)
     return int(row[0])
 
 

@@ -14,6 +14,7 @@ import orjson
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from ..explain import exits_of
 from ..spec import FunnelSpec
 from . import ddl, functions
 from .base import TurnWrite
@@ -113,7 +114,11 @@ class Statements:
                 "SELECT %(__funnel)s, %(session_id)s, %(__stage_after)s, {turn_values} "
                 "FROM s, jsonb_populate_record(NULL::{turns}, %(__turn)s) x), "
                 "lease AS (UPDATE {leases} SET holder = '', expires_at = '-infinity' "
-                "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s){outbox_part}"
+                "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s), "
+                # The exit lists the record's explanation cites, the first time this
+                # store saves them (almost always '{{}}': nothing to insert).
+                "ex AS (INSERT INTO {exits} (digest, exits) SELECT key, value FROM "
+                "jsonb_each(%(__exits)s::jsonb) ON CONFLICT (digest) DO NOTHING){outbox_part}"
                 "{inbound_part} SELECT row_version FROM s"
             ).format(write=write, messages=sql.Identifier(ddl.MESSAGES),
                      outbox_part=sql.SQL(
@@ -129,6 +134,7 @@ class Statements:
                          "%(__channel)s AND key = %(__key)s)"
                      ).format(sql.Identifier(ddl.INBOUND)) if inbound else sql.SQL(""),
                      leases=sql.Identifier(ddl.LEASES), turn_columns=turn_columns,
+                     exits=sql.Identifier(ddl.EXITS),
                      turn_values=turn_values,
                      turns=sql.Identifier(ddl.TURNS)).as_string()
 
@@ -158,6 +164,8 @@ class Statements:
         ).format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
         self.version_of = sql.SQL("SELECT row_version FROM {} WHERE session_id = %s").format(
             t).as_string()
+        # The exit lists (engine.explain) this store saved: a turn sends only new ones.
+        self.exits_saved: set[str] = set()
 
     def plain_row(self, row: dict[str, Any]) -> dict[str, Any]:
         """The row read as JSON, with the values :func:`engine.state.plain` gives a row
@@ -190,6 +198,7 @@ class Statements:
             "__funnel": self.spec.name, "__reply": write.reply,
             "__stage_after": write.stage_after,
         }
+        out["__exits"] = Jsonb(self.new_exits(write), dumps=dumps)
         if write.outbox:
             out["__outbox"] = Jsonb([{"key": o.key, "kind": o.kind, "payload": o.payload}
                                      for o in write.outbox], dumps=dumps)
@@ -199,6 +208,23 @@ class Statements:
         if self.spec.memory.summary:
             out["__summary"] = write.summary
         return out
+
+
+    def new_exits(self, write: TurnWrite) -> dict[str, Any]:
+        """The exit lists the turn record cites that this store has not saved yet."""
+        new: dict[str, Any] = {}
+        for step in write.turn.get("explain") or ():
+            digest = step.get("exits")
+            if digest is not None and digest not in self.exits_saved:
+                listed = exits_of(digest)
+                if listed is not None:  # compacted in this process: always
+                    new[digest] = listed
+        return new
+
+    def saved(self, write: TurnWrite) -> None:
+        """The turn's save committed: its exit lists are in the store."""
+        self.exits_saved.update(step["exits"] for step in write.turn.get("explain") or ()
+                                if "exits" in step)
 
 
 def response(write: TurnWrite) -> dict[str, Any]:
