@@ -178,3 +178,35 @@ def test_an_explanation_written_in_full_or_with_unknown_exits_still_reads() -> N
     assert unknown is not None
     assert [t["to"] for t in unknown[0]["transitions"]] == ["?", "?", "?"]
     assert len(describe(unknown)) == 4
+
+
+@pytest.mark.postgres
+async def test_a_save_leaves_the_large_values_it_did_not_change_where_they_are(
+        store: Any, puramur: Any, sql: Any) -> None:
+    import hashlib
+    import json
+
+    from engine import Engine, ScriptedModel
+
+    engine = await Engine.open(puramur, store=store,
+                               model=ScriptedModel.from_data({"default": {"reply": "OK."}}))
+    await engine.handle("big", "Hi")
+    assert sql("SELECT reloptions FROM pg_class WHERE oid = 'puramur_sessions_state'::regclass"
+               ) == [(["toast_tuple_target=800"],)]
+    # A value too large to stay in the row (and that does not compress away).
+    notes = " ".join(hashlib.sha1(str(i).encode()).hexdigest() for i in range(80))
+    objections = [{"objection": "price", "note": notes}]
+    sql("UPDATE puramur_sessions_state SET objections_raised = %s::jsonb",
+        (json.dumps(objections),))
+    toast = sql("SELECT reltoastrelid::regclass::text FROM pg_class "
+                "WHERE oid = 'puramur_sessions_state'::regclass")[0][0]
+    before = sql(f"SELECT DISTINCT chunk_id FROM {toast}")
+    assert before
+    result = await engine.handle("big", "I have a cat")
+    assert result.state["turns"] == 2
+    # The turn changed the row but not the objections: their stored value was kept, not
+    # written again (the WAL carries a pointer, not 3 KB).
+    assert sql(f"SELECT DISTINCT chunk_id FROM {toast}") == before
+    assert sql("SELECT objections_raised, turns FROM puramur_sessions_state") == [
+        (objections, 2)]
+    await engine.close()

@@ -98,6 +98,19 @@ def create_indexes(spec: FunnelSpec) -> list[sql.Composed]:
     return out
 
 
+# Once a session row passes 2 KB, PostgreSQL moves its largest values out of line
+# until the row is under this size; a turn's save keeps the values it did not change
+# (engine.store.statements), so a summary or a history that did not change this turn
+# stays where it is, and the turn's WAL carries an 18-byte pointer instead of the
+# value. Below 2 KB nothing changes (issue 19: docs/persistence.md).
+TOAST_TARGET = "toast_tuple_target=800"
+
+
+def set_toast_target(spec: FunnelSpec) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} SET ({})").format(sql.Identifier(spec.table),
+                                                     sql.SQL(TOAST_TARGET))
+
+
 def funnel_ddl(spec: FunnelSpec) -> list[sql.Composed]:
     """CREATE TABLE and CREATE INDEX statements for the funnel's session table."""
     return [create_table(spec), *create_indexes(spec)]

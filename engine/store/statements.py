@@ -65,7 +65,7 @@ class Statements:
         update_sets = []
         # The rolling summary is written only by the summarizer (engine.memory).
         only_insert = {spec.memory.summary} if spec.memory.summary else set()
-        for n, _ in self.columns[1:]:
+        for n, ty in self.columns[1:]:
             col = sql.Identifier(n)
             if n in only_insert:
                 # Written by a turn only when it folded a new summary (else kept).
@@ -73,6 +73,12 @@ class Statements:
                     col, t, col))
             elif n in write_once:
                 update_sets.append(sql.SQL("{} = COALESCE({}.{}, r.{})").format(col, t, col, col))
+            elif ty.startswith(("jsonb", "text")):
+                # An unchanged value is kept as stored: one PostgreSQL moved out of the
+                # row (ddl.TOAST_TARGET) then stays there, instead of being written again.
+                update_sets.append(sql.SQL(
+                    "{} = CASE WHEN r.{} IS NOT DISTINCT FROM {}.{} THEN {}.{} ELSE r.{} END"
+                ).format(col, col, t, col, t, col, col))
             else:
                 update_sets.append(sql.SQL("{} = r.{}").format(col, col))
         upto = sql.SQL("summary_upto = COALESCE(%(__summary_upto)s::bigint, {}.summary_upto)"
