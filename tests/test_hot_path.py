@@ -210,3 +210,17 @@ async def test_a_save_leaves_the_large_values_it_did_not_change_where_they_are(
     assert sql("SELECT objections_raised, turns FROM puramur_sessions_state") == [
         (objections, 2)]
     await engine.close()
+
+
+def test_the_machine_takes_the_explanations_verdicts_instead_of_evaluating_again(
+        puramur: Any) -> None:
+    machine = puramur.machine
+    ctx = {"discovery_completeness": 75, "handoff_requested": None}
+    # Evaluated on its own, the exit holds...
+    assert [f.dest for f in machine.fire("discovery", "advance", ctx).fired] == ["presentation"]
+    # ... and the verdicts the turn's explanation found are used as they are.
+    known = {"discovery_completeness >= 60": False}
+    assert machine.fire("discovery", "advance", ctx, known).fired == []
+    known = {"discovery_completeness >= 60": True}
+    moved = machine.fire("discovery", "advance", {**ctx, "discovery_completeness": 0}, known)
+    assert [f.dest for f in moved.fired] == ["presentation"] and not moved.errors
