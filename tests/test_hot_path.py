@@ -224,3 +224,28 @@ def test_the_machine_takes_the_explanations_verdicts_instead_of_evaluating_again
     known = {"discovery_completeness >= 60": True}
     moved = machine.fire("discovery", "advance", {**ctx, "discovery_completeness": 0}, known)
     assert [f.dest for f in moved.fired] == ["presentation"] and not moved.errors
+
+
+@pytest.mark.postgres
+async def test_a_turn_is_two_round_trips(store: Any, puramur: Any) -> None:
+    from engine import Engine, ScriptedModel
+
+    engine = await Engine.open(puramur, store=store,
+                               model=ScriptedModel.from_data({"default": {"reply": "OK."}}))
+    await engine.handle("rt", "Hi")  # a new session; it moves on to discovery
+    checkouts = 0
+    connect = store._conn
+
+    def counted() -> Any:
+        nonlocal checkouts
+        checkouts += 1
+        return connect()
+
+    store._conn = counted
+    for text in ("I have a cat", "She is three"):
+        result = await engine.handle("rt", text)
+        assert result.stage_after == "discovery" and not result.fallback
+    # Per turn: the message, lease, row and window in one call; state, reply, turn
+    # record, explanation and the lease's release in the other.
+    assert checkouts == 4
+    await engine.close()
