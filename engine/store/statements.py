@@ -66,8 +66,8 @@ class Statements:
         update_sets = []
         # The rolling summary is written only by the summarizer (engine.memory).
         only_insert = {spec.memory.summary} if spec.memory.summary else set()
-        # The row as it was is `cur` (short: psycopg caches the parsing of statements
-        # under 4 KB only, and every column is named here twice).
+        # The row as it was is `cur`: shorter than the table's name, which every column
+        # would otherwise repeat twice.
         cur = sql.Identifier("cur")
         for n, ty in self.columns[1:]:
             col = sql.Identifier(n)
