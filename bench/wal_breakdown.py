@@ -35,9 +35,10 @@ from engine.store import open_store  # noqa: E402
 _BLOCK = re.compile(r"rel (\d+)/(\d+)/(\d+)")
 
 
-async def play(url: str, sessions: int, turns: int, setup: list[str]) -> tuple[str, str]:
+async def play(url: str, sessions: int, turns: int, setup: list[str], path: Path
+               ) -> tuple[str, str]:
     """Run the turns; (WAL position before, after)."""
-    funnel = load_funnel(ROOT / "funnels" / "puramur.yaml")
+    funnel = load_funnel(path)
     model = ScriptedModel.from_data({"turns": HAPPY, "default": {"reply": "OK."}})
     store = await open_store(url, max_connections=2, max_turns=2)
     engine = await Engine.open(funnel, model=model, store=store)
@@ -117,12 +118,14 @@ async def main() -> None:
     ap.add_argument("--db", default=os.environ.get("FUNNEL_TEST_DSN") or os.environ.get("FUNNEL_DB"))
     ap.add_argument("--sessions", type=int, default=100)
     ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--funnel", type=Path, default=ROOT / "funnels" / "puramur.yaml",
+                    help="a copy of Puramur's funnel with other settings (an experiment)")
     ap.add_argument("--sql", action="append", default=[],
                     help="a statement to run after the tables exist (an experiment)")
     args = ap.parse_args()
     logging.getLogger("funnel").setLevel(logging.ERROR)
     with throwaway_schema(server_url(args.db)) as url:
-        start, end = await play(url, args.sessions, args.turns, args.sql)
+        start, end = await play(url, args.sessions, args.turns, args.sql, args.funnel)
         await breakdown(url, start, end, args.sessions * args.turns)
 
 
