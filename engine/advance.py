@@ -61,10 +61,10 @@ class Mover:
                    stage_history=pos["stage_history"])
         return ctx
 
-    def fire(self, trigger: str, ctx: Mapping[str, Any], *, notify: bool = True
-             ) -> list[Firing]:
+    def fire(self, trigger: str, ctx: Mapping[str, Any], *, notify: bool = True,
+             verdicts: Mapping[str, bool] | None = None) -> list[Firing]:
         """Fire one trigger; enter the stage it leads to. Condition errors become notices."""
-        session = self.funnel.machine.fire(self.pos["stage"], trigger, ctx)
+        session = self.funnel.machine.fire(self.pos["stage"], trigger, ctx, verdicts)
         if notify:
             self.scratch.notices.extend(f"(engine) {e}" for e in session.errors)
         if session.fired and session.state != self.pos["stage"]:
@@ -89,7 +89,11 @@ class Mover:
             # would evaluate them all again. Most turns stay in their stage.
             if all(t["held"] is False for t in step["transitions"]):
                 break
-            fired = self.fire("advance", ctx)
+            # ... and the machine need not evaluate them again either (an exit whose
+            # condition failed is evaluated again: the machine records its error).
+            fired = self.fire("advance", ctx, verdicts={
+                t["when"]: t["held"] for t in step["transitions"]
+                if t["when"] is not None and t["held"] is not None})
             if not fired:
                 break
             step["fired"] = fired[-1].dest

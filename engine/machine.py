@@ -59,6 +59,8 @@ class _Session:
     ctx: Mapping[str, Any] = field(default_factory=dict)
     fired: list[Firing] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Conditions already evaluated on ``ctx`` (by the explanation): source -> verdict.
+    verdicts: Mapping[str, bool] = field(default_factory=dict)
 
 
 class StageMachine:
@@ -113,11 +115,18 @@ class StageMachine:
             entry["conditions"] = [_guard(CompiledCondition(t.when))]
         return entry
 
-    def fire(self, stage: str, trigger: str, ctx: Mapping[str, Any]) -> _Session:
-        """Fire one trigger for a session sitting in ``stage``; return what happened."""
-        session = _Session(state=stage, ctx=ctx)
+    def fire(self, stage: str, trigger: str, ctx: Mapping[str, Any],
+             verdicts: Mapping[str, bool] | None = None) -> _Session:
+        """Fire one trigger for a session sitting in ``stage``; return what happened.
+
+        ``verdicts`` are conditions' values on ``ctx`` known already (the turn's
+        explanation evaluated every exit): the machine uses them instead of evaluating
+        those conditions again, and fires without the cheap pre-check, since the
+        caller saw that one may fire."""
+        session = _Session(state=stage, ctx=ctx, verdicts=verdicts or {})
         event = self.machine.events.get(trigger)
-        if event is not None and _may_fire(event.transitions.get(stage, ()), ctx):
+        if event is not None and (verdicts is not None
+                                  or _may_fire(event.transitions.get(stage, ()), ctx)):
             # Fire the shared machine's event on a throwaway model: add_model would
             # decorate it with every trigger and state helper, several times the cost.
             event.trigger(session)
@@ -148,6 +157,9 @@ def _may_fire(transitions: Any, ctx: Mapping[str, Any]) -> bool:
 def _guard(condition: CompiledCondition) -> Any:
     def check(event: EventData) -> bool:
         session = cast(_Session, event.model)
+        known = session.verdicts.get(condition.source)
+        if known is not None:
+            return known
         try:
             return condition(session.ctx)
         except Exception as exc:  # a condition must never crash a turn

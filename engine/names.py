@@ -68,6 +68,7 @@ KNOWLEDGE_TERMS = "funnel_knowledge_terms"
 CONVERSIONS = "funnel_conversions"
 VERSIONS = "funnel_versions"
 JOBS = "funnel_jobs"
+EXITS = "funnel_exits"
 SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
                                   UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS,
-                                  CONVERSIONS, VERSIONS, JOBS)
+                                  CONVERSIONS, VERSIONS, JOBS, EXITS)

@@ -13,6 +13,7 @@ from . import language
 from .actions import ActionOutcome
 from .advance import Mover, Position
 from .chat import Message
+from .explain import compact
 from .funnel import CompiledFunnel
 from .machine import Firing
 from .memory import SummaryJob
@@ -136,7 +137,8 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         "variant": turn.funnel.variant,
         "error": printable(answer.error, 2000) if answer.error else None,
         "knowledge": turn.knowledge,
-        "explain": turn.mover.explanation,
+        # Compacted: the exits' conditions are cited by digest (engine.explain.compact).
+        "explain": compact(turn.mover.explanation),
         # As received, but storable: PostgreSQL's jsonb refuses NUL and lone surrogates.
         "raw_output": [printable(c.text, 64_000) for c in answer.completions],
         "migration": turn.migration,

@@ -7,6 +7,7 @@ import json
 from psycopg import sql
 
 from ..names import CONVERSIONS as CONVERSIONS
+from ..names import EXITS as EXITS
 from ..names import INBOUND as INBOUND  # the shared tables' names, re-exported
 from ..names import JOBS as JOBS
 from ..names import KNOWLEDGE as KNOWLEDGE
@@ -95,6 +96,19 @@ def create_indexes(spec: FunnelSpec) -> list[sql.Composed]:
             sql.Identifier(ix.name), sql.Identifier(spec.table), sql.Identifier(ix.column),
             order, where))
     return out
+
+
+# Once a session row passes 2 KB, PostgreSQL moves its largest values out of line
+# until the row is under this size; a turn's save keeps the values it did not change
+# (engine.store.statements), so a summary or a history that did not change this turn
+# stays where it is, and the turn's WAL carries an 18-byte pointer instead of the
+# value. Below 2 KB nothing changes (issue 19: docs/persistence.md).
+TOAST_TARGET = "toast_tuple_target=800"
+
+
+def set_toast_target(spec: FunnelSpec) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} SET ({})").format(sql.Identifier(spec.table),
+                                                     sql.SQL(TOAST_TARGET))
 
 
 def funnel_ddl(spec: FunnelSpec) -> list[sql.Composed]:
@@ -290,4 +304,13 @@ SHARED_MIGRATIONS: list[str] = [
     # Of prompt_tokens, those the provider read from its prompt cache (OpenAI's
     # usage.prompt_tokens_details.cached_tokens, Anthropic's cache_read_input_tokens).
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS cached_prompt_tokens INT NOT NULL DEFAULT 0",
+    # A stage's exits as an explanation lists them (to, condition, global), once per
+    # distinct list, under a digest that turn records cite instead of repeating them on
+    # every turn (engine.explain.compact): content-addressed, so a version or variant
+    # whose exits differ gets a digest of its own, and nothing here is ever rewritten.
+    f"""CREATE TABLE IF NOT EXISTS {EXITS} (
+        digest TEXT PRIMARY KEY,
+        exits JSONB NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
+    )""",
 ]

@@ -113,6 +113,9 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
                     else:
                         report.append(f"column {name} is no longer declared; kept (use --drop "
                                       "to remove it)")
+        if not have or not await _has_toast_target(conn, spec.table):
+            changes.append((f"set toast_tuple_target of {spec.table}",
+                            ddl.set_toast_target(spec)))
         for ix, stmt in zip(spec.indexes, ddl.create_indexes(spec), strict=True):
             exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL",
                                                (f'"{ix.name}"',))).fetchone()
@@ -178,6 +181,14 @@ async def migrate_funnel(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, *
             report.append(f"recorded the current stage of {done_rows} session(s) in "
                           "stage_history")
     return [what for what, _ in changes] + report
+
+
+async def _has_toast_target(conn: psycopg.AsyncConnection[Any], table: str) -> bool:
+    row = await (await conn.execute(
+        "SELECT COALESCE(%s = ANY(reloptions), FALSE) FROM pg_class "
+        "WHERE oid = to_regclass(%s)", (ddl.TOAST_TARGET, sql.Identifier(table).as_string())
+    )).fetchone()
+    return bool(row and row[0])
 
 
 # A row whose history does not end in the stage it sits in: written in the seed's

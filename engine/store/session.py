@@ -36,11 +36,15 @@ Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]
 
 async def save_turn_on(conn: psycopg.AsyncConnection[Any], table: Statements, write: TurnWrite
                        ) -> int:
-    row = await (await conn.execute(table.statement(write), table.params(write))).fetchone()
+    query, names = table.statement(write)
+    params = table.params(write)
+    cur = psycopg.AsyncRawCursor(conn)  # $n placeholders: no parsing per execution
+    row = await (await cur.execute(query, [params[n] for n in names])).fetchone()
     if row is None:
         found = await (await conn.execute(table.version_of, (write.session_id,))).fetchone()
         raise ConcurrentUpdate(write.session_id, write.expected_version,
                                found[0] if found else None)
+    table.saved(write)
     return int(row[0])
 
 

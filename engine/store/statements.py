@@ -6,6 +6,7 @@ The statements are rendered to text once, so a turn pays no composition cost.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -14,6 +15,7 @@ import orjson
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from ..explain import exits_of
 from ..spec import FunnelSpec
 from . import ddl, functions
 from .base import TurnWrite
@@ -64,27 +66,35 @@ class Statements:
         update_sets = []
         # The rolling summary is written only by the summarizer (engine.memory).
         only_insert = {spec.memory.summary} if spec.memory.summary else set()
-        for n, _ in self.columns[1:]:
+        # The row as it was is `cur`: shorter than the table's name, which every column
+        # would otherwise repeat twice.
+        cur = sql.Identifier("cur")
+        for n, ty in self.columns[1:]:
             col = sql.Identifier(n)
             if n in only_insert:
                 # Written by a turn only when it folded a new summary (else kept).
-                update_sets.append(sql.SQL("{} = COALESCE(%(__summary)s::text, {}.{})").format(
-                    col, t, col))
+                update_sets.append(sql.SQL("{} = COALESCE(%(__summary)s::text, cur.{})").format(
+                    col, col))
             elif n in write_once:
-                update_sets.append(sql.SQL("{} = COALESCE({}.{}, r.{})").format(col, t, col, col))
+                update_sets.append(sql.SQL("{} = COALESCE(cur.{}, r.{})").format(col, col, col))
+            elif ty.startswith(("jsonb", "text")):
+                # An unchanged value is kept as stored: one PostgreSQL moved out of the
+                # row (ddl.TOAST_TARGET) then stays there, instead of being written again.
+                update_sets.append(sql.SQL(
+                    "{} = CASE WHEN r.{} IS NOT DISTINCT FROM cur.{} THEN cur.{} ELSE r.{} END"
+                ).format(col, col, col, col, col))
             else:
                 update_sets.append(sql.SQL("{} = r.{}").format(col, col))
-        upto = sql.SQL("summary_upto = COALESCE(%(__summary_upto)s::bigint, {}.summary_upto)"
-                       ).format(t)
+        upto = sql.SQL("summary_upto = COALESCE(%(__summary_upto)s::bigint, cur.summary_upto)")
         record = sql.SQL("jsonb_populate_record(NULL::{}, %(__state)s) r").format(t)
         # A session the turn loaded is only ever updated: if it was deleted
         # meanwhile (purge), the save must not bring it back.
         update = sql.SQL(
-            "UPDATE {t} SET {sets}, {upto}, row_version = {t}.row_version + 1, "
+            "UPDATE {t} AS {cur} SET {sets}, {upto}, row_version = cur.row_version + 1, "
             "updated_at = %(__now)s, last_message_at = %(__now)s FROM {record} "
-            "WHERE {t}.session_id = %(session_id)s AND {t}.row_version = %(__expected)s "
-            "RETURNING {t}.row_version"
-        ).format(t=t, sets=sql.SQL(", ").join(update_sets), upto=upto, record=record)
+            "WHERE cur.session_id = %(session_id)s AND cur.row_version = %(__expected)s "
+            "RETURNING cur.row_version"
+        ).format(t=t, cur=cur, sets=sql.SQL(", ").join(update_sets), upto=upto, record=record)
         # A new session: if another turn created the row first, nothing is written
         # (and the turn is retried on that row, as for any stale save).
         upsert = sql.SQL(
@@ -113,7 +123,11 @@ class Statements:
                 "SELECT %(__funnel)s, %(session_id)s, %(__stage_after)s, {turn_values} "
                 "FROM s, jsonb_populate_record(NULL::{turns}, %(__turn)s) x), "
                 "lease AS (UPDATE {leases} SET holder = '', expires_at = '-infinity' "
-                "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s){outbox_part}"
+                "WHERE lock_key = %(__lock_key)s AND holder = %(__holder)s), "
+                # The exit lists the record's explanation cites, the first time this
+                # store saves them (almost always '{{}}': nothing to insert).
+                "ex AS (INSERT INTO {exits} (digest, exits) SELECT key, value FROM "
+                "jsonb_each(%(__exits)s::jsonb) ON CONFLICT (digest) DO NOTHING){outbox_part}"
                 "{inbound_part} SELECT row_version FROM s"
             ).format(write=write, messages=sql.Identifier(ddl.MESSAGES),
                      outbox_part=sql.SQL(
@@ -129,6 +143,7 @@ class Statements:
                          "%(__channel)s AND key = %(__key)s)"
                      ).format(sql.Identifier(ddl.INBOUND)) if inbound else sql.SQL(""),
                      leases=sql.Identifier(ddl.LEASES), turn_columns=turn_columns,
+                     exits=sql.Identifier(ddl.EXITS),
                      turn_values=turn_values,
                      turns=sql.Identifier(ddl.TURNS)).as_string()
 
@@ -136,7 +151,7 @@ class Statements:
         # turn runs (engine.store.heartbeat), so a crashed process frees it in seconds.
         self.lease_seconds = LEASE_SECONDS
         # (new session?, anything for the outbox?, a delivery key?) -> the statement
-        self.saves = {(new, out, key): whole_turn(upsert if new else update, out, key)
+        self.saves = {(new, out, key): positional(whole_turn(upsert if new else update, out, key))
                       for new in (False, True) for out in (False, True) for key in (False, True)}
         # The row alone, as `funnel state` and Engine.state show it.
         # Never prepared (see PostgresStore.load): after `funnel migrate` adds a column
@@ -158,6 +173,8 @@ class Statements:
         ).format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
         self.version_of = sql.SQL("SELECT row_version FROM {} WHERE session_id = %s").format(
             t).as_string()
+        # The exit lists (engine.explain) this store saved: a turn sends only new ones.
+        self.exits_saved: set[str] = set()
 
     def plain_row(self, row: dict[str, Any]) -> dict[str, Any]:
         """The row read as JSON, with the values :func:`engine.state.plain` gives a row
@@ -172,8 +189,9 @@ class Statements:
                 row[name] = datetime.fromisoformat(value).isoformat()
         return row
 
-    def statement(self, write: TurnWrite) -> str:
-        """INSERT-or-update for a new session, UPDATE for one the turn loaded."""
+    def statement(self, write: TurnWrite) -> tuple[str, tuple[str, ...]]:
+        """INSERT-or-update for a new session, UPDATE for one the turn loaded: the SQL with
+        ``$n`` placeholders, and the name of each parameter in :meth:`params`."""
         return self.saves[write.expected_version == 0, bool(write.outbox),
                           write.inbound is not None]
 
@@ -190,6 +208,7 @@ class Statements:
             "__funnel": self.spec.name, "__reply": write.reply,
             "__stage_after": write.stage_after,
         }
+        out["__exits"] = Jsonb(self.new_exits(write), dumps=dumps)
         if write.outbox:
             out["__outbox"] = Jsonb([{"key": o.key, "kind": o.kind, "payload": o.payload}
                                      for o in write.outbox], dumps=dumps)
@@ -199,6 +218,40 @@ class Statements:
         if self.spec.memory.summary:
             out["__summary"] = write.summary
         return out
+
+
+    def new_exits(self, write: TurnWrite) -> dict[str, Any]:
+        """The exit lists the turn record cites that this store has not saved yet."""
+        new: dict[str, Any] = {}
+        for step in write.turn.get("explain") or ():
+            digest = step.get("exits")
+            if digest is not None and digest not in self.exits_saved:
+                listed = exits_of(digest)
+                if listed is not None:  # compacted in this process: always
+                    new[digest] = listed
+        return new
+
+    def saved(self, write: TurnWrite) -> None:
+        """The turn's save committed: its exit lists are in the store."""
+        self.exits_saved.update(step["exits"] for step in write.turn.get("explain") or ()
+                                if "exits" in step)
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def positional(query: str) -> tuple[str, tuple[str, ...]]:
+    """``%(name)s`` placeholders as ``$n`` (one per name), and the names in that order.
+
+    The save runs on a raw cursor: psycopg then sends the text as it is, where it would
+    otherwise parse a named-parameter query on every execution once it is over 4 KB
+    (its cache's limit; the save of a funnel with many fields is)."""
+    names: dict[str, int] = {}
+
+    def number(m: re.Match[str]) -> str:
+        return f"${names.setdefault(m.group(1), len(names) + 1)}"
+
+    return _NAMED.sub(number, query), tuple(names)
 
 
 def response(write: TurnWrite) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from ..explain import expand
 from . import ddl
 from .session import Connect
 
@@ -37,4 +38,15 @@ async def turn_records(connect: Connect, funnel: str, session_id: str, limit: in
     async with connect() as conn:
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(q, (funnel, session_id, limit))
-        return await cur.fetchall()
+        records = await cur.fetchall()
+        # The explanations cite their exit lists by digest (engine.explain.compact).
+        cited = {step["exits"] for r in records for step in r["explain"] or ()
+                 if isinstance(step, dict) and "exits" in step}
+        exits: dict[str, Any] = {}
+        if cited:
+            await cur.execute(sql.SQL("SELECT digest, exits FROM {} WHERE digest = ANY(%s)")
+                              .format(sql.Identifier(ddl.EXITS)), (sorted(cited),))
+            exits = {r["digest"]: r["exits"] for r in await cur.fetchall()}
+    for r in records:
+        r["explain"] = expand(r["explain"], exits)
+    return records
