@@ -40,6 +40,11 @@ class CompiledStage:
     # so that a stage copied with another validator (dataclasses.replace) gets its own.
     fast_validator: jsonschema_rs.Draft202012Validator | None = field(
         init=False, repr=False, compare=False)
+    # The static part of the prompt, rendered once (engine.prompts.render_parts): it reads
+    # only names that do not change from turn to turn. Keyed by those values, since the
+    # stage may serve more than one funnel (variants share stages).
+    static_prompts: dict[tuple[Any, ...], tuple[Any, str]] = field(
+        init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         schema = self.validator.schema

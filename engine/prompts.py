@@ -231,8 +231,21 @@ def render_parts(stage: CompiledStage, context: Mapping[str, Any]) -> Parts:
             f"template may read only {', '.join(sorted(STATIC_PROMPT_NAMES))} (the start of "
             "the prompt that every turn of the stage shares): move what reads the state "
             "into a block")
-    static = _rendered(stage, lambda: render_without(template, blocks,
-                                                        static_view(context)), hint)
+    view = static_view(context)
+    # The static part depends on nothing else: rendered once per stage and funnel. The
+    # catalog (one list per compiled funnel) is told apart by identity, and kept with
+    # the text so that its id cannot be reused by another list while cached.
+    catalog = view.get("catalog")
+    key = (*(repr(view.get(name)) for name in sorted(view) if name != "catalog"),
+           id(catalog))
+    cached = stage.static_prompts.get(key)
+    if cached is not None and cached[0] is catalog:
+        static = cached[1]
+    else:
+        static = _rendered(stage, lambda: render_without(template, blocks, view), hint)
+        if len(stage.static_prompts) >= 16:  # a stage serves a handful of funnels at most
+            stage.static_prompts.clear()
+        stage.static_prompts[key] = (catalog, static)
 
     def block(name: str) -> str:
         if name not in blocks:

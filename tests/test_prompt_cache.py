@@ -87,6 +87,23 @@ def test_the_state_block_is_rendered_apart_from_the_turn_block(tmp_path: Path) -
     assert (parts.static, parts.state, parts.turn) == parts
 
 
+def test_the_static_part_is_rendered_once_per_stage_and_catalog(tmp_path: Path) -> None:
+    stage = _funnel_with(tmp_path, "Sell: {% for p in catalog %}{{ p.sku }} {% endfor %}\n"
+                         "{% block turn %}Facts: {{ state_json }}{% endblock %}\n")
+    catalog = [{"sku": "A1"}]
+    base = {"stage": "greeting", "funnel": "f", "stage_description": "", "currency": "",
+            "thresholds": {}, "catalog": catalog}
+    first = render_parts(stage, {**base, "state_json": "{}"})
+    second = render_parts(stage, {**base, "state_json": '{"name":"Ann"}'})
+    assert first.static == second.static == "Sell: A1"
+    assert second.turn == 'Facts: {"name":"Ann"}'
+    assert len(stage.static_prompts) == 1  # the second turn reused the first's
+    # Another funnel's catalog (a variant sharing the stage) gets its own static part.
+    other = render_parts(stage, {**base, "catalog": [{"sku": "B2"}], "state_json": "{}"})
+    assert other.static == "Sell: B2" and len(stage.static_prompts) == 2
+    assert render_parts(stage, {**base, "state_json": "{}"}).static == "Sell: A1"
+
+
 def test_the_chat_is_static_summary_state_window_turn_notices_message() -> None:
     history = [Message("user", "earlier"), Message("assistant", "answer")]
     chat = assemble(Parts("STATIC", "STATE", "TURN"), "summary", ["refused"], history, "now")
