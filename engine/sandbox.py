@@ -27,7 +27,7 @@ from jinja2 import Environment, FileSystemLoader, Template, nodes, pass_context
 from jinja2.exceptions import SecurityError
 from jinja2.filters import FILTERS, sync_do_join
 from jinja2.loaders import split_template_path
-from jinja2.runtime import Context
+from jinja2.runtime import Context, LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
@@ -264,6 +264,10 @@ def _count_arg(position: int, keyword: str) -> Callable[..., None]:
 
 
 _DICT_ATTRIBUTES = frozenset(dir(dict))
+# The loop variable's values (``loop.last`` in every list a prompt joins): plain
+# properties, as safe as the sandbox's own checks would find them, read directly.
+_LOOP_VALUES = frozenset({"first", "last", "index", "index0", "length", "revindex",
+                          "revindex0", "depth", "depth0", "previtem", "nextitem"})
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -302,6 +306,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except KeyError:
                 pass
+        elif type(obj) is LoopContext and attribute in _LOOP_VALUES:
+            return getattr(obj, attribute)
         return super().getattr(obj, attribute)
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:

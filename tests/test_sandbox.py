@@ -119,6 +119,14 @@ def test_ordinary_templates_still_work() -> None:
         "{% for i in range(3) %}{{ i }}{% endfor %} {{ 'a b'|replace(' ', '_') }}"
     ).render()
     assert out == "---1024 3.14 a-b   x  | hi you [1, 2] ab012 a_b"
+    loop = env.from_string(
+        "{% for i in 'abc' %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}"
+        "{{ loop.revindex0 }}{{ loop.length }}{{ loop.first }}{{ loop.last }}{{ loop.depth }}"
+        "{{ loop.previtem if not loop.first else '-' }}"
+        "{{ loop.nextitem if not loop.last else '-' }}{{ loop.cycle('x', 'y') }}"
+        "{% if not loop.last %}, {% endif %}{% endfor %}").render()
+    assert loop == ("10323TrueFalse1-bx, 21213FalseFalse1acy, "
+                    "32103FalseTrue1b-x")
     assert compile_condition("score >= 60 and pet.type")({"score": 70, "pet": {"type": "cat"}})
 
 
@@ -131,6 +139,8 @@ def test_loop_budget_is_per_render() -> None:
 def test_sandbox_still_refuses_internals() -> None:
     env = make_environment()
     for source in ("{{ ''.__class__ }}", "{{ x|attr('__class__') }}",
+                   "{% for i in [1] %}{{ loop.__class__ }}{% endfor %}",
+                   "{% for i in [1] %}{{ loop._iterator }}{% endfor %}",
                    "{{ '{0.__class__}'.format(x) }}", "{{ x.update({'a': 1}) }}"):
         with pytest.raises(SecurityError):
             env.from_string(source).render(x={})
