@@ -125,6 +125,9 @@ class Engine:
         try:
             await store.ensure_schema(compiled.spec)
             await knowledge.ensure_index(store, compiled.spec)
+            if compiled.spec.language_policy.mode != "model":
+                # Off the event loop: the models load in ~0.8 s, once per process.
+                await asyncio.to_thread(language.warm, compiled.spec.language_policy.candidates)
             engine = cls(compiled, store, model, notifier=notifier, clock=clock)
             await engine.routing.versions.store_newest(compiled, strict=False)  # for when it is old
         except BaseException:

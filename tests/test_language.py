@@ -189,6 +189,25 @@ async def test_follow_policy_answers_in_the_customers_language(
     assert result.state["response_language"] == "uk"
 
 
+async def test_the_engine_loads_the_language_models_when_it_opens(
+        open_engine: Open, puramur: CompiledFunnel) -> None:
+    # Lingua loads its models on the detections that need them, up to ~0.8 s of CPU on
+    # one customer's turn: Engine.open loads all of the funnel's at once, in a thread.
+    import engine.language as language
+
+    policy = puramur.spec.language_policy
+    key = tuple(sorted(set(policy.candidates)))
+    language._PRELOADED.discard(key)
+    language._DETECTORS.pop(key, None)
+    await open_engine(puramur, [{"reply": EN_GREET}])
+    assert key in language._PRELOADED and key in language._DETECTORS
+    # A funnel whose model reports the language needs no detector.
+    other = with_policy(puramur, LanguagePolicy())
+    loaded = set(language._PRELOADED)
+    await open_engine(other, [{"reply": EN_GREET}])
+    assert language._PRELOADED == loaded
+
+
 async def test_model_policy_keeps_the_models_language(
         open_engine: Open, puramur: CompiledFunnel) -> None:
     engine = await open_engine(with_policy(puramur, LanguagePolicy()),
