@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from fake_providers import FakeProvider
 from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
-from test_prompt_cache_routes import BEDROCK_CLAUDE, BEDROCK_NO_CACHE, _found
+from test_prompt_cache_routes import BEDROCK_CLAUDE, BEDROCK_NO_CACHE, _found, _sequence
 from test_providers import fresh_strategies  # noqa: F401
 
 from engine.budget import Parts, fit
@@ -101,29 +101,6 @@ def test_the_marks_are_the_static_prefix_and_the_last_stable_message() -> None:
 
 
 # -- on the wire, route by route ---------------------------------------------------------
-
-
-def _sequence(body: dict[str, Any]) -> list[list[Any]]:
-    """Every text block of a request in wire order, as ``[text, marked]``: marked by
-    ``cache_control`` or a ``cachePoint`` key (Anthropic's, InvokeModel Nova's), or by a
-    ``cachePoint`` block right after it (Converse's)."""
-    out: list[list[Any]] = []
-
-    def blocks(content: Any) -> None:
-        if isinstance(content, str):
-            out.append([content, False])
-            return
-        for block in content or []:
-            if "text" in block:
-                out.append([block["text"], "cache_control" in block or "cachePoint" in block])
-            elif "cachePoint" in block:
-                out[-1][1] = True
-
-    system = body.get("system")
-    blocks([{"text": system}] if isinstance(system, str) else system)
-    for message in body.get("messages", []):
-        blocks(message["content"])
-    return out
 
 
 async def _send(fake: FakeProvider, model: str, chat: Any) -> dict[str, Any]:
