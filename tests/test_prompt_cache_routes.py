@@ -384,7 +384,8 @@ def test_doctor_says_how_the_prefix_is_marked() -> None:
         [line] = [x for x in render(report).splitlines() if x.startswith("prompt cache:")]
         return line
 
-    assert said("cachePoint") == \
-        "prompt cache: the static prefix is followed by a Bedrock cachePoint"
-    assert said("cache_control") == "prompt cache: the static prefix is marked cache_control"
+    assert said("cachePoint") == ("prompt cache: the static prefix and the conversation's end "
+                                  "are followed by a Bedrock cachePoint")
+    assert said("cache_control") == ("prompt cache: the static prefix and the conversation's "
+                                     "end are marked cache_control")
     assert said(None).startswith("prompt cache: not marked")
