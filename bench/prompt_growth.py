@@ -27,7 +27,9 @@ litellm. The shares are also printed with the offline extractive summary of
 the scripted model, which no provider ever sees (it rewrites its start on
 every fold once full, a clipped transcript), and with a bench summarizer
 that only appends and never condenses (what the layout gives once the
-summary never changes at its start).
+summary never changes at its start). Last, for Claude, which reads only up to a
+marked breakpoint: the share read with the static prefix marked alone, and with
+the second breakpoint at the end of the conversation too (engine.llm.cache).
 
     python bench/prompt_growth.py [--db URL]
 """
@@ -136,11 +138,14 @@ class Recorder:
         self.inner = ScriptedModel.from_data({"turns": [out for _, out in script]})
         self.tokens: list[int] = []
         self.prompts: list[tuple[str, str]] = []  # (stage, the chat as one text)
+        # (stage, the chat, how many leading messages the next turn repeats)
+        self.requests: list[tuple[str, list[dict[str, str]], int]] = []
 
     async def complete(self, request: ModelRequest) -> Completion:
         completion = await self.inner.complete(request)
         self.tokens.append(completion.prompt_tokens)
         self.prompts.append((request.stage, serialized(request.messages)))
+        self.requests.append((request.stage, request.messages, request.stable))
         return completion
 
 
@@ -165,6 +170,27 @@ def prefix_shares(prompts: list[tuple[str, str]]) -> dict[str, list[float]]:
     for (stage_a, a), (stage_b, b) in zip(prompts, prompts[1:], strict=False):
         if stage_a == stage_b:
             out.setdefault(stage_b, []).append(shared_prefix(a, b) / len(b))
+    return out
+
+
+def claude_reads(requests: list[tuple[str, list[dict[str, str]], int]]
+                 ) -> dict[str, tuple[list[float], list[float]]]:
+    """Per stage, for each turn after the first in a run of the same stage: the share of
+    its prompt Claude reads from its cache with the static prefix marked alone, and with
+    the second breakpoint too (engine.llm.cache: the previous turn's last stable message).
+    A breakpoint of the previous request is read when the later chat starts with
+    everything up to it (the provider's minimum cacheable length aside)."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for (stage_a, a, stable_a), (stage_b, b, _) in zip(requests, requests[1:], strict=False):
+        if stage_a != stage_b:
+            continue
+        later = serialized(b)
+        static = serialized(a[:1]) if later.startswith(serialized(a[:1])) else ""
+        end = serialized(a[:stable_a]) if stable_a > 1 else ""
+        two = end if end and later.startswith(end) else static
+        one_list, two_list = out.setdefault(stage_b, ([], []))
+        one_list.append(len(static) / len(later))
+        two_list.append(len(two) / len(later))
     return out
 
 
@@ -270,6 +296,16 @@ async def main() -> None:
             shares.setdefault(stage, []).extend(values)
         for stage, values in shares.items():
             print(f"{stage:>20} {len(values):5d} {mean(values):6.0%} {min(values):6.0%}   {label}")
+    print("\nWhat Claude reads from its cache, consecutive prompts in the same stage (share of "
+          "the later prompt, mean; observer runs): static prefix marked alone | with the "
+          "second breakpoint (the conversation's end)")
+    reads = claude_reads(observed[0][2].requests)
+    for stage, (one, two) in claude_reads(observed[1][2].requests).items():
+        reads.setdefault(stage, ([], []))[0].extend(one)
+        reads[stage][1].extend(two)
+    print(f"{'stage':>20} {'pairs':>5} {'static':>7} {'two':>6}")
+    for stage, (one, two) in reads.items():
+        print(f"{stage:>20} {len(one):5d} {mean(one):7.0%} {mean(two):6.0%}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,11 @@ consecutive prompts of a stage share their longest possible start:
    every turn (the knowledge found for this message, a round counter, an offer);
 6. the notices (a ``<data>`` user message), then the customer's message.
 
+Parts 1-4 (:func:`stable_part`) are what the next turn of the stage repeats; 5 and 6
+(:func:`turn_part`) change every turn. :attr:`Fitted.stable` counts the messages of the
+first, so that a prompt cache can be told where the conversation ends and the turn
+begins (engine.llm.cache marks both the static prefix and that end for Claude).
+
 The order is not the priority: the summary, cut before the state, comes before
 it because it changes less often. When the budget must cut the window, it cuts
 the messages not yet observed all at once, down to the stage's window (see
@@ -135,6 +140,9 @@ class Fitted:
     tokens: int
     cut: Cut
     dropped_messages: int
+    stable: int = 0
+    """How many leading messages do not change every turn (static prefix, summary, state
+    part, window; see :func:`stable_part`): a prompt cache may keep them for the next turn."""
 
     @property
     def dropped_summary(self) -> bool:
@@ -158,6 +166,14 @@ def assemble(parts: Parts, summary: str, notices: Sequence[str], history: Sequen
     the state part, the window, the turn part, the notices, the message. Only author and
     engine text is in the system role; the static prefix is the same for every turn of a
     stage."""
+    return [*stable_part(parts, summary, history), *turn_part(parts, notices, text)]
+
+
+def stable_part(parts: Parts, summary: str, history: Sequence[Message]
+                ) -> list[dict[str, str]]:
+    """The start of :func:`assemble`'s chat that the next turn of the stage repeats: the
+    static prefix, the summary, the state part and the window (the next turn appends to
+    it, until a fold, a cut or a new state changes it)."""
     # The rule is there with or without data this turn: the static prefix stays the same
     # when the budget drops the summary or the notices come and go.
     out = [{"role": "system", "content": f"{parts.static}\n\n{DATA_RULE}"}]
@@ -166,6 +182,13 @@ def assemble(parts: Parts, summary: str, notices: Sequence[str], history: Sequen
     if parts.state:
         out.append({"role": "system", "content": parts.state})
     out.extend({"role": m.role, "content": m.content} for m in history)
+    return out
+
+
+def turn_part(parts: Parts, notices: Sequence[str], text: str) -> list[dict[str, str]]:
+    """The end of :func:`assemble`'s chat, new every turn: the turn part, the notices and
+    the customer's message."""
+    out = []
     if parts.turn:
         out.append({"role": "system", "content": parts.turn})
     if notices:
@@ -211,21 +234,23 @@ def fit(stage: str, render: Callable[[int], Parts], summary: str, notices: Seque
     history = list(history)
     rendered: dict[int, Parts] = {}
 
-    def build(cut: Cut, message: str) -> list[dict[str, str]]:
+    def build(cut: Cut, message: str) -> tuple[list[dict[str, str]], int]:
         if cut.level not in rendered:
             rendered[cut.level] = render(cut.level)
         kept = history[len(history) - cut.window:] if cut.window else []
-        return assemble(rendered[cut.level], summary if cut.summary else "",
-                        notices if cut.notices else [], kept, message)
+        parts = rendered[cut.level]
+        stable = stable_part(parts, summary if cut.summary else "", kept)
+        return [*stable, *turn_part(parts, notices if cut.notices else [], message)], \
+            len(stable)
 
     plan = cuts(len(history), bool(notices), bool(summary), window)
     for cut in plan if budget is not None else plan[:1]:
-        messages = build(cut, text)
+        messages, stable = build(cut, text)
         tokens = count(messages)
         if budget is None or tokens <= budget:
-            return Fitted(messages, tokens, cut, len(history) - cut.window)
+            return Fitted(messages, tokens, cut, len(history) - cut.window, stable)
     assert budget is not None
-    floor = count(build(plan[-1], ""))
+    floor = count(build(plan[-1], "")[0])
     if floor <= budget:
         raise MessageTooLong(stage, tokens, budget)
     raise PromptTooLarge(stage, tokens, budget)

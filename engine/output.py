@@ -42,18 +42,20 @@ class Answer:
 
 async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]],
           session_id: str, turn: int, text: str,
-          reply_check: Callable[[dict[str, Any]], str | None] | None = None) -> Answer:
+          reply_check: Callable[[dict[str, Any]], str | None] | None = None,
+          stable: int = 0) -> Answer:
     """Call the model, validate, repair once, else the stage's fallback.
 
     ``reply_check`` is one more validation of a schema-valid envelope (the reply's
     language, engine.language): it returns the problem for the repair call, or None.
     Never raises for a model failure: the answer carries the error. Both calls
-    share one deadline, ``model.deadline`` seconds from now.
+    share one deadline, ``model.deadline`` seconds from now. ``stable``: how many leading
+    messages the next turn repeats (engine.budget.Fitted.stable), for the prompt cache.
     """
     deadline = time.monotonic() + stage.spec.model.deadline
     request = ModelRequest(messages=messages, schema=stage.schema, stage=stage.spec.name,
                            settings=stage.spec.model, session_id=session_id, turn=turn,
-                           user_text=text, deadline=deadline)
+                           user_text=text, deadline=deadline, stable=stable)
     fallback = {"reply": stage.spec.fallback}
     completions: list[Completion] = []
     try:
@@ -71,7 +73,8 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
                       f"Your last answer was rejected: {problem}. Answer again with one "
                       "JSON object that satisfies the output schema; keep the same meaning.")}],
         schema=stage.schema, stage=stage.spec.name, settings=stage.spec.model,
-        session_id=session_id, turn=turn, user_text=text, attempt=1, deadline=deadline)
+        session_id=session_id, turn=turn, user_text=text, attempt=1, deadline=deadline,
+        stable=stable)
     try:
         second = await model.complete(repair)
     except ModelError as exc:

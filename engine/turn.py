@@ -437,7 +437,8 @@ class Engine:
             turn.summary_job = self.summary.plan(turn.state, turn.row, turn.recent,
                                                  turn.backlog, turn.text, crowded=True)
         return await ask(self.model, stage, fitted.messages, turn.session_id,
-                         turn.pos["turns"] + 1, turn.text, reply_check=self._reply_check(turn))
+                         turn.pos["turns"] + 1, turn.text, reply_check=self._reply_check(turn),
+                         stable=fitted.stable)
 
     def _apply(self, turn: Turn, answer: Answer) -> None:
         """Apply what the model proposed and the code allows; derive the computed fields."""
@@ -499,6 +500,7 @@ class Engine:
             fallback=answer.fallback, prompt_tokens=record["prompt_tokens"],
             completion_tokens=record["completion_tokens"], handoff=handoff,
             cached_prompt_tokens=record["cached_prompt_tokens"],
+            cache_write_tokens=record["cache_write_tokens"],
             returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
             message_id=turn.inbound.message_id or 0,
             model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,

@@ -45,6 +45,8 @@ class TurnResult:
     completion_tokens: int = 0
     # Of prompt_tokens, those the provider read from its prompt cache (billed lower).
     cached_prompt_tokens: int = 0
+    # Of prompt_tokens, those the provider wrote to its prompt cache (billed higher).
+    cache_write_tokens: int = 0
     handoff: bool = False
     returning: bool = False
     error: str | None = None
@@ -131,6 +133,7 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         "prompt_tokens": sum(c.prompt_tokens for c in answer.completions),
         "completion_tokens": sum(c.completion_tokens for c in answer.completions),
         "cached_prompt_tokens": sum(c.cached_prompt_tokens for c in answer.completions),
+        "cache_write_tokens": sum(c.cache_write_tokens for c in answer.completions),
         # One completion of unknown cost makes the turn's cost unknown.
         "cost": sum(costs) if costs and len(costs) == len(answer.completions) else None,
         "model": answer.model or model, "attempts": answer.attempts,

@@ -56,6 +56,7 @@ class Behaviour:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
+    written_tokens: int = 0  # of prompt_tokens, written to the provider's prompt cache
     then: Behaviour | None = None
 
 
@@ -77,15 +78,18 @@ class FakeProvider(LoopbackServer):
 
     # -- programming -------------------------------------------------------------------
     def reply(self, content: str, *, prompt_tokens: int = 120, completion_tokens: int = 30,
-              cached_tokens: int = 0) -> FakeProvider:
+              cached_tokens: int = 0, written_tokens: int = 0) -> FakeProvider:
         """Answer with ``content`` (the envelope's JSON text) in the wire's response shape;
         ``cached_tokens`` of the prompt tokens were read from the prompt cache (reported as
         the wire reports it: Anthropic's ``cache_read_input_tokens``, OpenAI's
         ``prompt_tokens_details.cached_tokens``, Bedrock Converse's
-        ``cacheReadInputTokens``)."""
+        ``cacheReadInputTokens``); ``written_tokens`` were written to it (Anthropic's
+        ``cache_creation_input_tokens``, OpenRouter's ``prompt_tokens_details.cache_write_tokens``,
+        Bedrock's ``cacheWriteInputTokens``)."""
         self._queue.append(Behaviour("reply", content=content, prompt_tokens=prompt_tokens,
                                      completion_tokens=completion_tokens,
-                                     cached_tokens=cached_tokens))
+                                     cached_tokens=cached_tokens,
+                                     written_tokens=written_tokens))
         return self
 
     def fail(self, status: int = 500, message: str = "The server had an error.",
@@ -290,9 +294,10 @@ def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[
             content, stop = [{"type": "text", "text": b.content}], "end_turn"
         return {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
                 "model": model, "content": content, "stop_reason": stop, "stop_sequence": None,
-                # Anthropic's input_tokens leaves out what was read from the cache.
-                "usage": {"input_tokens": b.prompt_tokens - b.cached_tokens,
-                          "cache_creation_input_tokens": 0,
+                # Anthropic's input_tokens leaves out what was read from or written to
+                # the cache.
+                "usage": {"input_tokens": b.prompt_tokens - b.cached_tokens - b.written_tokens,
+                          "cache_creation_input_tokens": b.written_tokens,
                           "cache_read_input_tokens": b.cached_tokens,
                           "output_tokens": b.completion_tokens}}
     if wire == "ollama":
@@ -322,7 +327,9 @@ def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[
                          "finish_reason": finish}],
             "usage": {"prompt_tokens": b.prompt_tokens, "completion_tokens": b.completion_tokens,
                       "total_tokens": b.prompt_tokens + b.completion_tokens,
-                      "prompt_tokens_details": {"cached_tokens": b.cached_tokens}}}
+                      "prompt_tokens_details": {"cached_tokens": b.cached_tokens,
+                                                **({"cache_write_tokens": b.written_tokens}
+                                                   if b.written_tokens else {})}}}
 
 
 def _converse(body: dict[str, Any], b: Behaviour, *, invoke: bool = False) -> dict[str, Any]:
@@ -344,13 +351,13 @@ def _converse(body: dict[str, Any], b: Behaviour, *, invoke: bool = False) -> di
     # Like Anthropic's, Converse's inputTokens leaves out what was read from the cache.
     return {"output": {"message": {"role": "assistant", "content": content}},
             "stopReason": stop, "metrics": {"latencyMs": 12},
-            "usage": {"inputTokens": b.prompt_tokens - b.cached_tokens,
+            "usage": {"inputTokens": b.prompt_tokens - b.cached_tokens - b.written_tokens,
                       "outputTokens": b.completion_tokens,
                       "totalTokens": b.prompt_tokens + b.completion_tokens,
                       **({"cacheReadInputTokenCount": b.cached_tokens,
-                          "cacheWriteInputTokenCount": 0} if invoke else
+                          "cacheWriteInputTokenCount": b.written_tokens} if invoke else
                          {"cacheReadInputTokens": b.cached_tokens,
-                          "cacheWriteInputTokens": 0})}}
+                          "cacheWriteInputTokens": b.written_tokens})}}
 
 
 FakeProvider.handler = _Handler  # defined after the server class it serves

@@ -28,8 +28,8 @@ def test_all_is_pinned() -> None:
 TURN_RESULT_FIELDS = (
     "session_id", "reply", "stage_before", "stage_after", "state", "transitions", "actions",
     "updated", "notices", "validation_failures", "repaired", "fallback", "prompt_tokens",
-    "completion_tokens", "cached_prompt_tokens", "handoff", "returning", "error", "backlog",
-    "message_id", "model_seconds", "explain",
+    "completion_tokens", "cached_prompt_tokens", "cache_write_tokens", "handoff", "returning",
+    "error", "backlog", "message_id", "model_seconds", "explain",
 )
 
 
@@ -41,6 +41,7 @@ def test_turn_result_fields_are_pinned() -> None:
     result = engine.TurnResult(session_id="s", reply="r", stage_before="a", stage_after="a",
                                state={})
     assert result.cached_prompt_tokens == 0
+    assert result.cache_write_tokens == 0  # and those written to it
 
 
 def test_errors_share_one_root() -> None:

@@ -126,6 +126,7 @@ def test_metrics_exist_from_the_start(db_url: str) -> None:
                  'funnel_replays_total{channel="api",funnel="puramur"} 0',
                  'funnel_tokens_total{funnel="puramur",kind="prompt"} 0',
                  'funnel_cached_prompt_tokens_total{funnel="puramur"} 0',
+                 'funnel_cache_write_tokens_total{funnel="puramur"} 0',
                  "funnel_turns_in_flight 0", "funnel_turns_queued 0",
                  'funnel_outbox_backlog{funnel="puramur"} 0'):
         assert line in text, line

@@ -2,11 +2,12 @@
 
 The static prefix (the template outside ``{% block turn %}``) is the first
 system message and the same text on every turn of a stage; the summary, the
-turn part, the notices and the window follow. Anthropic gets that prefix, and
-only it, marked ``cache_control``; the cached prompt tokens a provider reports
-(Anthropic's ``cache_read_input_tokens``, OpenAI's
-``prompt_tokens_details.cached_tokens``) reach the turn record and
-``funnel report``. Against the recording fake servers of tests/fake_providers.py.
+turn part, the notices and the window follow. Anthropic gets that prefix marked
+``cache_control``, and the last window message (the end of what the next turn
+repeats); the cached prompt tokens a provider reports (Anthropic's
+``cache_read_input_tokens``, OpenAI's ``prompt_tokens_details.cached_tokens``)
+and the tokens written to the cache (``cache_creation_input_tokens``) reach the
+turn record and ``funnel report``. Against the recording fake servers of tests/fake_providers.py.
 """
 
 from __future__ import annotations
@@ -163,56 +164,72 @@ def test_a_template_without_the_block_is_one_static_part(tmp_path: Path) -> None
                                                           "")
 
 
-# -- Anthropic: cache_control on the static prefix only ----------------------------------
+# -- Anthropic: cache_control on the static prefix and the last window message ----------
 
 
 async def test_anthropic_gets_the_static_prefix_marked_and_reports_cached_tokens(
         db_url: str, sql: Any, keys: None) -> None:  # noqa: F811
-    from engine.report import build_report, render_table
+    from engine.report import build_report, render_html, render_table
 
-    turns = happy_turns(3)
+    turns_ = happy_turns(3)
     with FakeProvider("anthropic") as fake:
         engine = await open_engine(PURAMUR, db_url, "anthropic/claude-sonnet-4-5",
                                    fake.api_base)
         try:
-            for i, (text, output) in enumerate(turns):
+            for i, (text, output) in enumerate(turns_):
                 fake.reply(json.dumps(output), prompt_tokens=1500, completion_tokens=40,
-                           cached_tokens=1200 if i else 0)
+                           cached_tokens=1200 if i else 0, written_tokens=100 if i else 1200)
                 assert not (await engine.handle(SESSION, text)).fallback
         finally:
             await engine.close()
         bodies = fake.requests
 
-    for body in bodies:
+    turns = [b for b in bodies if "Answer with one JSON object only" in b["system"][0]["text"]]
+    assert len(turns) == 3  # (and the observer's request, not answered here)
+    for i, body in enumerate(turns):
         system = body["system"]
         assert isinstance(system, list) and system  # the static prefix first
         assert system[0]["cache_control"] == {"type": "ephemeral"}
-        assert "Answer with one JSON object only" in system[0]["text"]
-        # Only the static prefix: not the turn part, not a message.
-        assert _marked(body) == [{"type": "ephemeral"}]
+        # The static prefix, and from the second turn the last window message (the
+        # previous reply): not the turn part, not the customer's message.
+        assert _marked(body) == [{"type": "ephemeral"}] * (2 if i else 1)
         assert all("cache_control" not in block for block in system[1:])
-    presentation = bodies[2]["system"]
+        if i:
+            last_reply = body["messages"][-2]
+            assert last_reply["role"] == "assistant"
+            assert last_reply["content"] == [{"type": "text", "text": turns_[i - 1][1]["reply"],
+                                              "cache_control": {"type": "ephemeral"}}]
+        assert all("cache_control" not in block for block in body["messages"][-1]["content"])
+    presentation = turns[2]["system"]
     assert "Stage: presentation." in presentation[0]["text"]
     assert "\"breed\":\"Sphynx\"" not in presentation[0]["text"]  # the state: in its part
     # The state and turn parts follow in order (litellm keeps a system message after the
     # first user turn in place, so that the conversation before it stays cacheable).
-    later = _texts(presentation[1:]) + [text for m in bodies[2]["messages"]
+    later = _texts(presentation[1:]) + [text for m in turns[2]["messages"]
                                         for text in _texts(m["content"])]
     assert any("\"breed\":\"Sphynx\"" in text for text in later)
 
-    rows = sql("SELECT prompt_tokens, cached_prompt_tokens FROM funnel_turns "
-               "WHERE session_id = %s ORDER BY id", (SESSION,))
-    assert [cached for _, cached in rows] == [0, 1200, 1200]
-    assert all(prompt == 1500 for prompt, _ in rows)
+    rows = sql("SELECT prompt_tokens, cached_prompt_tokens, cache_write_tokens FROM "
+               "funnel_turns WHERE session_id = %s ORDER BY id", (SESSION,))
+    assert [(cached, written) for _, cached, written in rows] == \
+        [(0, 1200), (1200, 100), (1200, 100)]
+    assert all(prompt == 1500 for prompt, _, _ in rows)
 
     report = await build_report(PURAMUR, db=db_url)
     costs = report["costs"]["conversations"]
     assert costs["cached_prompt_tokens"] == 2400 and costs["prompt_tokens"] == 4500
     assert float(costs["cached_prompt_pct"]) == pytest.approx(53.3)
+    assert costs["cache_write_tokens"] == 1400
+    assert float(costs["cache_write_pct"]) == pytest.approx(31.1)
     presentation_row = next(s for s in report["costs"]["stages"] if s["stage"] == "presentation")
     assert presentation_row["cached_prompt_tokens"] == 1200
-    assert "2,400 of 4,500 prompt tokens were read from the provider's prompt cache" in \
-        render_table(report)
+    assert presentation_row["cache_write_tokens"] == 100
+    assert float(presentation_row["cache_write_pct"]) == pytest.approx(6.7)
+    table = render_table(report)
+    assert "2,400 of 4,500 prompt tokens were read from the provider's prompt cache" in table
+    assert "1,400 of 4,500 prompt tokens (31.1%) were written to the provider's prompt cache" \
+        in table
+    assert "31.1% written to the cache" in render_html(report)
 
 
 # -- OpenAI: caches by itself; the cached tokens are recorded ----------------------------

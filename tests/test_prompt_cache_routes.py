@@ -4,11 +4,13 @@ Claude caches only up to a marked block. On Anthropic's API the mark is the
 block's ``cache_control`` (tests/test_prompt_cache.py); through litellm the same
 mark reaches Bedrock Converse as a ``cachePoint`` block, Bedrock InvokeModel and
 OpenRouter as ``cache_control``. Each is checked on the wire, against the
-recording fakes of tests/fake_providers.py: the mark is there exactly once, right
-after the static prefix, and a route that does not cache what is marked (OpenAI,
-a Bedrock model without prompt caching, a model OpenRouter serves from OpenAI)
-gets the request it got before, unmarked. The cached tokens each wire reports
-reach the turn record, :class:`engine.TurnResult` and the service's metrics.
+recording fakes of tests/fake_providers.py: the marks are the static prefix and,
+from the second turn, the last window message (the previous reply: the second
+breakpoint, tests/test_prompt_cache_breakpoints.py), and a route that does not
+cache what is marked (OpenAI, a Bedrock model without prompt caching, a model
+OpenRouter serves from OpenAI) gets the request it got before, unmarked. The
+cached and cache-write tokens each wire reports reach the turn record,
+:class:`engine.TurnResult` and the service's metrics.
 """
 
 from __future__ import annotations
@@ -59,6 +61,49 @@ def _found(value: Any, key: str) -> list[Any]:
     return []
 
 
+def _sequence(body: dict[str, Any]) -> list[list[Any]]:
+    """Every text block of a request in wire order, as ``[text, marked]``: marked by
+    ``cache_control`` or a ``cachePoint`` key (Anthropic's, InvokeModel Nova's), or by a
+    ``cachePoint`` block right after it (Converse's)."""
+    out: list[list[Any]] = []
+
+    def blocks(content: Any) -> None:
+        if isinstance(content, str):
+            out.append([content, False])
+            return
+        for block in content or []:
+            if "text" in block:
+                out.append([block["text"], "cache_control" in block or "cachePoint" in block])
+            elif "cachePoint" in block:
+                out[-1][1] = True
+
+    system = body.get("system")
+    blocks([{"text": system}] if isinstance(system, str) else system)
+    for message in body.get("messages", []):
+        blocks(message["content"])
+    return out
+
+
+REPLIES = [output["reply"] for _, output in happy_turns(3)] + ["About two months."]
+
+
+def _turns(bodies: list[Any]) -> list[Any]:
+    """The turns' requests, without the observer's (the summarizer defaults to the
+    funnel's model; with no reply queued for it, it fails and catches up later)."""
+    out = [b for b in bodies if _sequence(b)[0][0].startswith("You are the Puramur consultant")]
+    assert len(out) == len(REPLIES)
+    return out
+
+
+def _breakpoints_are_the_static_prefix_and_the_last_reply(bodies: list[Any]) -> None:
+    """Turn by turn: the static prefix is marked, and from the second turn the previous
+    reply (the last window message) too; nothing else."""
+    for i, body in enumerate(_turns(bodies)):
+        marked = [text for text, flag in _sequence(body) if flag]
+        assert marked[0].startswith("You are the Puramur consultant"), marked
+        assert marked[1:] == ([REPLIES[i - 1]] if i else []), marked
+
+
 def _after(body: dict[str, Any], static: str, needle: str) -> bool:
     """Whether ``needle`` is in a text block of ``body`` other than the static prefix."""
     return any(needle in text for text in _found(body, "text") if text != static)
@@ -66,17 +111,19 @@ def _after(body: dict[str, Any], static: str, needle: str) -> bool:
 
 async def _conversation(fake: FakeProvider, db_url: str, model: str, *,
                         cached: tuple[int, ...] = (0, 1200, 1200, 1200),
+                        written: tuple[int, ...] = (0, 0, 0, 0),
                         session: str = SESSION) -> list[Any]:
     """The happy path's three turns and a question that stays in presentation, each
-    answered with 1,500 prompt tokens of which ``cached[i]`` came from the cache."""
+    answered with 1,500 prompt tokens of which ``cached[i]`` came from the cache and
+    ``written[i]`` were written to it."""
     engine = await open_engine(PURAMUR, db_url, model, fake.api_base)
     turns = [*happy_turns(3), ("How long does a bottle last?",
                                {"reply": "About two months."})]
     results = []
     try:
-        for (text, output), read in zip(turns, cached, strict=True):
+        for (text, output), read, write in zip(turns, cached, written, strict=True):
             fake.reply(json.dumps(output), prompt_tokens=1500, completion_tokens=40,
-                       cached_tokens=read)
+                       cached_tokens=read, written_tokens=write)
             result = await engine.handle(session, text)
             assert not result.fallback, result.error
             results.append(result)
@@ -86,35 +133,54 @@ async def _conversation(fake: FakeProvider, db_url: str, model: str, *,
     return results
 
 
-# -- Bedrock Converse: one cachePoint, after the static prefix ----------------------------
+# -- Bedrock Converse: cachePoints after the static prefix and the last reply ------------
 
 
-async def test_bedrock_converse_gets_one_cache_point_after_the_static_prefix(
+async def test_bedrock_converse_gets_cache_points_after_the_static_prefix_and_last_reply(
         db_url: str, sql: Any, aws: None) -> None:
     with FakeProvider("bedrock") as fake:
-        results = await _conversation(fake, db_url, BEDROCK_CLAUDE)
+        results = await _conversation(fake, db_url, BEDROCK_CLAUDE,
+                                      written=(1200, 150, 150, 150))
         bodies, paths = fake.requests, fake.paths
     assert all(p.endswith("/converse") for p in paths)
+    _breakpoints_are_the_static_prefix_and_the_last_reply(bodies)
     statics = []
-    for body in bodies:
+    for i, body in enumerate(_turns(bodies)):
         system = body["system"]
-        # Exactly one cache point in the whole request, and it follows the first block.
-        assert _found(body, "cachePoint") == [{"type": "default"}], system
+        # One cache point after the first block, one after the last reply from turn 2.
+        assert _found(body, "cachePoint") == [{"type": "default"}] * (2 if i else 1), system
         assert "cachePoint" in system[1] and set(system[0]) == {"text"}
+        if i:
+            assert body["messages"][-2]["role"] == "assistant"
+            assert body["messages"][-2]["content"][-1] == {"cachePoint": {"type": "default"}}
         assert _found(body, "cache_control") == []  # Converse has no such field
         statics.append(system[0]["text"])
     # The presentation turns: the same prefix word for word, the state after the point.
     assert statics[2] == statics[3]
-    assert STATE not in statics[3] and _after(bodies[3], statics[3], STATE)
+    assert STATE not in statics[3] and _after(_turns(bodies)[3], statics[3], STATE)
 
     # Bedrock's cacheReadInputTokens, through litellm, to the record and the result.
     assert [r.cached_prompt_tokens for r in results] == [0, 1200, 1200, 1200]
     assert [r.prompt_tokens for r in results] == [1500] * 4
-    rows = sql("SELECT prompt_tokens, cached_prompt_tokens, cost FROM funnel_turns "
-               "WHERE session_id = %s ORDER BY id", (SESSION,))
-    assert [(p, c) for p, c, _ in rows] == [(1500, 0)] + [(1500, 1200)] * 3
-    # litellm bills read tokens at the cached rate: a cached turn costs less.
-    assert rows[1][2] is not None and rows[0][2] is not None and rows[3][2] < rows[0][2]
+    # ... and cacheWriteInputTokens.
+    assert [r.cache_write_tokens for r in results] == [1200, 150, 150, 150]
+    rows = sql("SELECT prompt_tokens, cached_prompt_tokens, cache_write_tokens, cost "
+               "FROM funnel_turns WHERE session_id = %s ORDER BY id", (SESSION,))
+    assert [(p, c, w) for p, c, w, _ in rows] == [(1500, 0, 1200)] + [(1500, 1200, 150)] * 3
+    # litellm bills writes at 1.25 times the input price and reads at a tenth of it.
+    import litellm
+
+    info = litellm.get_model_info(model=BEDROCK_CLAUDE)
+    price_in, price_out = info["input_cost_per_token"], info["output_cost_per_token"]
+    price_write = info["cache_creation_input_token_cost"]
+    price_read = info["cache_read_input_token_cost"]
+    assert price_write == pytest.approx(1.25 * price_in)
+    assert price_read == pytest.approx(0.1 * price_in)
+    # (the record keeps the cost to six decimals)
+    assert float(rows[0][3]) == pytest.approx(300 * price_in + 1200 * price_write
+                                              + 40 * price_out, abs=1e-5)
+    assert float(rows[3][3]) == pytest.approx(150 * price_in + 150 * price_write
+                                              + 1200 * price_read + 40 * price_out, abs=1e-5)
 
 
 async def test_a_bedrock_model_without_prompt_caching_is_sent_no_cache_point(
@@ -127,49 +193,59 @@ async def test_a_bedrock_model_without_prompt_caching_is_sent_no_cache_point(
         assert all(set(block) == {"text"} for block in body["system"])
 
 
-# -- Bedrock InvokeModel and OpenRouter: cache_control on the static prefix -------------
+# -- Bedrock InvokeModel and OpenRouter: cache_control on the static prefix and last reply
 
 
 async def test_bedrock_invoke_keeps_cache_control_on_the_static_prefix(
         db_url: str, aws: None) -> None:
     model = "bedrock/invoke/anthropic.claude-sonnet-4-5-20250929-v1:0"
     with FakeProvider("bedrock") as fake:
-        results = await _conversation(fake, db_url, model)
+        results = await _conversation(fake, db_url, model, written=(1200, 150, 150, 150))
         bodies, paths = fake.requests, fake.paths
     assert all(p.endswith("/invoke") for p in paths)
-    for body in bodies:
-        assert _found(body, "cache_control") == [{"type": "ephemeral"}]
+    _breakpoints_are_the_static_prefix_and_the_last_reply(bodies)
+    for i, body in enumerate(_turns(bodies)):
+        assert _found(body, "cache_control") == [{"type": "ephemeral"}] * (2 if i else 1)
         assert body["system"][0]["cache_control"] == {"type": "ephemeral"}
-    assert STATE not in bodies[3]["system"][0]["text"]
+    assert STATE not in _turns(bodies)[3]["system"][0]["text"]
     assert [r.cached_prompt_tokens for r in results] == [0, 1200, 1200, 1200]
+    # Claude on InvokeModel reports Anthropic's cache_creation_input_tokens.
+    assert [r.cache_write_tokens for r in results] == [1200, 150, 150, 150]
 
 
 async def test_nova_on_invoke_model_gets_the_cache_point_in_the_static_block(
         db_url: str, aws: None) -> None:
     with FakeProvider("bedrock") as fake:
-        results = await _conversation(fake, db_url, "bedrock/invoke/amazon.nova-pro-v1:0")
+        results = await _conversation(fake, db_url, "bedrock/invoke/amazon.nova-pro-v1:0",
+                                      written=(1200, 150, 150, 150))
         bodies = fake.requests
-    for body in bodies:
-        assert _found(body, "cachePoint") == [{"type": "default"}]
+    _breakpoints_are_the_static_prefix_and_the_last_reply(bodies)
+    for i, body in enumerate(_turns(bodies)):
+        assert _found(body, "cachePoint") == [{"type": "default"}] * (2 if i else 1)
         assert body["system"][0]["cachePoint"] == {"type": "default"}  # the block's own key
         assert _found(body, "cache_control") == []
-    assert STATE not in bodies[3]["system"][0]["text"]
-    # InvokeModel's cacheReadInputTokenCount, through litellm.
+    assert STATE not in _turns(bodies)[3]["system"][0]["text"]
+    # InvokeModel's cacheReadInputTokenCount and cacheWriteInputTokenCount, through litellm.
     assert [r.cached_prompt_tokens for r in results] == [0, 1200, 1200, 1200]
+    assert [r.cache_write_tokens for r in results] == [1200, 150, 150, 150]
 
 
 async def test_openrouter_marks_claude_only(db_url: str, aws: None) -> None:
     with FakeProvider("openai") as fake:
-        results = await _conversation(fake, db_url, "openrouter/anthropic/claude-sonnet-4.5")
+        results = await _conversation(fake, db_url, "openrouter/anthropic/claude-sonnet-4.5",
+                                      written=(1200, 150, 150, 150))
         claude = fake.requests
-    for body in claude:
+    _breakpoints_are_the_static_prefix_and_the_last_reply(claude)
+    for i, body in enumerate(_turns(claude)):
         first = body["messages"][0]
         assert first["role"] == "system"
         assert first["content"][0]["cache_control"] == {"type": "ephemeral"}
-        assert _found(body, "cache_control") == [{"type": "ephemeral"}]
-    assert STATE not in claude[3]["messages"][0]["content"][0]["text"]
-    # OpenRouter reports the OpenAI shape: prompt_tokens_details.cached_tokens.
+        assert _found(body, "cache_control") == [{"type": "ephemeral"}] * (2 if i else 1)
+    assert STATE not in _turns(claude)[3]["messages"][0]["content"][0]["text"]
+    # OpenRouter reports the OpenAI shape: prompt_tokens_details.cached_tokens and
+    # .cache_write_tokens.
     assert [r.cached_prompt_tokens for r in results] == [0, 1200, 1200, 1200]
+    assert [r.cache_write_tokens for r in results] == [1200, 150, 150, 150]
 
     with FakeProvider("openai") as fake:
         await _conversation(fake, db_url, "openrouter/openai/gpt-4o", session="p-2")
@@ -189,6 +265,7 @@ async def test_the_openai_route_is_sent_no_mark(db_url: str, aws: None,
         assert _found(body, "cache_control") == [] and _found(body, "cachePoint") == []
         assert all(isinstance(m["content"], str) for m in body["messages"])
     assert [r.cached_prompt_tokens for r in results] == [0, 1024, 1024, 1024]
+    assert [r.cache_write_tokens for r in results] == [0, 0, 0, 0]
 
 
 def test_vertex_claude_keeps_the_mark_on_the_static_prefix(aws: None) -> None:
@@ -278,20 +355,24 @@ def test_cached_tokens_are_read_from_every_usage_shape() -> None:
 # -- the service's metrics ------------------------------------------------------------
 
 
-async def test_cached_prompt_tokens_reach_the_service_metrics(
+async def test_cached_and_written_tokens_reach_the_service_metrics(
         db_url: str, aws: None, tmp_path: Any) -> None:
     from engine.service.metrics import Metrics
 
     metrics = Metrics(str(tmp_path))
     metrics.declare("puramur", ["greeting"], telegram=False)
     assert 'funnel_cached_prompt_tokens_total{funnel="puramur"} 0' in metrics.render()
+    assert 'funnel_cache_write_tokens_total{funnel="puramur"} 0' in metrics.render()
     with FakeProvider("bedrock") as fake:
-        for result in await _conversation(fake, db_url, BEDROCK_CLAUDE):
+        for result in await _conversation(fake, db_url, BEDROCK_CLAUDE,
+                                          written=(1200, 150, 150, 150)):
             metrics.turn("puramur", result, 0.1)
     text = metrics.render()
     assert 'funnel_tokens_total{funnel="puramur",kind="prompt"} 6000' in text
     assert 'funnel_cached_prompt_tokens_total{funnel="puramur"} 3600' in text
+    assert 'funnel_cache_write_tokens_total{funnel="puramur"} 1650' in text
     assert "# TYPE funnel_cached_prompt_tokens_total counter" in text
+    assert "# TYPE funnel_cache_write_tokens_total counter" in text
 
 
 def test_doctor_says_how_the_prefix_is_marked() -> None:
@@ -303,7 +384,8 @@ def test_doctor_says_how_the_prefix_is_marked() -> None:
         [line] = [x for x in render(report).splitlines() if x.startswith("prompt cache:")]
         return line
 
-    assert said("cachePoint") == \
-        "prompt cache: the static prefix is followed by a Bedrock cachePoint"
-    assert said("cache_control") == "prompt cache: the static prefix is marked cache_control"
+    assert said("cachePoint") == ("prompt cache: the static prefix and the conversation's end "
+                                  "are followed by a Bedrock cachePoint")
+    assert said("cache_control") == ("prompt cache: the static prefix and the conversation's "
+                                     "end are marked cache_control")
     assert said(None).startswith("prompt cache: not marked")

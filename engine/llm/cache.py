@@ -7,9 +7,13 @@ reuse a prefix they have seen:
 - OpenAI (and Azure, DeepSeek, Gemini 2.5) cache it by themselves, from about
   1,024 tokens, and report ``usage.prompt_tokens_details.cached_tokens``;
 - Claude caches only up to a block marked ``cache_control``, wherever it is
-  served. :func:`mark_static_prefix` marks the first system message, and
-  nothing else: what follows changes from turn to turn, and a prefix shorter
-  than the model's minimum (1,024 or 2,048 tokens) is simply not cached.
+  served. :func:`mark_static_prefix` sets two breakpoints: the first system
+  message (the same on every turn of a stage), and the last message the next
+  turn repeats (``ModelRequest.stable``: the last window message, else the state
+  part or the summary), so that the conversation so far is read from the cache
+  and only each turn's additions are written. The turn part, the notices and the
+  customer's message, which change every turn, are never marked; a prefix
+  shorter than the model's minimum (1,024 or 2,048 tokens) is simply not cached.
 
 Which requests are marked is :func:`cache_marker`'s decision, read off litellm
 (its provider resolution, its model map, and the gates its own request
@@ -36,7 +40,9 @@ OpenAI-style routes drop ``cache_control`` anyway, and nothing is gained.
 
 The cached tokens a response reports (:func:`cached_tokens`) go into the turn
 record (``funnel_turns.cached_prompt_tokens``), :class:`engine.TurnResult`,
-the service's ``funnel_cached_prompt_tokens_total`` and ``funnel report``.
+the service's ``funnel_cached_prompt_tokens_total`` and ``funnel report``; the
+tokens written to the cache (:func:`cache_write_tokens`) likewise, as
+``cache_write_tokens`` and ``funnel_cache_write_tokens_total``.
 Nothing here imports litellm: the caller hands its module in.
 """
 
@@ -46,8 +52,8 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CACHE_CONTROL", "cache_marker", "cached_tokens", "forget", "mark_static_prefix",
-           "marks_prefix"]
+__all__ = ["CACHE_CONTROL", "cache_marker", "cache_write_tokens", "cached_tokens", "forget",
+           "mark_static_prefix", "marks_prefix"]
 
 CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}
 
@@ -132,15 +138,34 @@ def _module(litellm: Any, name: str) -> Any:
     return importlib.import_module(f"{litellm.__name__}.{name}")
 
 
-def mark_static_prefix(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` with the first system message (the static prefix) as one text block
-    marked ``cache_control``; the other messages unchanged. The input is not changed."""
+def mark_static_prefix(messages: Sequence[Mapping[str, Any]], stable: int = 0
+                       ) -> list[dict[str, Any]]:
+    """``messages`` with the cache's breakpoints marked ``cache_control`` (each marked
+    message becomes one text block); the other messages unchanged. The input is not changed.
+
+    The first breakpoint is the first system message (the static prefix). The second is
+    the last of the ``stable`` leading messages the next turn repeats (the last window
+    message, else the state part or the summary: engine.budget.stable_part), so that the
+    next turn reads the conversation so far from the cache and writes only what it adds;
+    with ``stable`` 0 or 1 there is none. The customer's message (the last) and what
+    follows the stable messages (the turn part, the notices) are never marked. Two marks
+    of Anthropic's four: on a read it also looks ~20 blocks back from each for an earlier
+    breakpoint's prefix, and the previous turn's end is two messages back.
+    """
     out = [dict(m) for m in messages]
-    if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str) \
-            and out[0]["content"]:
-        out[0]["content"] = [{"type": "text", "text": out[0]["content"],
-                              "cache_control": dict(CACHE_CONTROL)}]
+    if out and out[0].get("role") == "system":
+        _mark(out, 0)
+        if 1 < stable < len(out):  # never the last message: stable counts none past it
+            _mark(out, stable - 1)
     return out
+
+
+def _mark(messages: list[dict[str, Any]], index: int) -> None:
+    content = messages[index].get("content")
+    # Anthropic refuses an empty text block, and a mark on it; a block list is not ours.
+    if isinstance(content, str) and content:
+        messages[index]["content"] = [{"type": "text", "text": content,
+                                       "cache_control": dict(CACHE_CONTROL)}]
 
 
 # Where a response's usage says how many prompt tokens came from the cache, first
@@ -154,10 +179,32 @@ _CACHED_FIELDS = (("prompt_tokens_details", "cached_tokens"), ("cache_read_input
                   ("prompt_cache_hit_tokens",))
 
 
+# Where a usage says how many prompt tokens were written to the cache (billed at 1.25
+# times the input price by Anthropic, on every Claude route). litellm's Usage keeps them as
+# prompt_tokens_details.cache_write_tokens (its canonical name; cache_creation_tokens is
+# kept in sync), from Anthropic's cache_creation_input_tokens, Bedrock's
+# cacheWriteInputTokens (Converse) and cacheWriteInputTokenCount (InvokeModel), and
+# OpenRouter's prompt_tokens_details.cache_write_tokens.
+_WRITE_FIELDS = (("prompt_tokens_details", "cache_write_tokens"),
+                 ("prompt_tokens_details", "cache_creation_tokens"),
+                 ("cache_creation_input_tokens",), ("cacheWriteInputTokens",),
+                 ("cacheWriteInputTokenCount",))
+
+
 def cached_tokens(usage: Any) -> int:
     """The prompt tokens a response's ``usage`` says were read from the provider's
     prompt cache (0 if none or not said)."""
-    for path in _CACHED_FIELDS:
+    return _first_count(usage, _CACHED_FIELDS)
+
+
+def cache_write_tokens(usage: Any) -> int:
+    """The prompt tokens a response's ``usage`` says were written to the provider's
+    prompt cache (0 if none or not said)."""
+    return _first_count(usage, _WRITE_FIELDS)
+
+
+def _first_count(usage: Any, paths: Sequence[tuple[str, ...]]) -> int:
+    for path in paths:
         value = usage
         for name in path:
             value = _get(value, name)

@@ -128,7 +128,7 @@ class Caller:
         s = request.settings
         messages: list[dict[str, Any]] = list(request.messages)
         if _cache.marks_prefix(self._litellm, model, api_base):
-            messages = _cache.mark_static_prefix(messages)
+            messages = _cache.mark_static_prefix(messages, request.stable)
         kwargs: dict[str, Any] = {
             "model": model,
             "messages": messages,
@@ -193,6 +193,7 @@ class Caller:
             prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             cached_prompt_tokens=_cache.cached_tokens(usage),
+            cache_write_tokens=_cache.cache_write_tokens(usage),
             model=model,
             latency_ms=latency,
             cost=self.cost(model, response),

@@ -145,8 +145,10 @@ def render(report: Diagnosis) -> str:
     return "\n".join(lines) + "\n"
 
 
-_MARKED = {"cache_control": "the static prefix is marked cache_control",
-           "cachePoint": "the static prefix is followed by a Bedrock cachePoint"}
+_MARKED = {"cache_control": "the static prefix and the conversation's end are marked "
+                            "cache_control",
+           "cachePoint": "the static prefix and the conversation's end are followed by a "
+                         "Bedrock cachePoint"}
 _UNMARKED = ("not marked (the provider caches a shared prefix by itself, or this route "
              "takes no mark)")
 

@@ -30,6 +30,9 @@ class ModelRequest:
     attempt: int = 0  # 0 the first call, 1 the repair call
     # When the whole turn's model calls must end (time.monotonic()); None: now + deadline.
     deadline: float | None = None
+    # How many leading messages the next turn repeats (engine.budget.Fitted.stable): a
+    # prompt cache's second breakpoint goes on the last of them. 0: not said.
+    stable: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Completion:
     attempts: int = 1  # HTTP calls made for this completion, retries included
     # Of prompt_tokens, those the provider read from its prompt cache (0: none or not said).
     cached_prompt_tokens: int = 0
+    # Of prompt_tokens, those the provider wrote to its prompt cache (billed higher).
+    cache_write_tokens: int = 0
 
 
 class Model(Protocol):

@@ -109,7 +109,7 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
         "conversations": 0, "turns": 0, "prompt_tokens": 0, "completion_tokens": 0,
         "cost": None, "avg_turns": None, "avg_tokens": None, "avg_cost": None,
         "median_cost": None, "turns_without_cost": 0, "cached_prompt_tokens": 0,
-        "cached_prompt_pct": None}
+        "cached_prompt_pct": None, "cache_write_tokens": 0, "cache_write_pct": None}
     report = {
         "funnel": spec.name, "version": spec.version, "table": spec.table,
         "generated_at": _num(data["now"]), "since": since_text(since),
@@ -254,15 +254,20 @@ def render_table(report: dict[str, Any]) -> str:
     if c.get("cached_prompt_tokens"):
         body += (f"\n  {_fmt(c['cached_prompt_tokens'])} of {_fmt(c['prompt_tokens'])} prompt "
                  "tokens were read from the provider's prompt cache (billed at its lower rate)")
+    if c.get("cache_write_tokens"):
+        body += (f"\n  {_fmt(c['cache_write_tokens'])} of {_fmt(c['prompt_tokens'])} prompt "
+                 f"tokens ({_fmt(c['cache_write_pct'], 'pct')}) were written to the provider's "
+                 "prompt cache (billed above the input rate: 1.25x by Anthropic)")
     if c.get("turns_without_cost"):
         body += (f"\n  {_fmt(c['turns_without_cost'])} of {_fmt(c['turns'])} turns had no cost "
                  "(a model without prices in litellm's map): the cost above leaves them out")
     body += "\n\n" + table(
-        ["stage", "turns", "sessions", "tokens", "cached", "cost", "cost/conv",
+        ["stage", "turns", "sessions", "tokens", "cached", "written", "cost", "cost/conv",
          "validation failed", "fallback"],
         [[s["stage"], _fmt(s["turns"]), _fmt(s["sessions"]),
           _fmt(s["prompt_tokens"] + s["completion_tokens"]),
-          _fmt(s["cached_prompt_pct"], "pct"), _fmt(s["cost"], "cost"),
+          _fmt(s["cached_prompt_pct"], "pct"), _fmt(s["cache_write_pct"], "pct"),
+          _fmt(s["cost"], "cost"),
           _fmt(s["cost_per_conversation"], "cost"), _fmt(s["validation_failure_pct"], "pct"),
           _fmt(s["fallback_pct"], "pct")] for s in r["costs"]["stages"]])
     section("costs", "turns in the window, per conversation and per stage", body)

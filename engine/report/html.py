@@ -234,7 +234,9 @@ def render_html(report: dict[str, Any]) -> str:
                f"(median {_n(c['median_cost'], 'cost')}), {_n(c['avg_tokens'])} tokens, "
                f"{_n(c['avg_turns'])} turns"
                + (f" · {_n(c['cached_prompt_pct'], 'pct')} of the prompt tokens cached"
-                  if c.get("cached_prompt_tokens") else ""))
+                  if c.get("cached_prompt_tokens") else "")
+               + (f" · {_n(c['cache_write_pct'], 'pct')} written to the cache"
+                  if c.get("cache_write_tokens") else ""))
     priced = any(s["cost"] for s in stages)  # a model without prices: tokens instead
     chart = hbars([(s["stage"].replace("_", " "),
                     float(s["cost"] or 0) if priced else s["prompt_tokens"] + s["completion_tokens"],
@@ -249,11 +251,12 @@ def render_html(report: dict[str, Any]) -> str:
 
     rows = [[_e(s["stage"]), _n(s["turns"]), _n(s["sessions"]),
              _n(s["prompt_tokens"] + s["completion_tokens"]), _n(s["cached_prompt_pct"], "pct"),
+             _n(s["cache_write_pct"], "pct"),
              _n(s["cost"], "cost"), _n(s["cost_per_conversation"], "cost"),
              rate(s["validation_failure_pct"]), rate(s["fallback_pct"])] for s in stages]
-    table = _table(["stage", "turns", "conversations", "tokens", "cached", "cost",
+    table = _table(["stage", "turns", "conversations", "tokens", "cached", "written", "cost",
                     "cost / conversation", "validation failed", "fallback"], rows,
-                   {1, 2, 3, 4, 5, 6, 7, 8}) if rows else ""
+                   {1, 2, 3, 4, 5, 6, 7, 8, 9}) if rows else ""
     out.append(_section("costs", summary if c["conversations"] else "No turn in this period.",
                         chart + table))
     out.append(f"<footer>Computed in SQL by <code>funnel report</code>. The same queries are "

@@ -46,6 +46,8 @@ HELP = {
     "funnel_tokens_total": ("counter", "Model tokens, by kind (prompt, completion)."),
     "funnel_cached_prompt_tokens_total": ("counter", "Of the prompt tokens, those the "
                                           "provider read from its prompt cache."),
+    "funnel_cache_write_tokens_total": ("counter", "Of the prompt tokens, those the "
+                                        "provider wrote to its prompt cache."),
     "funnel_conversions_total": ("counter", "Orders recorded against a session (not replays)."),
     "funnel_retention_runs_total": ("counter", "Scheduled retention purges, by outcome (done, "
                                     "skipped: another worker had it, failed)."),
@@ -106,8 +108,8 @@ class Metrics:
         for kind in ("prompt", "completion"):
             self.counters.setdefault(("funnel_tokens_total", _labels(funnel=funnel, kind=kind)),
                                      0.0)
-        self.counters.setdefault(("funnel_cached_prompt_tokens_total", _labels(funnel=funnel)),
-                                 0.0)
+        for name in ("funnel_cached_prompt_tokens_total", "funnel_cache_write_tokens_total"):
+            self.counters.setdefault((name, _labels(funnel=funnel)), 0.0)
         for channel in ("api", "web", *(("telegram",) if telegram else ())):
             self.counters.setdefault(("funnel_replays_total",
                                       _labels(funnel=funnel, channel=channel)), 0.0)
@@ -183,6 +185,7 @@ class Metrics:
         # to the tokens billed, and cached tokens are already among the prompt's.
         self.inc("funnel_cached_prompt_tokens_total", result.cached_prompt_tokens,
                  funnel=funnel)
+        self.inc("funnel_cache_write_tokens_total", result.cache_write_tokens, funnel=funnel)
         for t in result.transitions:
             self.inc("funnel_stage_transitions_total", funnel=funnel,
                      from_stage=str(t["from"]), to_stage=str(t["to"]))

@@ -239,11 +239,16 @@ def conversation_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         # go last: the analysts' views are replaced in place).
         "COALESCE(sum(c.cached_prompt_tokens), 0) AS cached_prompt_tokens, "
         "round(100.0 * sum(c.cached_prompt_tokens) / NULLIF(sum(c.prompt_tokens), 0), 1) "
-        "AS cached_prompt_pct "
+        "AS cached_prompt_pct, "
+        # Of the prompt tokens, those written to the prompt cache (billed above the input).
+        "COALESCE(sum(c.cache_write_tokens), 0) AS cache_write_tokens, "
+        "round(100.0 * sum(c.cache_write_tokens) / NULLIF(sum(c.prompt_tokens), 0), 1) "
+        "AS cache_write_pct "
         "FROM (SELECT tr.session_id, count(*) AS turns, sum(tr.prompt_tokens) AS prompt_tokens, "
         "sum(tr.completion_tokens) AS completion_tokens, sum(tr.cost) AS cost, "
         "count(*) FILTER (WHERE tr.cost IS NULL) AS uncosted, "
-        "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens "
+        "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens, "
+        "sum(tr.cache_write_tokens) AS cache_write_tokens "
         "FROM {turns} tr WHERE {where} GROUP BY tr.session_id) c"
     ).format(turns=sql.Identifier(ddl.TURNS), where=_turns_where(spec, b))
 
@@ -257,7 +262,8 @@ def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "sum(tr.prompt_tokens) AS prompt_tokens, sum(tr.completion_tokens) AS completion_tokens, "
         "sum(tr.cost) AS cost, count(*) FILTER (WHERE tr.validation_failures > 0) AS failed, "
         "count(*) FILTER (WHERE tr.fallback) AS fallbacks, avg(tr.llm_ms) AS llm_ms, "
-        "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens "
+        "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens, "
+        "sum(tr.cache_write_tokens) AS cache_write_tokens "
         "FROM {turns} tr WHERE {where} GROUP BY 1), "
         "s AS (SELECT x.stage, count(*) AS sessions FROM (SELECT DISTINCT tr.stage_before AS stage, "
         "tr.session_id FROM {turns} tr WHERE {where}) x GROUP BY 1) "
@@ -269,7 +275,9 @@ def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "a.fallbacks AS fallback_turns, round(100.0 * a.fallbacks / a.turns, 1) AS fallback_pct, "
         "round(a.llm_ms) AS avg_llm_ms, a.cached_prompt_tokens, "
         "round(100.0 * a.cached_prompt_tokens / NULLIF(a.prompt_tokens, 0), 1) "
-        "AS cached_prompt_pct "
+        "AS cached_prompt_pct, a.cache_write_tokens, "
+        "round(100.0 * a.cache_write_tokens / NULLIF(a.prompt_tokens, 0), 1) "
+        "AS cache_write_pct "
         "FROM a JOIN s ON s.stage = a.stage LEFT JOIN st ON st.stage = a.stage "
         "ORDER BY st.pos NULLS LAST, a.stage"
     ).format(st=_stages(spec, b), turns=sql.Identifier(ddl.TURNS), where=where)

@@ -313,4 +313,7 @@ SHARED_MIGRATIONS: list[str] = [
         exits JSONB NOT NULL,
         created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
     )""",
+    # Of prompt_tokens, those the provider wrote to its prompt cache (Anthropic's
+    # cache_creation_input_tokens, Bedrock's cacheWriteInputTokens: billed at 1.25x input).
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS cache_write_tokens INT NOT NULL DEFAULT 0",
 ]
