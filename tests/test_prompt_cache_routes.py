@@ -171,9 +171,10 @@ async def test_bedrock_converse_gets_cache_points_after_the_static_prefix_and_la
     import litellm
 
     info = litellm.get_model_info(model=BEDROCK_CLAUDE)
-    price_in, price_out = info["input_cost_per_token"], info["output_cost_per_token"]
-    price_write = info["cache_creation_input_token_cost"]
-    price_read = info["cache_read_input_token_cost"]
+    prices = [info["input_cost_per_token"], info["output_cost_per_token"],
+              info["cache_creation_input_token_cost"], info["cache_read_input_token_cost"]]
+    assert all(isinstance(p, float) for p in prices), prices  # the map prices them all
+    price_in, price_out, price_write, price_read = (float(p or 0) for p in prices)
     assert price_write == pytest.approx(1.25 * price_in)
     assert price_read == pytest.approx(0.1 * price_in)
     # (the record keeps the cost to six decimals)
