@@ -5,15 +5,15 @@ sequence of named steps over a :class:`Turn` (the turn in flight):
 
 1. ``_load``: the message is logged in its own commit (durable even if all else
    fails) and the session's row read under its lease (new sessions get defaults);
-2. ``_route``: a removed stage is mapped, a return after the idle gap detected
+2. ``steps.route``: a removed stage is mapped, a return after the idle gap detected
    (it may move the session), a new session's initial ``on_enter`` run;
-3. ``_language``: the customer's language detected and the reply's decided by the
+3. ``steps.decide_language``: the customer's language detected and the reply's decided by the
    funnel's policy (`engine.language`);
-   ``_ask``: the stage's knowledge chunks retrieved (`engine.knowledge`), the stage
+   ``steps.ask_model``: the stage's knowledge chunks retrieved (`engine.knowledge`), the stage
    prompt rendered from compact state and recent messages within its budget; the
    model called; its output validated against the stage schema (and the reply's
    language), with one repair call and then the stage's fallback reply;
-4. ``_apply``: allowed updates and declared actions applied, derived fields
+4. ``steps.apply``: allowed updates and declared actions applied, derived fields
    recomputed;
 5. advance (`engine.advance`): exit transitions evaluated on the new state;
 6. ``_record``: state, reply, turn record and outbox saved in one transaction
@@ -32,10 +32,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from . import knowledge, language
+from . import knowledge, language, steps
 from .actions import TurnScratch
-from .advance import Mover, Position, enter, handoff_payload, record_current, start_position
-from .budget import bound_notices, fit
+from .advance import Mover, Position, handoff_payload, record_current, start_position
+from .budget import bound_notices
 from .chat import Message
 from .conversions import Conversion, make_order
 from .customer import check_input
@@ -43,8 +43,6 @@ from .errors import (
     ConcurrentUpdate,
     ConfigError,
     FunnelError,
-    MessageTooLong,
-    PromptTooLarge,
     StoreUnavailable,
 )
 from .experiments.router import Variants
@@ -52,10 +50,8 @@ from .funnel import CompiledFunnel, load_funnel
 from .memory import RollingSummary, Summarizer
 from .models import Model, make_model
 from .notify import Notifier, dispatch, make_notifier
-from .output import Answer, ask
-from .prompts import at_level, build_context, prompt_data, render_parts
+from .output import Answer
 from .routing import Routing
-from .spec import FunnelSpec
 from .state import defaults, plain
 from .store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
 from .turn_data import Incoming, Turn, TurnResult, turn_record
@@ -301,10 +297,10 @@ class Engine:
     async def _run(self, access: SessionAccess, turn: Turn) -> TurnResult:
         """LOAD (done) -> route -> ask -> apply -> advance -> SAVE."""
         await self._fold_summary(turn)
-        self._route(turn)
-        self._language(turn)
-        answer = await self._ask(turn)
-        self._apply(turn, answer)
+        steps.route(turn)
+        steps.decide_language(turn)
+        answer = await steps.ask_model(turn, self.summary, self.store, self.model)
+        steps.apply(turn, answer)
         turn.firings += turn.mover.advance(turn.state)
         return await self._record(access, turn, answer)
 
@@ -373,98 +369,10 @@ class Engine:
         if planned and turn.folded is None:
             turn.summary_job = planned  # folded in the background, after the reply
 
-    def _route(self, turn: Turn) -> None:
-        """Where the turn runs: a removed stage mapped, a return after the idle gap."""
-        spec, pos = turn.spec, turn.pos
-        if pos["stage"] not in turn.funnel.stages and pos["stage"] in spec.removed_stages:
-            enter(pos, spec.removed_stages[pos["stage"]], turn.now)
-            turn.mover.scratch.stage, turn.mover.scratch.stage_iteration = pos["stage"], 0
-        turn.idle = (turn.now - turn.last_seen).total_seconds() if turn.last_seen else None
-        gap = turn.funnel.stage(pos["stage"]).spec.memory.idle_return_after
-        turn.mover.returning = bool(turn.idle is not None and gap is not None
-                                    and turn.idle >= gap)
-        if turn.mover.returning and spec.memory.idle_return_stage:
-            turn.firings += turn.mover.fire("idle_return", {}, notify=False)
-        if turn.row is None:  # a new session enters its initial stage: run its on_enter
-            for call in turn.funnel.stage(pos["stage"]).spec.on_enter:
-                turn.funnel.actions.run(call, turn.state, turn.mover.scratch)
-
-    def _language(self, turn: Turn) -> None:
-        """Decide the reply's language in code (docs/language.md); the prompt reads it."""
-        spec = turn.spec
-        current = turn.state.get(spec.language_response) if spec.language_response else None
-        turn.lang = language.decide(spec.language_policy, turn.text,
-                                        current if isinstance(current, str) else None)
-        if spec.language_response and turn.lang.response:
-            turn.state[spec.language_response] = turn.lang.response
-
-    def _reply_check(self, turn: Turn) -> Callable[[dict[str, Any]], str | None]:
-        policy, decision = turn.spec.language_policy, turn.lang
-        return lambda envelope: language.reply_problem(policy, decision,
-                                                       str(envelope.get("reply", "")))
-
-    async def _ask(self, turn: Turn) -> Answer:
-        """Render the stage prompt within its budget and ask the model (validated, repaired
-        once, else the stage's fallback)."""
-        stage = turn.funnel.stage(turn.pos["stage"])
-        window = stage.spec.memory.window
-        history = self.summary.history(turn.recent, turn.row, window)
-        context = build_context(turn.funnel, stage, turn.state, turn.pos,
-                                customer_message=turn.text, messages=history,
-                                returning=turn.mover.returning, idle_seconds=turn.idle,
-                                now=turn.now.isoformat())
-        if stage.spec.knowledge is not None:
-            found = await knowledge.retrieve(self.store, turn.spec, stage.spec.knowledge,
-                                             turn.text, turn.state)
-            context["knowledge"], turn.knowledge = found.chunks, found.ids
-        summary, notices = prompt_data(turn.funnel, turn.state, turn.pos)
-        try:
-            fitted = fit(stage.spec.name, lambda level: render_parts(
-                stage, at_level(turn.funnel, stage, turn.state, context, level)),
-                summary, notices, history, turn.text, stage.spec.memory.prompt_budget,
-                window=window)
-        except MessageTooLong as exc:
-            # Not the model's fault nor the session's: ask the customer to shorten it.
-            return Answer({"reply": stage.spec.memory.too_long_reply}, [], fallback=True,
-                          error=f"the message is too long for the stage: {exc}")
-        except PromptTooLarge as exc:
-            # The customer still gets an answer; the turn record keeps the sizes.
-            return Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
-        if fitted.dropped_messages and self.summary.observational and not (
-                turn.summary_job or turn.folded):
-            # The budget cut messages the observer has not seen: observe them now, below
-            # the threshold, or they stay out of the model's sight until it is reached.
-            turn.summary_job = self.summary.plan(turn.state, turn.row, turn.recent,
-                                                 turn.backlog, turn.text, crowded=True)
-        return await ask(self.model, stage, fitted.messages, turn.session_id,
-                         turn.pos["turns"] + 1, turn.text, reply_check=self._reply_check(turn),
-                         stable=fitted.stable)
-
-    def _apply(self, turn: Turn, answer: Answer) -> None:
-        """Apply what the model proposed and the code allows; derive the computed fields."""
-        funnel, spec, state = turn.funnel, turn.spec, turn.state
-        scratch = turn.mover.scratch
-        if not answer.fallback:
-            env = answer.envelope
-            stage = funnel.stage(turn.pos["stage"])
-            turn.updated = funnel.rules.apply_updates(state, env.get("updates") or {},
-                                                      stage.allowed_updates, scratch.notices)
-            before = dict(state)
-            turn.outcomes = [funnel.actions.run(call, state, scratch)
-                             for call in env.get("actions") or []]
-            funnel.rules.guard(state, before, scratch.notices)
-            language.record(spec.language_policy, turn.lang, state, spec.language_detected,
-                            spec.language_response, str(env.get("reply", "")),
-                            env.get("language"))
-        turn.mover.accepted = [o.type for o in turn.outcomes if o.accepted]
-        turn.pos["turns"] += 1
-        turn.handoff_before = self._handoff_time(spec, state)
-        funnel.rules.recompute(state, turn.mover.context(state), turn.now.isoformat())
-
     async def _record(self, access: SessionAccess, turn: Turn, answer: Answer) -> TurnResult:
         """SAVE: state, reply, turn record and outbox in one transaction."""
         spec, state, pos = turn.spec, turn.state, turn.pos
-        handoff = turn.handoff_before is None and self._handoff_time(spec, state) is not None
+        handoff = turn.handoff_before is None and steps.handoff_time(spec, state) is not None
         outbox = []
         if handoff and spec.handoff is not None:
             if spec.handoff.channel and not state.get(spec.handoff.channel):
@@ -527,11 +435,6 @@ class Engine:
             reply = TECHNICAL_REPLY
         error = f"{'bug: ' if bug else ''}the turn failed: {type(exc).__name__}: {exc}"
         fresh.pos["turns"] += 1
-        fresh.handoff_before = self._handoff_time(fresh.spec, fresh.state)  # nothing new to hand off
+        fresh.handoff_before = steps.handoff_time(fresh.spec, fresh.state)  # nothing new to hand off
         return await self._record(access, fresh, Answer({"reply": reply}, [], fallback=True,
                                                         error=error))
-
-    @staticmethod
-    def _handoff_time(spec: FunnelSpec, state: Mapping[str, Any]) -> Any:
-        h = spec.handoff
-        return state.get(h.triggered_at) if h and h.triggered_at else None

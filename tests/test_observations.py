@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from conftest import puramur_data, run_funnel
+from test_litellm_path import close_litellm_clients  # noqa: F401  (autouse)
 
 from engine import Engine, ScriptedModel
 from engine.chat import Message
@@ -35,17 +34,6 @@ from engine.validation import check_file
 
 MODEL = "openai/fake-model"
 PET = "Murka"
-
-
-@pytest.fixture(autouse=True, scope="module")
-async def close_litellm_clients() -> AsyncIterator[None]:
-    """Close litellm's cached HTTP clients on the loop that opened them."""
-    yield
-    if "litellm" in sys.modules:
-        from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
-
-        await close_litellm_async_clients()
-        sys.modules["litellm"].in_memory_llm_clients_cache.flush_cache()
 
 
 @pytest.fixture(autouse=True)

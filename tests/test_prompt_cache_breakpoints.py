@@ -14,13 +14,18 @@ The tokens written to the cache are read from every usage shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fake_providers import FakeProvider
 from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
-from test_prompt_cache_routes import BEDROCK_CLAUDE, BEDROCK_NO_CACHE, _found, _sequence
+from test_prompt_cache_routes import (  # noqa: F401
+    BEDROCK_CLAUDE,
+    BEDROCK_NO_CACHE,
+    _found,
+    _sequence,
+    aws,
+)
 from test_providers import fresh_strategies  # noqa: F401
 
 from engine.budget import Parts, fit
@@ -31,25 +36,6 @@ SCHEMA = {"type": "object", "properties": {"reply": {"type": "string"}},
           "required": ["reply"]}
 HISTORY = [Message("user", "EARLIER QUESTION"), Message("assistant", "EARLIER ANSWER"),
            Message("user", "LAST QUESTION"), Message("assistant", "LAST ANSWER")]
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_BEARER_TOKEN_BEDROCK",
-                 "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFAKEFAKEFAKEFAKE")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake-secret-key")
-    monkeypatch.setenv("AWS_REGION_NAME", "us-east-1")
-    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-test")
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    # litellm fetches its Anthropic beta-header table from GitHub for some models
-    # (Opus 4.8 here) unless told to use its bundled copy.
-    monkeypatch.setenv("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
-    cache.forget()
-    yield
-    cache.forget()
 
 
 def _fit(summary: str, parts: Parts, history: list[Message], notices: list[str]) -> Any:
@@ -132,7 +118,7 @@ ROUTES = [  # (wire, model, the marks' total in the body)
 
 @pytest.mark.parametrize(("wire", "model", "marks"), ROUTES)
 async def test_each_route_carries_the_two_breakpoints(wire: str, model: str, marks: int,
-                                                      aws: None) -> None:
+                                                      aws: None) -> None:  # noqa: F811
     with FakeProvider(wire) as fake:
         window = await _send(fake, model, _fit("SUMMARY", Parts("STATIC", "STATE", "TURN"),
                                                HISTORY, ["REFUSED"]))
@@ -157,7 +143,7 @@ async def test_each_route_carries_the_two_breakpoints(wire: str, model: str, mar
                        if text in ("TURN", "NOW") or "REFUSED" in text)
 
 
-async def test_a_converted_turn_part_does_not_carry_the_mark(aws: None) -> None:
+async def test_a_converted_turn_part_does_not_carry_the_mark(aws: None) -> None:  # noqa: F811
     """Claude Sonnet 4.5 takes no system message mid-conversation: litellm turns the state
     and turn parts into user turns headed by its "Operator note", each keeping only its
     own blocks' marks; Opus 4.8 takes them, merged into one system message."""
