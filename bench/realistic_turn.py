@@ -19,6 +19,10 @@ transactions and WAL bytes per turn (WAL from ``pg_stat_statements`` when the se
 loads it, else from the server's WAL position, which counts other databases' work too).
 
     python bench/realistic_turn.py [--db URL] [--sessions 200] [--turns 10] [--rounds 3]
+                                   [--uvloop]
+
+``--uvloop`` runs both on uvloop's event loop instead of asyncio's (as `funnel serve`
+and ``SyncEngine`` do when it is installed).
 
 Without --db it uses $FUNNEL_TEST_DSN, then $FUNNEL_DB, else the embedded PostgreSQL.
 Compare ratios within one run, never absolute times across runs.
@@ -225,18 +229,23 @@ async def run_engine(url: str, sessions: list[str], turns: int, tasks: int) -> d
     return await counters.stop(out, len(sessions) * turns)
 
 
-async def main() -> None:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default=os.environ.get("FUNNEL_TEST_DSN") or os.environ.get("FUNNEL_DB"))
     ap.add_argument("--sessions", type=int, default=200)
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--uvloop", action="store_true", help="run on uvloop's event loop")
+    return ap.parse_args()
+
+
+async def main(args: argparse.Namespace) -> None:
     # The handoff notifier logs each alert as a warning: keep them out of the table.
     logging.getLogger("funnel").setLevel(logging.ERROR)
     with throwaway_schema(server_url(args.db)) as url:
         print(f"{args.sessions} sessions x {args.turns} turns per run, medians of "
-              f"{args.rounds} rounds, configurations interleaved round by round")
+              f"{args.rounds} rounds, configurations interleaved round by round, on "
+              f"{'uvloop' if args.uvloop else 'asyncio'}'s event loop")
         header = (f"| config | p50 ms | x raw | p99 ms | turns/s | x raw | client CPU ms/turn "
                   f"| transactions/turn | WAL bytes/turn |\n|{'---|' * 9}")
         print(header)
@@ -260,4 +269,11 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    options = arguments()
+    if options.uvloop:
+        import uvloop  # uvicorn[standard] brings it
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main(options))
+    else:
+        asyncio.run(main(options))
