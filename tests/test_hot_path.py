@@ -20,7 +20,8 @@ from conftest import ROOT
 from engine.expressions import compile_condition, make_environment
 from engine.funnel import load_funnel
 from engine.output import parse_output
-from engine.store.functions import call
+from engine.store.functions import TYPES, call
+from engine.store.wire import Prepared, encode, run
 
 FUNNELS = sorted((ROOT / "funnels").glob("*.yaml"))
 
@@ -98,12 +99,12 @@ def test_dict_keys_read_directly_and_dict_attributes_still_win() -> None:
 async def test_the_first_commit_alone_is_asynchronous(store: Any, puramur: Any, sql: Any
                                                       ) -> None:
     await store.ensure_schema(puramur.spec)
-    statement = call(puramur.spec)
+    statement = Prepared(call(puramur.spec), TYPES)
     args = ("puramur", "s1", "Hi, a dog", "greeting", "puramur/s1", "h1", 6.0, 4, 0, False,
             None, None)
     async with store._conn() as conn:
         async with conn.transaction():
-            await conn.execute(statement, args)
+            await run(conn, statement, [encode(a) for a in args])
             inside = await (await conn.execute("SHOW synchronous_commit")).fetchone()
         after = await (await conn.execute("SHOW synchronous_commit")).fetchone()
     assert inside == ("off",) and after == ("on",)

@@ -163,11 +163,18 @@ def begin_function(spec: FunnelSpec) -> tuple[str, list[sql.Composed], str]:
     return begin_function_name(spec.table), [create, describe], comment
 
 
+# The parameters' types, in the order of the signature: sent with the statement, so
+# that the call names one overload (others of older engines may stay, see below).
+_TYPES = {"text": 25, "float8": 701, "int": 23, "bigint": 20, "boolean": 16}
+TYPES = [_TYPES[p.split()[1]] for p in _SIGNATURE.split(", ")]
+
+
 def call(spec: FunnelSpec) -> str:
-    """The turn's first statement: positional parameters in the order of the signature."""
+    """The turn's first statement: ``$n`` parameters in the order of the signature
+    (their types are :data:`TYPES`)."""
     return sql.SQL("SELECT message_id, leased, state, recent, replayed FROM {}({})").format(
         sql.Identifier(begin_function_name(spec.table)),
-        sql.SQL(", ").join(sql.Placeholder() for _ in _SIGNATURE.split(", "))).as_string()
+        sql.SQL(", ").join(sql.SQL(f"${i}") for i in range(1, len(TYPES) + 1))).as_string()
 
 
 async def function_changes(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec

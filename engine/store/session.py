@@ -23,11 +23,13 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import orjson
 import psycopg
 
 from ..chat import Message
 from ..errors import ConcurrentUpdate, DuplicateDelivery, StoreUnavailable
 from ..spec import FunnelSpec
+from . import wire
 from .base import Inbound, TurnWrite
 from .statements import RELEASE, Statements
 
@@ -36,16 +38,15 @@ Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]
 
 async def save_turn_on(conn: psycopg.AsyncConnection[Any], table: Statements, write: TurnWrite
                        ) -> int:
-    query, names = table.statement(write)
+    stmt, names = table.statement(write)
     params = table.params(write)
-    cur = psycopg.AsyncRawCursor(conn)  # $n placeholders: no parsing per execution
-    row = await (await cur.execute(query, [params[n] for n in names])).fetchone()
-    if row is None:
+    result = await wire.run(conn, stmt, [wire.encode(params[n]) for n in names])
+    if not result.ntuples:
         found = await (await conn.execute(table.version_of, (write.session_id,))).fetchone()
         raise ConcurrentUpdate(write.session_id, write.expected_version,
                                found[0] if found else None)
     table.saved(write)
-    return int(row[0])
+    return int(result.get_value(0, 0) or 0)
 
 
 # A lease holder is unique per turn: this process's random id and a counter (a new
@@ -126,22 +127,29 @@ class SessionHandle:
         table = self.table
         spec = table.spec
         inbound = self.inbound
+        encode = wire.encode
         async with self.connect() as conn:
-            cur = await conn.execute(table.begin, (
-                spec.name, self.session_id, text, spec.initial, self.key, self.holder,
-                table.lease_seconds, window, current_id, queue,
-                inbound.channel if inbound else None, inbound.key if inbound else None))
-            found = await cur.fetchone()
-        assert found is not None
-        message_id, self.locked, state, recent, replayed = found
-        if replayed:
+            result = await wire.run(conn, table.begin, [
+                encode(spec.name), encode(self.session_id), encode(text), encode(spec.initial),
+                encode(self.key), encode(self.holder), encode(float(table.lease_seconds)),
+                encode(window), encode(current_id), encode(queue),
+                encode(inbound.channel if inbound else None),
+                encode(inbound.key if inbound else None)])
+        # One row of text values: bigint, boolean, jsonb, jsonb, boolean.
+        message_id, leased, state, recent, replayed = (
+            result.get_value(0, i) for i in range(5))
+        self.locked = leased == b"t"
+        if replayed == b"t":
             assert inbound is not None
-            raise DuplicateDelivery(self.session_id, inbound.key, message_id, state)
-        logged = int(message_id) if text is not None else None
+            raise DuplicateDelivery(self.session_id, inbound.key,
+                                    int(message_id) if message_id is not None else None,
+                                    orjson.loads(state) if state is not None else None)
+        logged = int(message_id) if text is not None and message_id is not None else None
         if not self.locked:
             return logged, None, []
-        messages = [Message(r[0], r[1], r[2]) for r in recent]
-        return logged, (table.plain_row(state) if state is not None else None), messages
+        messages = [Message(r[0], r[1], r[2]) for r in orjson.loads(recent or b"[]")]
+        return logged, (table.plain_row(orjson.loads(state)) if state is not None else None), \
+            messages
 
     async def save(self, write: TurnWrite) -> int:
         """Save the turn and give the lease back, in one statement and one commit."""

@@ -20,6 +20,7 @@ from ..spec import FunnelSpec
 from . import ddl, functions
 from .base import TurnWrite
 from .heartbeat import LEASE_SECONDS
+from .wire import Prepared
 
 
 def dumps(value: Any) -> bytes:
@@ -153,14 +154,16 @@ class Statements:
         # (new session?, anything for the outbox?, a delivery key?) -> the statement
         self.saves = {(new, out, key): positional(whole_turn(upsert if new else update, out, key))
                       for new in (False, True) for out in (False, True) for key in (False, True)}
+        # Sent on libpq directly (engine.store.wire), the parameters' types inferred.
+        self.wire_saves = {k: Prepared(query) for k, (query, _) in self.saves.items()}
         # The row alone, as `funnel state` and Engine.state show it.
         # Never prepared (see PostgresStore.load): after `funnel migrate` adds a column
         # under a running server, a prepared `SELECT *` fails ("cached plan must not
         # change result type").
         self.select_row = sql.SQL("SELECT * FROM {} WHERE session_id = %s").format(
             t).as_string()
-        # A turn's first round trip (engine.store.functions).
-        self.begin = functions.call(spec)
+        # A turn's first round trip (engine.store.functions), on libpq directly.
+        self.begin = Prepared(functions.call(spec), functions.TYPES)
         # The row arrives as JSON: numeric values as numbers, timestamps as text.
         self.numeric_columns = [n for n, ty in self.columns
                                 if ty.startswith(("numeric", "decimal"))]
@@ -189,11 +192,11 @@ class Statements:
                 row[name] = datetime.fromisoformat(value).isoformat()
         return row
 
-    def statement(self, write: TurnWrite) -> tuple[str, tuple[str, ...]]:
-        """INSERT-or-update for a new session, UPDATE for one the turn loaded: the SQL with
-        ``$n`` placeholders, and the name of each parameter in :meth:`params`."""
-        return self.saves[write.expected_version == 0, bool(write.outbox),
-                          write.inbound is not None]
+    def statement(self, write: TurnWrite) -> tuple[Prepared, tuple[str, ...]]:
+        """INSERT-or-update for a new session, UPDATE for one the turn loaded: the
+        statement, and the name of each of its parameters in :meth:`params`."""
+        key = (write.expected_version == 0, bool(write.outbox), write.inbound is not None)
+        return self.wire_saves[key], self.saves[key][1]
 
     def params(self, write: TurnWrite) -> dict[str, Any]:
         # Timestamps come from the engine's clock (tests and scenarios move it);
