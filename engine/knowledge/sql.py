@@ -28,6 +28,7 @@ import psycopg
 from psycopg import sql
 
 from ..names import KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS
+from ..store.wire import Prepared, encode, positional, run
 from .chunks import Chunk
 
 # ISO 639-1 -> the configuration PostgreSQL ships; others fall back to `simple`.
@@ -112,10 +113,18 @@ SEARCH = sql.SQL(
     "ORDER BY rank DESC, k.id LIMIT %(limit)s").format(sets=_SETS, terms=_TERMS, chunks=_CHUNKS)
 
 
+# A turn's third round trip in a stage with knowledge: on libpq directly, like the
+# other two (engine.store.wire).
+_SEARCH, _SEARCH_NAMES = positional(SEARCH.as_string())
+_SEARCH_TURN = Prepared(_SEARCH, [{"funnel": 25, "query": 25, "limit": 20}[n]
+                                  for n in _SEARCH_NAMES])
+
+
 async def search(conn: psycopg.AsyncConnection[Any], funnel: str, query: str, limit: int
                  ) -> list[tuple[Chunk, float]]:
     """The best chunks of a funnel for a query, best first, with their ranks."""
-    cur = await conn.execute(SEARCH, {"query": query[:MAX_QUERY_CHARS], "funnel": funnel,
-                                      "limit": limit})
-    return [(Chunk(r[0], r[1], r[2], r[3], int(r[4])), float(r[5]))
-            for r in await cur.fetchall()]
+    values = {"query": query[:MAX_QUERY_CHARS], "funnel": funnel, "limit": limit}
+    found = await run(conn, _SEARCH_TURN, [encode(values[n]) for n in _SEARCH_NAMES])
+    rows = ([found.get_value(r, c) or b"" for c in range(6)] for r in range(found.ntuples))
+    return [(Chunk(i.decode(), source.decode(), title.decode(), body.decode(), int(tokens)),
+             float(rank)) for i, source, title, body, tokens, rank in rows]

@@ -6,7 +6,6 @@ The statements are rendered to text once, so a turn pays no composition cost.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -20,7 +19,7 @@ from ..spec import FunnelSpec
 from . import ddl, functions
 from .base import TurnWrite
 from .heartbeat import LEASE_SECONDS
-from .wire import Prepared
+from .wire import Prepared, positional
 
 
 def dumps(value: Any) -> bytes:
@@ -238,23 +237,6 @@ class Statements:
         """The turn's save committed: its exit lists are in the store."""
         self.exits_saved.update(step["exits"] for step in write.turn.get("explain") or ()
                                 if "exits" in step)
-
-
-_NAMED = re.compile(r"%\((\w+)\)s")
-
-
-def positional(query: str) -> tuple[str, tuple[str, ...]]:
-    """``%(name)s`` placeholders as ``$n`` (one per name), and the names in that order.
-
-    The save runs on a raw cursor: psycopg then sends the text as it is, where it would
-    otherwise parse a named-parameter query on every execution once it is over 4 KB
-    (its cache's limit; the save of a funnel with many fields is)."""
-    names: dict[str, int] = {}
-
-    def number(m: re.Match[str]) -> str:
-        return f"${names.setdefault(m.group(1), len(names) + 1)}"
-
-    return _NAMED.sub(number, query), tuple(names)
 
 
 def response(write: TurnWrite) -> dict[str, Any]:

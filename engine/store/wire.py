@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import weakref
 from collections.abc import Sequence
 from datetime import date, datetime
@@ -31,7 +32,7 @@ from psycopg import pq
 from psycopg.errors import InvalidSqlStatementName, error_from_result
 from psycopg.types.json import Jsonb
 
-__all__ = ["Prepared", "encode", "run"]
+__all__ = ["Prepared", "encode", "positional", "run"]
 
 # What each connection has prepared (weak keys: a connection the pool drops leaves
 # nothing behind).
@@ -54,6 +55,21 @@ class Prepared:
         self.types = list(types)
         digest = hashlib.sha1(self.query + repr(self.types).encode()).hexdigest()[:20]
         self.name = f"funnel_{digest}".encode()
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def positional(query: str) -> tuple[str, tuple[str, ...]]:
+    """``%(name)s`` placeholders as ``$n`` (one per name), and the names in that order.
+
+    For :class:`Prepared`, from SQL written with psycopg's named placeholders."""
+    names: dict[str, int] = {}
+
+    def number(m: re.Match[str]) -> str:
+        return f"${names.setdefault(m.group(1), len(names) + 1)}"
+
+    return _NAMED.sub(number, query), tuple(names)
 
 
 def encode(value: Any) -> bytes | None:
