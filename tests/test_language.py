@@ -198,9 +198,12 @@ async def test_the_engine_loads_the_language_models_when_it_opens(
     policy = puramur.spec.language_policy
     key = tuple(sorted(set(policy.candidates)))
     language._PRELOADED.discard(key)
-    language._DETECTORS.pop(key, None)
+    for low_accuracy in (False, True):
+        language._DETECTORS.pop((key, low_accuracy), None)
     await open_engine(puramur, [{"reply": EN_GREET}])
-    assert key in language._PRELOADED and key in language._DETECTORS
+    # Both detectors: the full one, and the quick step's (Puramur's are the base languages).
+    assert key in language._PRELOADED
+    assert (key, False) in language._DETECTORS and (key, True) in language._DETECTORS
     # A funnel whose model reports the language needs no detector.
     other = with_policy(puramur, LanguagePolicy())
     loaded = set(language._PRELOADED)
