@@ -125,7 +125,8 @@ CANDIDATES: dict[str, Callable[[], Callable[[str], str | None]]] = {
 
 def long_texts(seed: int = 19) -> list[tuple[str, str]]:
     """(language, text): paragraphs of 3-8 labelled messages of one language (20 per
-    language), the long replies, and each long reply followed by the next of its language."""
+    language), the long replies, and each long reply followed by the next of its language
+    (tests/test_language.py reads the same)."""
     rng = random.Random(seed)
     plain: dict[str, list[str]] = defaultdict(list)
     for lang, kind, text in load():
@@ -136,9 +137,9 @@ def long_texts(seed: int = 19) -> list[tuple[str, str]]:
     replies = [tuple(line.split("\t")) for line in LONG.read_text("utf-8").splitlines()
                if line and not line.startswith("#")]
     texts += [(lang, text) for lang, text in replies]
-    for i, (lang, text) in enumerate(replies):
-        same = [t for j, (other, t) in enumerate(replies) if other == lang and j > i]
-        texts.append((lang, f"{text} {same[0] if same else replies[i - 1][1]}"))
+    for lang, text in replies:
+        same = [other for other_lang, other in replies if other_lang == lang]
+        texts.append((lang, f"{text} {same[(same.index(text) + 1) % len(same)]}"))
     return texts
 
 

@@ -70,6 +70,10 @@ _NOT_LATIN_LETTER = re.compile(r"[^\W\d_A-Za-z\u00C0-\u024F\u1E00-\u1EFF]")
 _NOT_CYRILLIC_LETTER = re.compile(r"[^\W\d_\u0400-\u052F]")
 _CYRILLIC = frozenset(lang.iso_code_639_1.name.lower()
                       for lang in Language.all_with_cyrillic_script())
+# Lingua's language -> ISO code, and a funnel's candidates -> its detectors' key: both
+# run on every detection, where each attribute lingua computes is a call into Rust.
+_CODES = {lang: lang.iso_code_639_1.name.lower() for lang in Language.all()}
+_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 # Ukrainian and Russian share most of their letters and many words, and short messages
 # fool the statistical model ("Що порадите?" reads as Russian at 1.0). Letters and
@@ -131,6 +135,15 @@ def _detector(languages: tuple[str, ...], preload: bool = False,
     return found
 
 
+def _key(languages: tuple[str, ...]) -> tuple[str, ...]:
+    key = _KEYS.get(languages)
+    if key is None:
+        if len(_KEYS) >= 64:
+            _KEYS.clear()
+        key = _KEYS[languages] = tuple(sorted(set(languages)))
+    return key
+
+
 def warm(languages: Iterable[str]) -> None:
     """Load every model the detectors of ``languages`` need, now. Lingua loads them
     piecemeal on the detections that need them, up to 0.8 s of CPU on one customer's
@@ -159,12 +172,11 @@ def detect(text: str, languages: Iterable[str] = BASE_LANGUAGES) -> Detection:
 
 def _full(cleaned: str, languages: tuple[str, ...]) -> Detection:
     """The full (high-accuracy) detector and the rules on an analysed text."""
-    values = _detector(tuple(sorted(set(languages))))\
-        .compute_language_confidence_values(cleaned)
+    values = _detector(_key(languages)).compute_language_confidence_values(cleaned)
     if not values:
         return Detection(None, 0.0)
     top = values[0]
-    code = top.language.iso_code_639_1.name.lower()
+    code = _CODES[top.language]
     if code in ("uk", "ru"):
         marked = _uk_or_ru(cleaned)
         if marked is not None and marked in languages:
@@ -220,14 +232,14 @@ def _quick(cleaned: str, languages: tuple[str, ...]) -> Detection | None:
             if marked is not None and marked in languages:
                 return Detection(marked, SWITCH_CONFIDENCE)
         return None
-    key = tuple(sorted(set(languages)))
+    key = _key(languages)
     if key != _QUICK_LANGUAGES or _long_for_lingua(cleaned) \
             or _NOT_LATIN_LETTER.search(cleaned):
         return None
     values = _detector(key, low_accuracy=True).compute_language_confidence_values(cleaned)
     if not values or values[0].value < QUICK_CONFIDENCE:
         return None
-    code = values[0].language.iso_code_639_1.name.lower()
+    code = _CODES[values[0].language]
     return None if code in ("uk", "ru") else Detection(code, MIN_CONFIDENCE)
 
 
