@@ -14,7 +14,7 @@ from .turn import Engine, TurnResult
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's event loop when it is installed (``uvicorn[standard]`` brings it), else
     asyncio's. A turn waits on PostgreSQL twice, and each wait goes through the loop:
-    on uvloop the same turn costs about 15% less client CPU (``bench/realistic_turn.py
+    on uvloop the same turn costs about 10% less client CPU (``bench/realistic_turn.py
     --uvloop``). `funnel serve` gets it from uvicorn."""
     if importlib.util.find_spec("uvloop") is not None:
         import uvloop
