@@ -38,8 +38,6 @@ import argparse
 import asyncio
 import logging
 import os
-import random
-import re
 import statistics
 import sys
 import time
@@ -50,18 +48,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "tests" / "data" / "language_messages.tsv"
-LONG = ROOT / "tests" / "data" / "language_long_replies.tsv"
-LANGS = ("uk", "ru", "en", "pl", "de")
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the corpora, read as the tests read them
 
-
-def load() -> list[tuple[str, str, str]]:
-    rows = []
-    for line in DATA.read_text("utf-8").splitlines():
-        if line and not line.startswith("#"):
-            lang, kind, text = line.split("\t")
-            rows.append((lang, kind, text))
-    return rows
+from language_corpus import (  # noqa: E402
+    LANGS,
+    NOISE_BEFORE,
+    before_issue_19,
+    labelled,
+    long_replies,
+    long_texts,
+)
 
 
 def _lingua() -> Callable[[str], str | None]:
@@ -126,40 +122,6 @@ CANDIDATES: dict[str, Callable[[], Callable[[str], str | None]]] = {
 }
 
 
-def long_texts(seed: int = 19) -> list[tuple[str, str]]:
-    """(language, text): paragraphs of 3-8 labelled messages of one language (20 per
-    language), the long replies, and each long reply followed by the next of its language
-    (tests/test_language.py reads the same)."""
-    rng = random.Random(seed)
-    plain: dict[str, list[str]] = defaultdict(list)
-    for lang, kind, text in load():
-        if kind == "plain":
-            plain[lang].append(text)
-    texts = [(lang, " ".join(rng.sample(lines, rng.randint(3, min(8, len(lines))))))
-             for lang, lines in sorted(plain.items()) for _ in range(20)]
-    replies = [tuple(line.split("\t")) for line in LONG.read_text("utf-8").splitlines()
-               if line and not line.startswith("#")]
-    texts += [(lang, text) for lang, text in replies]
-    for lang, text in replies:
-        same = [other for other_lang, other in replies if other_lang == lang]
-        texts.append((lang, f"{text} {same[(same.index(text) + 1) % len(same)]}"))
-    return texts
-
-
-# engine.language._NOISE before issue 19 (the same matches, found slower)
-_NOISE_BEFORE = re.compile(r"https?://\S+|\S+@\S+|@\w+|\w*\d\w*")
-
-
-def before_issue_19(text: str, languages: tuple[str, ...] = LANGS) -> Any:
-    """`engine.language.detect` as it was: the full detector on up to 2000 characters."""
-    from engine import language
-
-    cleaned = _NOISE_BEFORE.sub(" ", text[:2000])
-    if not language._enough_letters(cleaned):
-        return language.Detection(None, 0.0)
-    return language._full(cleaned, languages)
-
-
 _JUNK = bytearray(64 << 20)  # twice the last-level cache of the development machine
 
 
@@ -185,7 +147,7 @@ def cost(repeat: int) -> None:
     from engine import language
 
     language.warm(LANGS)
-    corpus = [text for _, _, text in load()]
+    corpus = [text for _, _, text in labelled()]
     longs = [text for _, text in long_texts()]
     chars = sorted(len(t) for t in longs)
     print(f"labelled set: {len(corpus)} messages; long texts: {len(longs)}, "
@@ -240,7 +202,7 @@ def _before_issue_19() -> Iterator[None]:
 
     saved = language._quick, language._analysed
     language._quick = lambda cleaned, languages: None  # type: ignore[assignment]
-    language._analysed = lambda text: _NOISE_BEFORE.sub(" ", text[:2000])  # type: ignore[assignment]
+    language._analysed = lambda text: NOISE_BEFORE.sub(" ", text[:2000])  # type: ignore[assignment]
     try:
         yield
     finally:
@@ -270,9 +232,8 @@ def in_turn(db: str | None, sessions: int, rounds: int) -> None:
 
     for name in originals:
         setattr(language, name, timed(name))
-    uk = [text for lang, kind, text in load() if lang == "uk" and kind == "plain"]
-    replies = [line.split("\t")[1] for line in LONG.read_text("utf-8").splitlines()
-               if line.startswith("uk\t")]
+    uk = [text for lang, kind, text in labelled() if lang == "uk" and kind == "plain"]
+    replies = [text for lang, text in long_replies() if lang == "uk"]
     scripts = {
         "realistic_turn (English, short replies)": (rt.HAPPY, rt.message),
         "Ukrainian messages, long Ukrainian replies": (
@@ -324,7 +285,7 @@ def main() -> None:
     if args.in_turn:
         in_turn(args.db, args.sessions, args.rounds)
         return
-    rows = load()
+    rows = labelled()
     groups = [f"{lang}" for lang in LANGS] + ["mixed", "translit"]
     print(f"{len(rows)} messages; accuracy per group (plain messages by language), "
           "µs per message (median of runs)")

@@ -14,10 +14,10 @@ import random
 import re
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from language_corpus import LANGS, NOISE_BEFORE, before_issue_19, labelled, long_texts
 
 import engine.language as language
 from engine.funnel import CompiledFunnel
@@ -26,20 +26,8 @@ from engine.models import ScriptedModel
 from engine.spec import LanguagePolicy, language_policy
 from engine.turn import Engine, TurnResult
 
-DATA = Path(__file__).with_name("data") / "language_messages.tsv"
-LONG = Path(__file__).with_name("data") / "language_long_replies.tsv"
-LANGS = ("uk", "ru", "en", "pl", "de")
 FOLLOW = LanguagePolicy("follow_customer", ("uk", "ru", "en", "pl"), "uk")
 FIXED = LanguagePolicy("fixed", ("uk",), "uk")
-
-
-def labelled() -> list[tuple[str, str, str]]:
-    rows = []
-    for line in DATA.read_text("utf-8").splitlines():
-        if line and not line.startswith("#"):
-            lang, kind, text = line.split("\t")
-            rows.append((lang, kind, text))
-    return rows
 
 
 def test_the_labelled_set_is_large_enough() -> None:
@@ -244,44 +232,12 @@ def test_markers_do_not_name_a_language_the_funnel_cannot_take() -> None:
 
 
 # -- cheaper detection, the same answers (issue 19) ---------------------------------------
-# engine.language._NOISE before issue 19: the same matches, found slower.
-NOISE_BEFORE = re.compile(r"https?://\S+|\S+@\S+|@\w+|\w*\d\w*")
-
-
-def before_issue_19(text: str, languages: tuple[str, ...] = LANGS) -> Detection:
-    """detect() as it was: the full detector on up to 2000 characters, every time."""
-    cleaned = NOISE_BEFORE.sub(" ", text[:2000])
-    if not language._enough_letters(cleaned):
-        return Detection(None, 0.0)
-    return language._full(cleaned, languages)
-
-
 def decided_before(before: Detection, current: str | None) -> str | None:
     """The customer's language decide() took before: a switch needed SWITCH_CONFIDENCE."""
     if before.language not in (None, current) and current is not None \
             and before.confidence < language.SWITCH_CONFIDENCE:
         return None
     return before.language
-
-
-def long_texts() -> list[tuple[str, str]]:
-    """Paragraphs of 3-8 labelled messages of one language, the long replies alone and
-    two by two: what bench/language.py --cost reads."""
-    rng = random.Random(19)
-    plain: dict[str, list[str]] = defaultdict(list)
-    for lang, kind, text in labelled():
-        if kind == "plain":
-            plain[lang].append(text)
-    texts = [(lang, " ".join(rng.sample(lines, rng.randint(3, min(8, len(lines))))))
-             for lang, lines in sorted(plain.items()) for _ in range(20)]
-    replies = [(lang, text) for lang, text in (
-        line.split("\t") for line in LONG.read_text("utf-8").splitlines()
-        if line and not line.startswith("#"))]
-    texts += replies
-    for lang, text in replies:
-        same = [other for other_lang, other in replies if other_lang == lang]
-        texts.append((lang, f"{text} {same[(same.index(text) + 1) % len(same)]}"))
-    return texts
 
 
 def test_the_engine_decides_as_before_on_the_labelled_set() -> None:
