@@ -151,10 +151,13 @@ class Statements:
         # turn runs (engine.store.heartbeat), so a crashed process frees it in seconds.
         self.lease_seconds = LEASE_SECONDS
         # (new session?, anything for the outbox?, a delivery key?) -> the statement
-        self.saves = {(new, out, key): positional(whole_turn(upsert if new else update, out, key))
-                      for new in (False, True) for out in (False, True) for key in (False, True)}
         # Sent on libpq directly (engine.store.wire), the parameters' types inferred.
-        self.wire_saves = {k: Prepared(query) for k, (query, _) in self.saves.items()}
+        self.saves: dict[tuple[bool, bool, bool], tuple[Prepared, tuple[str, ...]]] = {}
+        for new in (False, True):
+            for out in (False, True):
+                for key in (False, True):
+                    query, order = positional(whole_turn(upsert if new else update, out, key))
+                    self.saves[new, out, key] = (Prepared(query), order)
         # The row alone, as `funnel state` and Engine.state show it.
         # Never prepared (see PostgresStore.load): after `funnel migrate` adds a column
         # under a running server, a prepared `SELECT *` fails ("cached plan must not
@@ -194,8 +197,8 @@ class Statements:
     def statement(self, write: TurnWrite) -> tuple[Prepared, tuple[str, ...]]:
         """INSERT-or-update for a new session, UPDATE for one the turn loaded: the
         statement, and the name of each of its parameters in :meth:`params`."""
-        key = (write.expected_version == 0, bool(write.outbox), write.inbound is not None)
-        return self.wire_saves[key], self.saves[key][1]
+        return self.saves[write.expected_version == 0, bool(write.outbox),
+                          write.inbound is not None]
 
     def params(self, write: TurnWrite) -> dict[str, Any]:
         # Timestamps come from the engine's clock (tests and scenarios move it);
