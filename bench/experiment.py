@@ -42,14 +42,14 @@ from _db import server_url, throwaway_schema  # noqa: E402
 
 from engine.experiments.router import assign, load_experiment  # noqa: E402
 from engine.experiments.stats import Z95  # noqa: E402
-from engine.funnel import load_funnel  # noqa: E402
-from engine.models import ScriptedModel  # noqa: E402
+from engine.funnel.compiled import load_funnel  # noqa: E402
+from engine.llm.models import ScriptedModel  # noqa: E402
 from engine.report.variants import (  # noqa: E402
     build_variant_report,
     render_variant_html,
     render_variant_table,
 )
-from engine.turn import Engine  # noqa: E402
+from engine.turn.engine import Engine  # noqa: E402
 
 RATES = {"A": 0.20, "B": 0.24}
 EXPERIMENT = {"name": "bench-gift-threshold", "goal": "handoff",

@@ -111,7 +111,7 @@ async def run(url: str, chunks: int, queries: int) -> None:
 
 
 def _spec():  # type: ignore[no-untyped-def]
-    from engine.funnel import load_funnel
+    from engine.funnel.compiled import load_funnel
 
     return load_funnel(ROOT / "funnels" / "puramur.yaml").spec
 

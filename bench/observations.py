@@ -39,8 +39,8 @@ from _db import server_url, throwaway_schema  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 
 from engine import Engine, ScriptedModel  # noqa: E402
-from engine.chat import estimate_tokens  # noqa: E402
-from engine.observations import text_tokens  # noqa: E402
+from engine.memory.observations import text_tokens  # noqa: E402
+from engine.records.messages import estimate_tokens  # noqa: E402
 
 PET = "Murka"
 SHOWN = (1, 3, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 58, 59, 60)

@@ -1,7 +1,7 @@
 """Prompt tokens per turn: the engine's explicit state vs. a window-buffer baseline.
 
 Plays Puramur conversations of 5, 15, 30 and 60 turns with the scripted model
-(token counts are the documented estimate, `engine.prompts.estimate_tokens`:
+(token counts are the documented estimate, `engine.turn.prompts.estimate_tokens`:
 4 characters a token plus framing) and prints, from the same run:
 
 * ``engine``   -- what this engine sends: the stage prompt rendered from compact
@@ -54,9 +54,9 @@ from fake_openai import FakeOpenAI  # noqa: E402
 from observations import model as observer_fake  # noqa: E402  (bench/observations.py)
 
 from engine import Engine, ModelRequest, ScriptedModel, load_funnel  # noqa: E402
-from engine.chat import estimate_tokens  # noqa: E402
-from engine.models import Completion, LiteLLMModel  # noqa: E402
-from engine.observations import ModelSummarizer  # noqa: E402
+from engine.llm.models import Completion, LiteLLMModel  # noqa: E402
+from engine.memory.observations import ModelSummarizer  # noqa: E402
+from engine.records.messages import estimate_tokens  # noqa: E402
 
 QUESTIONS = [
     "How often should I use the shampoo on a cat with such dry skin?",

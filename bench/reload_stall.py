@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the Puramur project copy (tests/proje
 
 from projects import copy_puramur  # noqa: E402
 
-from engine.funnel import load_funnel  # noqa: E402
+from engine.funnel.compiled import load_funnel  # noqa: E402
 from engine.service.config import ServiceConfig  # noqa: E402
 from engine.service.core import Service  # noqa: E402
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from engine.funnel import load_funnel  # noqa: E402
+from engine.funnel.compiled import load_funnel  # noqa: E402
 from engine.store.analytics_sql import REPORT_SETTINGS, section_queries  # noqa: E402
 from engine.store.connect import temporary_schema, with_search_path  # noqa: E402
 

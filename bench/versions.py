@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from engine.funnel import load_funnel
-from engine.settings import MigrationStep
+from engine.format.settings import MigrationStep
+from engine.funnel.compiled import load_funnel
 from engine.store import Store
 from engine.versions.bundle import LoadedVersion, bundle_of, compile_bundle
 from engine.versions.pinning import Versions

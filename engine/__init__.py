@@ -27,28 +27,28 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .actions import ActionCall, ActionOutcome
-    from .catalog import Catalog, Product, load_catalog
-    from .funnel import CompiledFunnel, load_funnel
-    from .models import Completion, Model, ModelRequest, ScriptedModel, make_model
-    from .spec import FunnelSpec
+    from .format.catalog import Catalog, Product, load_catalog
+    from .format.spec import FunnelSpec
+    from .funnel.actions import ActionCall, ActionOutcome
+    from .funnel.compiled import CompiledFunnel, load_funnel
+    from .llm.models import Completion, Model, ModelRequest, ScriptedModel, make_model
     from .store import Store, open_store
     from .sync import SyncEngine
-    from .turn import Engine, TurnResult
+    from .turn.engine import Engine, TurnResult
     from .validation import Diagnostic, validate_paths
 
 # The other public names load on first use (PEP 562): `funnel validate` needs the
 # validator, not the machine, the turn or the store.
 _LAZY = {
-    "ActionCall": "actions", "ActionOutcome": "actions",
-    "Catalog": "catalog", "Product": "catalog", "load_catalog": "catalog",
-    "CompiledFunnel": "funnel", "load_funnel": "funnel",
-    "Completion": "models", "Model": "models", "ModelRequest": "models",
-    "ScriptedModel": "models", "make_model": "models",
-    "FunnelSpec": "spec",
+    "ActionCall": "funnel.actions", "ActionOutcome": "funnel.actions",
+    "Catalog": "format.catalog", "Product": "format.catalog", "load_catalog": "format.catalog",
+    "CompiledFunnel": "funnel.compiled", "load_funnel": "funnel.compiled",
+    "Completion": "llm.models", "Model": "llm.models", "ModelRequest": "llm.models",
+    "ScriptedModel": "llm.models", "make_model": "llm.models",
+    "FunnelSpec": "format.spec",
     "Store": "store", "open_store": "store",
     "SyncEngine": "sync",
-    "Engine": "turn", "TurnResult": "turn",
+    "Engine": "turn.engine", "TurnResult": "turn.engine",
     "Diagnostic": "validation", "validate_paths": "validation",
 }
 

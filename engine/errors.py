@@ -6,7 +6,7 @@ path or session), what was expected, and what to do about it::
 
     FunnelError
     ├── InvalidInput            a caller's input was refused (session id, message): nothing ran
-    │   ├── OrderRejected       an order's field is missing or out of bounds (engine.conversions)
+    │   ├── OrderRejected       an order's field is missing or out of bounds (engine.records.orders)
     │   ├── OrderConflict       an order id recorded before with other content
     │   └── UnknownSession      no such session (an order names one the funnel never saw)
     ├── ConfigError             a funnel, template, schema or catalog is wrong
@@ -88,7 +88,7 @@ class InvalidInput(FunnelError):
 
 
 class OrderRejected(InvalidInput):
-    """An order (engine.conversions) was refused: ``field`` is missing, of the wrong type
+    """An order (engine.records.orders) was refused: ``field`` is missing, of the wrong type
     (``kind`` "shape": HTTP 400) or out of bounds (``kind`` "value": HTTP 422)."""
 
     def __init__(self, field: str, expected: str, kind: str) -> None:

@@ -7,8 +7,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from .funnel import CompiledFunnel
-from .turn import Engine, TurnResult
+from .funnel.compiled import CompiledFunnel
+from .turn.engine import Engine, TurnResult
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

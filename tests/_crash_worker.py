@@ -9,9 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine import Engine, ScriptedModel  # noqa: E402
-from engine.funnel import load_funnel  # noqa: E402
-from engine.notify import dispatch, make_notifier  # noqa: E402
+from engine.funnel.compiled import load_funnel  # noqa: E402
 from engine.store import open_store  # noqa: E402
+from engine.turn.notify import dispatch, make_notifier  # noqa: E402
 
 
 async def turn(url: str, session: str, key: str) -> None:

@@ -172,7 +172,7 @@ def sql(db_url: str) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def puramur() -> Any:
-    from engine.funnel import load_funnel
+    from engine.funnel.compiled import load_funnel
 
     return load_funnel(PURAMUR)
 

@@ -8,13 +8,13 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from engine import language
-from engine.language import Detection
+from engine.turn import language
+from engine.turn.language import Detection
 
 DATA = Path(__file__).with_name("data") / "language_messages.tsv"
 LONG = Path(__file__).with_name("data") / "language_long_replies.tsv"
 LANGS = ("uk", "ru", "en", "pl", "de")
-# engine.language._NOISE before issue 19: the same matches, found slower.
+# engine.turn.language._NOISE before issue 19: the same matches, found slower.
 NOISE_BEFORE = re.compile(r"https?://\S+|\S+@\S+|@\w+|\w*\d\w*")
 
 
@@ -52,7 +52,7 @@ def long_texts(seed: int = 19) -> list[tuple[str, str]]:
 
 
 def before_issue_19(text: str, languages: tuple[str, ...] = LANGS) -> Detection:
-    """`engine.language.detect` as it was: the full detector on up to 2000 characters."""
+    """`engine.turn.language.detect` as it was: the full detector on up to 2000 characters."""
     cleaned = NOISE_BEFORE.sub(" ", text[:2000])
     if not language._enough_letters(cleaned):
         return Detection(None, 0.0)

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from engine.funnel import load_funnel
-from engine.invariants import check_funnel
+from engine.funnel.compiled import load_funnel
+from engine.turn.invariants import check_funnel
 
 WORKER = Path(__file__).with_name("_concurrency_worker.py")
 

@@ -17,8 +17,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from engine import Engine, ScriptedModel
-from engine.conversions import make_order
 from engine.errors import OrderConflict, OrderRejected, UnknownSession
+from engine.records.orders import make_order
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig
 

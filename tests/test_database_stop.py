@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from service_support import record_fault, running
 
-from engine.models import ScriptedModel
+from engine.llm.models import ScriptedModel
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig
 

@@ -1,6 +1,6 @@
 """The turn engine end to end on the Puramur funnel, a real PostgreSQL and the scripted model.
 
-Every test drives :class:`engine.turn.Engine` the way an integration would
+Every test drives :class:`engine.turn.engine.Engine` the way an integration would
 (``handle`` one customer message at a time) and checks what the engine decided:
 the stage, the state row, the cart, the prompt the model saw, the turn record,
 the message log and the handoff outbox.
@@ -21,13 +21,13 @@ import jsonschema
 import pytest
 from conftest import CliResult, run_funnel
 
-from engine.chat import estimate_tokens
 from engine.errors import FunnelError
-from engine.funnel import CompiledFunnel, load_funnel
-from engine.models import Completion, ModelRequest, ScriptedModel
+from engine.funnel.compiled import CompiledFunnel, load_funnel
+from engine.llm.models import Completion, ModelRequest, ScriptedModel
+from engine.records.messages import estimate_tokens
 from engine.scenarios.run import prompt_messages
 from engine.sync import SyncEngine
-from engine.turn import Engine, TurnResult
+from engine.turn.engine import Engine, TurnResult
 
 ROOT = Path(__file__).resolve().parent.parent
 PURAMUR = ROOT / "funnels" / "puramur.yaml"
@@ -117,7 +117,7 @@ class RecordingModel:
 
     def prompt(self, session_id: str, turn: int) -> str:
         """The prompt of the session's N-th turn (1-based) before the window: the static
-        system message, the summary, the turn part, the notices (engine.budget.assemble)."""
+        system message, the summary, the turn part, the notices (engine.turn.budget.assemble)."""
         [request] = [r for r in self.first_calls(session_id) if r.turn == turn]
         assert request.messages[0]["role"] == "system"
         return "\n".join(m["content"] for m in prompt_messages(request.messages))

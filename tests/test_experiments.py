@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from engine.errors import ConfigError
 from engine.experiments import compare, normal_two_sided_p, wilson
 from engine.experiments.router import Variants, assign, bucket, load_experiment
-from engine.experiments.spec import Experiment, Goal, Variant
-from engine.funnel import load_funnel
-from engine.models import Completion, ModelRequest, ScriptedModel
-from engine.turn import Engine
+from engine.format.experiment import Experiment, Goal, Variant
+from engine.funnel.compiled import load_funnel
+from engine.llm.models import Completion, ModelRequest, ScriptedModel
+from engine.turn.engine import Engine
 from engine.validation import check_file
 
 MARKER = "VARIANT-B-GREETING"

@@ -54,7 +54,7 @@ def test_errors_share_one_root() -> None:
 
 
 def test_import_engine_does_not_import_litellm_or_psycopg() -> None:
-    code = ("import sys, engine, engine.validate, engine.turn; "
+    code = ("import sys, engine, engine.validation, engine.turn.engine; "
             "print('litellm' in sys.modules, 'psycopg' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
@@ -75,6 +75,6 @@ def test_funnel_validate_loads_neither_the_machine_nor_the_store() -> None:
     loaded = _modules_after("validate funnels/")
     assert "engine.validation.runner" in loaded  # it did validate
     heavy = {m for m in loaded if m.split(".")[0] in ("transitions", "psycopg", "litellm")
-             or m.startswith(("engine.store", "engine.turn", "engine.machine"))}
+             or m.startswith(("engine.store", "engine.turn.engine", "engine.funnel.machine"))}
     assert not heavy, sorted(heavy)
 

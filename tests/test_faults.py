@@ -21,9 +21,9 @@ import pytest
 
 from engine import Engine, ScriptedModel
 from engine.errors import StoreUnavailable
-from engine.funnel import CompiledFunnel
-from engine.invariants import check_funnel
+from engine.funnel.compiled import CompiledFunnel
 from engine.store import ddl, open_store
+from engine.turn.invariants import check_funnel
 
 TABLE = "puramur_sessions_state"
 HELLO = {"reply": "Hello! Is your pet a cat or a dog?"}

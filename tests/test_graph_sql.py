@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from conftest import run_funnel, seed_queries, sql_runner, temporary_schema
 
-from engine.spec import ENGINE_COLUMNS
+from engine.format.spec import ENGINE_COLUMNS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -26,10 +26,10 @@ from service_support import record_fault
 
 from engine import Engine, ModelRequest, ScriptedModel
 from engine.errors import DuplicateDelivery
-from engine.models import Completion
-from engine.notify import Targets, dispatch
+from engine.llm.models import Completion
 from engine.store import OutboxItem, open_store
 from engine.store.ddl import INBOUND, LEASES
+from engine.turn.notify import Targets, dispatch
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).with_name("_crash_worker.py")
@@ -187,7 +187,7 @@ async def test_a_kill_during_the_webhook_post_sends_it_twice_with_one_key(
         child.wait(10)
         receiver.hang.clear()
         sql("UPDATE funnel_outbox SET next_attempt_at = NOW()")  # the claim ran out
-        from engine.notify import make_notifier
+        from engine.turn.notify import make_notifier
 
         delivered = await dispatch(store, {"puramur": make_notifier(puramur.spec,
                                                                     webhook=receiver.url)})

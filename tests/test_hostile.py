@@ -34,12 +34,12 @@ from fake_openai import FakeOpenAI
 from hostile_corpus import CUSTOMER_INPUTS, MODEL_OUTPUTS, env
 from psycopg.rows import dict_row
 
-from engine.chat import estimate_tokens
-from engine.funnel import CompiledFunnel, load_funnel
-from engine.invariants import check_funnel, check_row
-from engine.observations import text_tokens
+from engine.funnel.compiled import CompiledFunnel, load_funnel
+from engine.memory.observations import text_tokens
+from engine.records.messages import estimate_tokens
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig
+from engine.turn.invariants import check_funnel, check_row
 
 pytestmark = pytest.mark.postgres
 

@@ -17,11 +17,11 @@ import orjson
 import pytest
 from conftest import ROOT
 
-from engine.expressions import compile_condition, make_environment
-from engine.funnel import load_funnel
-from engine.output import parse_output
+from engine.funnel.compiled import load_funnel
+from engine.sandbox.expressions import compile_condition, make_environment
 from engine.store.functions import TYPES, call
 from engine.store.wire import Prepared, encode, run
+from engine.turn.output import parse_output
 
 FUNNELS = sorted((ROOT / "funnels").glob("*.yaml"))
 
@@ -139,7 +139,7 @@ HAPPY: list[dict[str, Any]] = [
 async def test_a_turn_record_explains_what_the_turn_did_from_its_compact_form(
         store: Any, puramur: Any, sql: Any) -> None:
     from engine import Engine, ScriptedModel
-    from engine.state import plain
+    from engine.funnel.state import plain
 
     engine = await Engine.open(puramur, store=store,
                                model=ScriptedModel.from_data({"turns": HAPPY}))
@@ -159,7 +159,7 @@ async def test_a_turn_record_explains_what_the_turn_did_from_its_compact_form(
 
 
 def test_an_explanation_written_in_full_or_with_unknown_exits_still_reads() -> None:
-    from engine.explain import compact, describe, expand
+    from engine.turn.explain import compact, describe, expand
 
     full = [{"stage": "discovery", "fired": None, "transitions": [
         {"to": "handoff", "when": "handoff_requested == 'complaint'", "global": True,

@@ -18,7 +18,7 @@ import pytest
 from service_support import TcpProxy, record_fault, running
 from starlette.testclient import TestClient
 
-from engine.models import ScriptedModel
+from engine.llm.models import ScriptedModel
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig
 

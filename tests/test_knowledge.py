@@ -15,13 +15,13 @@ from conftest import PURAMUR, run_funnel
 
 from engine import knowledge
 from engine.errors import ConfigError
-from engine.funnel import CompiledFunnel
+from engine.format.spec import KnowledgeSpec, StageKnowledge
+from engine.funnel.compiled import CompiledFunnel
 from engine.knowledge.chunks import chunk_folder, chunk_text, markdown_files
-from engine.models import ScriptedModel
+from engine.llm.models import ScriptedModel
 from engine.scenarios.run import prompt_messages
-from engine.spec import KnowledgeSpec, StageKnowledge
 from engine.store import Store, open_store
-from engine.turn import Engine
+from engine.turn.engine import Engine
 
 SPHYNX_DRY = "cats#sphynx-dry-skin"
 

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from language_corpus import LANGS, NOISE_BEFORE, before_issue_19, labelled, long_texts
 
-import engine.language as language
-from engine.funnel import CompiledFunnel
-from engine.language import Decision, Detection, decide, detect, record, reply_problem
-from engine.models import ScriptedModel
-from engine.spec import LanguagePolicy, language_policy
-from engine.turn import Engine, TurnResult
+import engine.turn.language as language
+from engine.format.spec import LanguagePolicy, language_policy
+from engine.funnel.compiled import CompiledFunnel
+from engine.llm.models import ScriptedModel
+from engine.turn.engine import Engine, TurnResult
+from engine.turn.language import Decision, Detection, decide, detect, record, reply_problem
 
 FOLLOW = LanguagePolicy("follow_customer", ("uk", "ru", "en", "pl"), "uk")
 FIXED = LanguagePolicy("fixed", ("uk",), "uk")
@@ -187,7 +187,7 @@ async def test_the_engine_loads_the_language_models_when_it_opens(
         open_engine: Open, puramur: CompiledFunnel) -> None:
     # Lingua loads its models on the detections that need them, up to ~0.8 s of CPU on
     # one customer's turn: Engine.open loads all of the funnel's at once, in a thread.
-    import engine.language as language
+    import engine.turn.language as language
 
     policy = puramur.spec.language_policy
     key = tuple(sorted(set(policy.candidates)))

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from engine import Engine, ModelRequest, ScriptedModel
-from engine.models import Completion
+from engine.llm.models import Completion
 from engine.store import open_store
 from engine.store.ddl import LEASES
 

@@ -100,8 +100,8 @@ def fast_puramur(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def open_engine(funnel: Path, db_url: str, fake: Any, name: str = MODEL) -> Any:
-    from engine.models import LiteLLMModel
-    from engine.turn import Engine
+    from engine.llm.models import LiteLLMModel
+    from engine.turn.engine import Engine
 
     return await Engine.open(funnel, db=db_url, model=LiteLLMModel(name, api_base=fake.api_base))
 
@@ -408,8 +408,8 @@ def test_engine_imports_do_not_import_litellm() -> None:
     code = """
 import json, os, sys
 os.environ.pop("LITELLM_LOCAL_MODEL_COST_MAP", None)
-import engine, engine.validate, engine.turn, engine.models, engine.cli
-from engine.models import ScriptedModel, make_model
+import engine, engine.validation, engine.turn.engine, engine.llm.models, engine.cli
+from engine.llm.models import ScriptedModel, make_model
 ScriptedModel.from_data({"default": {"reply": "hi"}})
 before = "litellm" in sys.modules
 seen = []

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from engine import Engine, ModelRequest, ScriptedModel
-from engine.budget import Cut, Parts, fit, floor_tokens
-from engine.chat import Message
 from engine.errors import MessageTooLong, PromptTooLarge
-from engine.memory import ExtractiveSummarizer
-from engine.models import Completion
-from engine.prompts import prompt_floor
+from engine.llm.models import Completion
+from engine.memory.summary import ExtractiveSummarizer
+from engine.records.messages import Message
+from engine.turn.budget import Cut, Parts, fit, floor_tokens
+from engine.turn.prompts import prompt_floor
 
 ROOT = Path(__file__).resolve().parent.parent
 

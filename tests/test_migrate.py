@@ -17,7 +17,7 @@ from conftest import CliResult, run_funnel
 
 from engine import Engine, ScriptedModel
 from engine.errors import SchemaOutdated
-from engine.funnel import load_funnel
+from engine.funnel.compiled import load_funnel
 from engine.store import ddl, functions
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.authoring.scaffold import scaffold
 from engine.errors import ConfigError
-from engine.funnel import load_funnel
-from engine.scaffold import scaffold
+from engine.funnel.compiled import load_funnel
 from engine.validation import validate_paths
 
 ROOT = Path(__file__).resolve().parent.parent

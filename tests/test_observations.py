@@ -21,15 +21,15 @@ from conftest import puramur_data, run_funnel
 from test_litellm_path import close_litellm_clients  # noqa: F401  (autouse)
 
 from engine import Engine, ScriptedModel
-from engine.chat import Message
-from engine.memory import ExtractiveSummarizer
-from engine.models import LiteLLMModel
-from engine.observations import (
+from engine.llm.models import LiteLLMModel
+from engine.memory.observations import (
     OBSERVATION_CHARS,
     ModelSummarizer,
     observation_lines,
     text_tokens,
 )
+from engine.memory.summary import ExtractiveSummarizer
+from engine.records.messages import Message
 from engine.validation import check_file
 
 MODEL = "openai/fake-model"

@@ -12,7 +12,7 @@ import pytest
 from service_support import record_fault, running
 from starlette.testclient import TestClient
 
-from engine.funnel import load_funnel
+from engine.funnel.compiled import load_funnel
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig
 from engine.service.server import proxy_options
@@ -42,7 +42,7 @@ def next_version(tmp_path: Path) -> Path:
     """Puramur v+1: one more state field (what a rollout's `funnel migrate` adds)."""
     for folder in ("funnels", "prompts", "schemas"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
-    # A copy of the project: its funnels read ../prompts and ../schemas (engine.paths)
+    # A copy of the project: its funnels read ../prompts and ../schemas (engine.format.paths)
     (tmp_path / "pyproject.toml").write_text("", "utf-8")
     path = tmp_path / "funnels" / "puramur.yaml"
     text = path.read_text("utf-8").replace(

@@ -24,12 +24,12 @@ from fake_providers import FakeProvider
 from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
 from test_providers import SESSION, fresh_strategies, happy_turns, keys, open_engine  # noqa: F401
 
-from engine.budget import Parts, assemble, fit
-from engine.chat import Message
 from engine.errors import ConfigError, FunnelInvalid
-from engine.funnel import load_funnel
-from engine.memory import ExtractiveSummarizer
-from engine.prompts import render_parts
+from engine.funnel.compiled import load_funnel
+from engine.memory.summary import ExtractiveSummarizer
+from engine.records.messages import Message
+from engine.turn.budget import Parts, assemble, fit
+from engine.turn.prompts import render_parts
 
 BASE = Path(__file__).resolve().parent / "corpus" / "_base"
 

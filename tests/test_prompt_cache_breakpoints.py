@@ -1,11 +1,11 @@
 """Claude's second cache breakpoint: the end of the conversation the next turn repeats.
 
 The engine marks two blocks for Claude (engine.llm.cache.mark_static_prefix): the
-static prefix, and the last message the next turn repeats (engine.budget's
+static prefix, and the last message the next turn repeats (engine.turn.budget's
 ``Fitted.stable``: the last window message, else the state part, else the summary).
 Never the turn part, the notices or the customer's message. Each route is checked on
 the wire, against the recording fakes of tests/fake_providers.py, with the chats
-engine.budget.assemble builds: the marks are exactly those two, in litellm's form for
+engine.turn.budget.assemble builds: the marks are exactly those two, in litellm's form for
 the route, and where litellm turns a system message after a user turn into a user turn
 ("Operator note") the mark stays on the state part's block, not on the turn part's.
 The tokens written to the cache are read from every usage shape.
@@ -28,9 +28,9 @@ from test_prompt_cache_routes import (  # noqa: F401
 )
 from test_providers import fresh_strategies  # noqa: F401
 
-from engine.budget import Parts, fit
-from engine.chat import Message
 from engine.llm import cache
+from engine.records.messages import Message
+from engine.turn.budget import Parts, fit
 
 SCHEMA = {"type": "object", "properties": {"reply": {"type": "string"}},
           "required": ["reply"]}
@@ -42,7 +42,7 @@ def _fit(summary: str, parts: Parts, history: list[Message], notices: list[str])
     return fit("s", lambda level: parts, summary, notices, history, "NOW", None)
 
 
-# -- where the stable conversation ends (engine.budget) ---------------------------------
+# -- where the stable conversation ends (engine.turn.budget) ---------------------------------
 
 
 @pytest.mark.parametrize(("summary", "parts", "history", "last_stable"), [
@@ -92,9 +92,9 @@ def test_the_marks_are_the_static_prefix_and_the_last_stable_message() -> None:
 async def _send(fake: FakeProvider, model: str, chat: Any) -> dict[str, Any]:
     import litellm
 
+    from engine.format.settings import ModelSettings
     from engine.llm.client import Caller
     from engine.llm.request import ModelRequest
-    from engine.settings import ModelSettings
 
     fake.reply(json.dumps({"reply": "ok"}))
     request = ModelRequest(messages=chat.messages, schema=SCHEMA, stage="s",

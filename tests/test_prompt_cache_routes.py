@@ -283,9 +283,9 @@ def test_vertex_claude_keeps_the_mark_on_the_static_prefix(aws: None) -> None:
         VertexAIAnthropicConfig,
     )
 
+    from engine.format.settings import ModelSettings
     from engine.llm.client import Caller
     from engine.llm.request import ModelRequest
-    from engine.settings import ModelSettings
 
     model = "vertex_ai/claude-sonnet-4-5@20250929"
     chat = [{"role": "system", "content": "STATIC"}, {"role": "system", "content": "TURN"},

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import ConfigError
-from engine.funnel import load_funnel
-from engine.prompts import render
+from engine.funnel.compiled import load_funnel
+from engine.turn.prompts import render
 
 BASE = Path(__file__).resolve().parent / "corpus" / "_base"
 

@@ -122,8 +122,8 @@ def make_funnel(tmp_path: Path, **model: Any) -> Path:
 
 async def open_engine(funnel: Path, db_url: str, model: str, api_base: str | None,
                       structured_output: str | None = None) -> Any:
-    from engine.models import LiteLLMModel
-    from engine.turn import Engine
+    from engine.llm.models import LiteLLMModel
+    from engine.turn.engine import Engine
 
     return await Engine.open(funnel, db=db_url, model=LiteLLMModel(
         model, api_base=api_base, structured_output=structured_output))
@@ -485,7 +485,7 @@ async def test_the_summarizer_uses_the_funnels_endpoint(db_url: str, keys: None,
     data["model"]["api_base"] = "http://127.0.0.1:9/v1"
     funnel = tmp_path / "summarized.yaml"
     funnel.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
-    from engine.turn import Engine
+    from engine.turn.engine import Engine
 
     for given, expected in ((None, "http://127.0.0.1:9/v1"),
                             ("http://127.0.0.1:8/v1", "http://127.0.0.1:8/v1")):
@@ -502,7 +502,7 @@ def test_the_command_line_takes_a_strategy() -> None:
     """``--structured-output`` on chat and doctor reaches the model (the requests themselves
     are checked by test_strategy_set_on_the_command_line)."""
     from engine.cli import _parser
-    from engine.models import make_model
+    from engine.llm.models import make_model
 
     for command in ("chat", "doctor", "serve"):
         args = _parser().parse_args([command, "f.yaml", "--structured-output", "tool"])

@@ -103,8 +103,8 @@ def slow_funnel(tmp_path: Path) -> Path:
 
 async def run_happy_path(funnel: Path, db_url: str, api_base: str, strategy: str,
                          session: str) -> list[Any]:
-    from engine.models import LiteLLMModel
-    from engine.turn import Engine
+    from engine.llm.models import LiteLLMModel
+    from engine.turn.engine import Engine
 
     customer = [t["customer"] for t in yaml.safe_load(HAPPY.read_text("utf-8"))["turns"]]
     engine = await Engine.open(funnel, db=db_url, model=LiteLLMModel(

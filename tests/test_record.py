@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from engine.scaffold import scaffold
+from engine.authoring.scaffold import scaffold
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "funnels" / "puramur" / "demo.yaml"

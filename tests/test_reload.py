@@ -17,8 +17,8 @@ import pytest
 import yaml
 from projects import copy_puramur
 
-from engine.funnel import load_funnel
-from engine.models import make_model
+from engine.funnel.compiled import load_funnel
+from engine.llm.models import make_model
 from engine.service.config import ServiceConfig
 from engine.service.core import Service
 from engine.service.reload import watched_files

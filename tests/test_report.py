@@ -1,7 +1,7 @@
 """`funnel report` and the analysts' views, on conversations the engine really ran.
 
 One module-wide database is filled by running Puramur conversations through
-:class:`engine.turn.Engine` with the scripted model (priced, so turns have a
+:class:`engine.turn.engine.Engine` with the scripted model (priced, so turns have a
 cost) and a clock the test moves: every number in the report is then checked
 against what those conversations did. The seed's five observability queries
 (``tests/seed_queries.sql``, verbatim) run on the same rows.
@@ -28,12 +28,12 @@ import pytest
 import yaml
 from conftest import CliResult, run_funnel, seed_queries, sql_runner, temporary_schema
 
-from engine.funnel import load_funnel
-from engine.models import Completion, ModelRequest, ScriptedModel
+from engine.funnel.compiled import load_funnel
+from engine.llm.models import Completion, ModelRequest, ScriptedModel
 from engine.report import SECTIONS, build_report, render_html, render_table
 from engine.store.analytics_sql import section_queries
 from engine.store.analytics_views import view_name
-from engine.turn import Engine
+from engine.turn.engine import Engine
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

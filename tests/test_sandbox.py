@@ -20,10 +20,10 @@ import pytest
 from jinja2.exceptions import SecurityError
 
 from engine.errors import ConfigError
-from engine.expressions import compile_condition, make_environment
-from engine.funnel import load_funnel
-from engine.paths import OutsideFunnel, confine, funnel_roots
-from engine.sandbox import MAX_ITERATIONS, WorkLimit
+from engine.format.paths import OutsideFunnel, confine, funnel_roots
+from engine.funnel.compiled import load_funnel
+from engine.sandbox.expressions import compile_condition, make_environment
+from engine.sandbox.templates import MAX_ITERATIONS, WorkLimit
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
@@ -96,7 +96,7 @@ def test_bombs_die_of_the_limit_without_the_bounds_and_not_with_them() -> None:
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))
         from jinja2.sandbox import ImmutableSandboxedEnvironment
-        from engine.expressions import make_environment
+        from engine.sandbox.expressions import make_environment
         env = make_environment() if sys.argv[1] == "bounded" else ImmutableSandboxedEnvironment()
         try:
             env.from_string("{{ ('a' * 10**10) | length }}").render()
@@ -186,7 +186,7 @@ def test_a_template_swapped_for_a_symlink_after_validation_is_refused(tmp_path: 
     os.symlink("/etc/hostname", greeting)
     with pytest.raises(ConfigError, match="outside"):
         load_funnel(path)  # validate refuses it (F007)
-    from engine.funnel import CompiledFunnel
+    from engine.funnel.compiled import CompiledFunnel
 
     with pytest.raises(OutsideFunnel):
         CompiledFunnel(funnel.spec)  # and so does the loader, on its own

@@ -183,7 +183,7 @@ def test_names_checked_against_the_funnel(db_url: str, tmp_path: Path) -> None:
 
 
 def test_a_typo_in_a_nested_expectation_is_an_error(tmp_path: Path) -> None:
-    from engine.funnel import load_funnel
+    from engine.funnel.compiled import load_funnel
     from engine.scenarios.load import check_against
 
     scenario = tmp_path / "nested.yaml"

@@ -29,8 +29,8 @@ import yaml
 from service_support import FakeTelegram, TcpProxy, running, stop, wait_ready
 from starlette.testclient import TestClient
 
-from engine.customer import MAX_MESSAGE_CHARS
-from engine.models import Completion, ModelRequest, ScriptedModel
+from engine.boundary.customer import MAX_MESSAGE_CHARS
+from engine.llm.models import Completion, ModelRequest, ScriptedModel
 from engine.service.app import create_app
 from engine.service.auth import WidgetTokens
 from engine.service.config import ServiceConfig, TelegramBot, parse_api_keys
@@ -518,7 +518,7 @@ def test_schemathesis_finds_no_problem(db_url: str, telegram: FakeTelegram,
         '[checks.negative_data_rejection]\n'
         'expected-statuses = ["400", "401", "403", "404", "405", "413", "422"]\n'
         # An order's time may be schema-valid yet in the future, which no schema can say:
-        # that one operation answers a valid-looking order with 422 (engine.conversions).
+        # that one operation answers a valid-looking order with 422 (engine.records.orders).
         '[[operations]]\ninclude-operation-id = "recordConversion"\n'
         '[operations.checks.positive_data_acceptance]\n'
         'expected-statuses = ["2xx", "401", "403", "404", "409", "422", "429", "5xx"]\n')

@@ -25,9 +25,9 @@ import pytest
 from conftest import sql_runner, temporary_schema
 
 from engine.errors import ConcurrentUpdate
-from engine.funnel import CompiledFunnel, load_funnel
-from engine.spec import FunnelSpec
-from engine.state import defaults, plain
+from engine.format.spec import FunnelSpec
+from engine.funnel.compiled import CompiledFunnel, load_funnel
+from engine.funnel.state import defaults, plain
 from engine.store import OutboxItem, Store, TurnWrite, ddl, open_store
 from engine.store.embedded import embedded_url
 

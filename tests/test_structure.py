@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "engine"
 
 # (module, imported name) -> why it is imported inside a function
 LOCAL_IMPORTS_ALLOWED = {
-    ("engine.models", "litellm"): "`import litellm` takes seconds: only a real model pays it",
+    ("engine.llm.models", "litellm"): "`import litellm` takes seconds: only a real model pays it",
     ("engine.llm.client", "litellm.llms.custom_httpx.async_client_cleanup"):
         "litellm, when a command closes its clients",
     ("engine.service.server", "uvicorn"): "the optional `serve` extra",

@@ -20,7 +20,7 @@ import pytest
 from service_support import FakeTelegram, record_fault, running
 from starlette.testclient import TestClient
 
-from engine.models import ScriptedModel
+from engine.llm.models import ScriptedModel
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig, TelegramBot
 from engine.service.telegram import parse
@@ -234,7 +234,7 @@ def test_groups_topics_and_start_payload(db_url: str, telegram: FakeTelegram, sq
     reply in the topic; `/start PAYLOAD` kept in the declared `source` field."""
     for folder in ("funnels", "prompts", "schemas"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
-    # A copy of the project: its funnels read ../prompts and ../schemas (engine.paths)
+    # A copy of the project: its funnels read ../prompts and ../schemas (engine.format.paths)
     (tmp_path / "pyproject.toml").write_text("", "utf-8")
     funnel = tmp_path / "funnels" / "puramur.yaml"
     text = funnel.read_text("utf-8")

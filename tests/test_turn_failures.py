@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine, ScriptedModel
-from engine.funnel import CompiledFunnel, load_funnel
-from engine.invariants import check_funnel
-from engine.output import parse_output
-from engine.sanitize import Rejected, loads_bounded, model_json
-from engine.turn import TECHNICAL_REPLY
+from engine.boundary.sanitize import Rejected, loads_bounded, model_json
+from engine.funnel.compiled import CompiledFunnel, load_funnel
+from engine.turn.engine import TECHNICAL_REPLY
+from engine.turn.invariants import check_funnel
+from engine.turn.output import parse_output
 
 pytestmark = pytest.mark.postgres
 
@@ -201,7 +201,7 @@ def test_bounded_loading_refuses_with_rejected_only(raw: bytes) -> None:
 def test_after_any_merges_the_state_validates(updates: list[tuple[str, Any]]) -> None:
     funnel = _puramur()
     rules = funnel.rules
-    from engine.state import defaults
+    from engine.funnel.state import defaults
 
     state = defaults(funnel.spec)
     allowed = frozenset({"pet", "customer", "objections_raised", "cart"})

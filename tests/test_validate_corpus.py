@@ -326,7 +326,7 @@ def test_cli_never_prints_a_traceback() -> None:
 
 
 def test_builtins_are_the_runners() -> None:
-    from engine.actions import ActionRunner
+    from engine.funnel.actions import ActionRunner
     from engine.validation.actions import builtin_names
 
     runner = {m.removeprefix("_do_") for m in dir(ActionRunner) if m.startswith("_do_")}
@@ -360,14 +360,14 @@ def test_hook_functions_are_read_without_running_the_module(
     monkeypatch.syspath_prepend(str(elsewhere))
     assert hook_function_defined("corpus_path_hooks", "push", ROOT)[0] is True
     assert hook_function_defined("corpus_path_hooks", "pull", ROOT)[0] is False
-    assert hook_function_defined("engine.actions", "load_hook", ROOT)[0] is True
-    assert hook_function_defined("engine.actions", "unload_hook", ROOT)[0] is False
+    assert hook_function_defined("engine.funnel.actions", "load_hook", ROOT)[0] is True
+    assert hook_function_defined("engine.funnel.actions", "unload_hook", ROOT)[0] is False
     assert hook_function_defined("sys", "anything", ROOT)[0] is False  # built in, imported
 
 
 def test_a_funnel_validate_refuses_is_one_the_engine_refuses() -> None:
     from engine.errors import FunnelInvalid
-    from engine.funnel import load_funnel
+    from engine.funnel.compiled import load_funnel
 
     for case, code in (("f504_on_enter_unknown_action", "F504"),
                        ("f505_hook_missing_function", "F505")):
@@ -381,8 +381,8 @@ def test_a_funnel_validate_refuses_is_one_the_engine_refuses() -> None:
 
 
 def test_a_hook_module_that_fails_to_load_fails_again_on_the_next_load(tmp_path: Path) -> None:
-    from engine.actions import load_hook
     from engine.errors import ConfigError
+    from engine.funnel.actions import load_hook
 
     (tmp_path / "flaky_hooks.py").write_text(
         "def push(state, args):\n    return None\n\nraise ImportError('the CRM client is missing')\n",

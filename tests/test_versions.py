@@ -21,10 +21,10 @@ from conftest import CliResult, run_funnel
 
 from engine import Engine, ScriptedModel
 from engine.errors import ConfigError, MigrationError, SchemaOutdated
-from engine.funnel import load_funnel
+from engine.format.settings import MigrationStep
+from engine.funnel.compiled import load_funnel
+from engine.llm.models import Completion
 from engine.llm.request import ModelRequest
-from engine.models import Completion
-from engine.settings import MigrationStep
 from engine.store import ddl
 from engine.validation import validate_paths
 from engine.versions import migrate_row

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from importlib import metadata
 
 from ..errors import FunnelError, FunnelInvalid
+from ..format.spec import parse_duration
 from ..llm.strategy import CHOICES
-from ..spec import parse_duration
 from ..validation import render
 
 

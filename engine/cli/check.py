@@ -1,4 +1,4 @@
-"""`funnel check-state`: the invariants of every session of a funnel (engine.invariants)."""
+"""`funnel check-state`: the invariants of every session of a funnel (engine.turn.invariants)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import asyncio
 import json
 
-from ..funnel import load_funnel
-from ..invariants import check_funnel
+from ..funnel.compiled import load_funnel
+from ..turn.invariants import check_funnel
 
 
 def cmd_check_state(args: argparse.Namespace) -> int:

@@ -11,14 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import _yaml
 from ..errors import InvalidInput
-from ..explain import describe
-from ..funnel import load_funnel
-from ..models import Model, make_model
-from ..state import plain
+from ..format import _yaml
+from ..funnel.compiled import load_funnel
+from ..funnel.state import plain
+from ..llm.models import Model, make_model
 from ..store import open_store
 from ..sync import SyncEngine
+from ..turn.explain import describe
 
 DEMO_FUNNEL = Path(__file__).resolve().parent.parent.parent / "funnels" / "puramur.yaml"
 DEMO_SCRIPT = DEMO_FUNNEL.parent / "puramur" / "demo.yaml"

@@ -7,8 +7,8 @@ import asyncio
 import sys
 
 from ..errors import InvalidInput
-from ..funnel import load_funnel
-from ..spec import parse_duration
+from ..format.spec import parse_duration
+from ..funnel.compiled import load_funnel
 from ..store import open_store
 from ..versions import deploy
 

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from ..funnel import load_funnel
+from ..funnel.compiled import load_funnel
 from ..store import open_store
 from .database import cmd_migrate
 

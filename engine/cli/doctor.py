@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from ..funnel import load_funnel
+from ..funnel.compiled import load_funnel
 from ..llm.doctor import diagnose, healthy, render
 
 

@@ -7,7 +7,7 @@ import asyncio
 
 from .. import knowledge
 from ..errors import InvalidInput
-from ..funnel import load_funnel
+from ..funnel.compiled import load_funnel
 from ..store import open_store
 
 

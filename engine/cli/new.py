@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..scaffold import scaffold
+from ..authoring.scaffold import scaffold
 
 
 def cmd_new(args: argparse.Namespace) -> int:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInput
-from ..funnel import load_funnel
-from ..record import recorded_scenario, scenario_yaml
+from ..funnel.compiled import load_funnel
+from ..scenarios.record import recorded_scenario, scenario_yaml
 from ..store import open_store
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..funnel import load_funnel
+from ..funnel.compiled import load_funnel
 from ..report import build_report, render_html, render_json, render_table
 from ..report.variants import (
     build_variant_report,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..funnel import load_funnel
-from ..machine import dot, mermaid
+from ..funnel.compiled import load_funnel
+from ..funnel.machine import dot, mermaid
 from ..store.ddl import render
 
 

@@ -8,7 +8,7 @@ The report by variant is ``engine.report.variants``; docs/experiments.md tells h
 run, read and stop an experiment.
 """
 
-from .spec import Experiment, Goal, Variant, read_experiment
+from ..format.experiment import Experiment, Goal, Variant, read_experiment
 from .stats import Comparison, compare, normal_two_sided_p, wilson
 
 __all__ = ["Comparison", "Experiment", "Goal", "Variant", "compare", "normal_two_sided_p",

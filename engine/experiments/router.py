@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import _yaml
 from ..errors import ConfigError
-from ..funnel import CompiledFunnel, load_funnel
-from .spec import Experiment, Variant, read_experiment
+from ..format import _yaml
+from ..format.experiment import Experiment, Variant, read_experiment
+from ..funnel.compiled import CompiledFunnel, load_funnel
 
 __all__ = ["Variants", "assign", "bucket", "load_experiment"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..spec import FunnelSpec, StageKnowledge
+from ..format.spec import FunnelSpec, StageKnowledge
 from .chunks import Chunk, chunk_folder
 
 if TYPE_CHECKING:

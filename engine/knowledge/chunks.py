@@ -1,6 +1,6 @@
 """A knowledge folder cut into chunks: one per Markdown heading, within a token cap.
 
-No database here: `engine.knowledge.sql` indexes what this module reads. A chunk's
+No database here: `engine.store.knowledge` indexes what this module reads. A chunk's
 id is ``<file without .md>#<heading slug>`` (``breeds/sphynx#dry-skin``), stable
 across reindexes, so a turn record can cite it.
 """
@@ -22,7 +22,7 @@ _SLUG = re.compile(r"[^\w]+", re.UNICODE)
 
 
 def estimate(text: str) -> int:
-    """Tokens of a text, estimated like prompts are (`engine.chat`): 4 characters a token."""
+    """Tokens of a text, estimated like prompts are (`engine.records.messages`): 4 characters a token."""
     return math.ceil(len(text) / 4)
 
 

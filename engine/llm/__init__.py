@@ -8,7 +8,7 @@
 - :mod:`engine.llm.client`: one request through litellm, with all of the above;
 - :mod:`engine.llm.doctor`: ``funnel doctor``, what an endpoint accepts.
 
-Nothing here imports litellm: :class:`engine.models.LiteLLMModel` hands it in.
+Nothing here imports litellm: :class:`engine.llm.models.LiteLLMModel` hands it in.
 """
 
 from .portable import portable_schema

@@ -1,6 +1,6 @@
 """Providers' prompt caches: marking the static prefix, and reading what was cached.
 
-The engine lays every stage prompt out static part first (engine.budget.assemble):
+The engine lays every stage prompt out static part first (engine.turn.budget.assemble):
 the first system message is the same text on every turn of a stage. Providers
 reuse a prefix they have seen:
 
@@ -145,7 +145,7 @@ def mark_static_prefix(messages: Sequence[Mapping[str, Any]], stable: int = 0
 
     The first breakpoint is the first system message (the static prefix). The second is
     the last of the ``stable`` leading messages the next turn repeats (the last window
-    message, else the state part or the summary: engine.budget.stable_part), so that the
+    message, else the state part or the summary: engine.turn.budget.stable_part), so that the
     next turn reads the conversation so far from the cache and writes only what it adds;
     with ``stable`` 0 or 1 there is none. The customer's message (the last) and what
     follows the stable messages (the turn part, the notices) are never marked. Two marks

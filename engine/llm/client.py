@@ -1,12 +1,12 @@
 """One model call through litellm: strategy, retries, deadline, fallback models, cost.
 
-:class:`Caller` is what :class:`engine.models.LiteLLMModel` delegates to. For
+:class:`Caller` is what :class:`engine.llm.models.LiteLLMModel` delegates to. For
 a request it tries the primary model and then each of ``model.fallbacks``;
 each gets an equal share of what is left of the turn's deadline. Within a
 model, a refused structured-output strategy steps down its chain
 (:mod:`engine.llm.strategy`), and a transient failure is retried with backoff
 (:mod:`engine.llm.retry`). Every HTTP call counts as an attempt, and the
-:class:`~engine.models.Completion` (or the :class:`~engine.errors.ModelError`)
+:class:`~engine.llm.models.Completion` (or the :class:`~engine.errors.ModelError`)
 carries the count and the model that answered.
 """
 

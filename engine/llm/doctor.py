@@ -16,12 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..funnel import CompiledFunnel
-from ..models import LiteLLMModel, ModelRequest
-from ..settings import ModelSettings
+from ..format.settings import ModelSettings
+from ..funnel.compiled import CompiledFunnel
 from . import cache as _cache
 from . import strategy as _strategy
 from .client import Caller, close_clients, error_detail
+from .models import LiteLLMModel, ModelRequest
 from .portable import portable_schema
 
 PROBE_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False,

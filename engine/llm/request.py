@@ -1,8 +1,8 @@
 """What a model call takes and gives: the request, the completion, and the model protocol.
 
-In a module of their own so that the model implementations (`engine.models`)
+In a module of their own so that the model implementations (`engine.llm.models`)
 and the client that drives litellm (`engine.llm.client`) share them without
-importing each other. `engine.models` re-exports them.
+importing each other. `engine.llm.models` re-exports them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..settings import ModelSettings
+from ..format.settings import ModelSettings
 
 __all__ = ["Completion", "Model", "ModelRequest"]
 
@@ -30,7 +30,7 @@ class ModelRequest:
     attempt: int = 0  # 0 the first call, 1 the repair call
     # When the whole turn's model calls must end (time.monotonic()); None: now + deadline.
     deadline: float | None = None
-    # How many leading messages the next turn repeats (engine.budget.Fitted.stable): a
+    # How many leading messages the next turn repeats (engine.turn.budget.Fitted.stable): a
     # prompt cache's second breakpoint goes on the last of them. 0: not said.
     stable: int = 0
 

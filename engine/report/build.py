@@ -15,8 +15,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ..funnel import CompiledFunnel, load_funnel
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
+from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.analytics_sql import fetch_report
 
 # (key, title) in report order; the HTML page and the tables use the same titles.

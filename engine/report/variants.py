@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..experiments.router import load_experiment
-from ..experiments.spec import Experiment, Goal
 from ..experiments.stats import compare, wilson
-from ..funnel import CompiledFunnel, load_funnel
+from ..format.experiment import Experiment, Goal
+from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.experiment_sql import fetch_variants
 from .build import format_value, since_text, table
 from .html import CSS, funnel_chart

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from ..explain import why_not
-from ..turn import TurnResult
+from ..turn.engine import TurnResult
+from ..turn.explain import why_not
 
 _MISSING = object()
 

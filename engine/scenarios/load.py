@@ -14,10 +14,10 @@ from typing import Any
 
 import jsonschema
 
-from .. import _yaml
 from ..errors import did_you_mean
-from ..funnel import CompiledFunnel
-from ..spec import ENGINE_COLUMNS, parse_duration
+from ..format import _yaml
+from ..format.spec import ENGINE_COLUMNS, parse_duration
+from ..funnel.compiled import CompiledFunnel
 from ..validation import packaged_validator
 
 # The engine's time at a scenario's first turn unless it says `clock:` (a Monday morning).

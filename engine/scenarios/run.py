@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FunnelError, FunnelInvalid, ModelError
-from ..funnel import CompiledFunnel, load_funnel
-from ..memory import ExtractiveSummarizer
-from ..models import Completion, ModelRequest, ScriptedModel
-from ..prompts import full_view
-from ..state import defaults
+from ..funnel.compiled import CompiledFunnel, load_funnel
+from ..funnel.state import defaults
+from ..llm.models import Completion, ModelRequest, ScriptedModel
+from ..memory.summary import ExtractiveSummarizer
 from ..store import Store, TurnWrite, open_store
 from ..store.connect import temporary_schema
-from ..turn import Engine
+from ..turn.engine import Engine
+from ..turn.prompts import full_view
 from .check import check
 from .load import DEFAULT_CLOCK, Failure, Scenario, Turn, check_against
 
@@ -77,7 +77,7 @@ class ScenarioModel:
 
 
 def prompt_messages(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The prompt without the conversation (engine.budget.assemble): the system messages
+    """The prompt without the conversation (engine.turn.budget.assemble): the system messages
     (static prefix, state part, turn part) and the data messages (summary, notices), each
     of which follows a system message; not the window, not the customer's message."""
     out: list[dict[str, str]] = []

@@ -125,7 +125,7 @@ async def get_session(request: Request, service: Service, funnel: str) -> Respon
     try:
         state = await engine.state(session)
         if state is not None and request.query_params.get("explain") in ("1", "true"):
-            # Why the last turn moved or stayed (engine.explain), from its turn record.
+            # Why the last turn moved or stayed (engine.turn.explain), from its turn record.
             last = await engine.store.turn_records(engine.spec, session, 1)
             state["explain"] = last[-1]["explain"] if last else None
     except StoreUnavailable:

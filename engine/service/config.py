@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..funnel import CompiledFunnel
+from ..funnel.compiled import CompiledFunnel
+from ..llm.models import Model
 from ..llm.strategy import CHOICES
-from ..models import Model
 
 _TRUE = ("1", "true", "yes")
 SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "admin"})

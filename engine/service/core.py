@@ -30,11 +30,11 @@ from ..errors import (
     SchemaOutdated,
     StoreUnavailable,
 )
-from ..funnel import CompiledFunnel, load_funnel
-from ..models import Model, make_model
-from ..notify import Notifier, make_notifier
+from ..funnel.compiled import CompiledFunnel, load_funnel
+from ..llm.models import Model, make_model
 from ..store import Store, open_store
-from ..turn import Engine, TurnResult
+from ..turn.engine import Engine, TurnResult
+from ..turn.notify import Notifier, make_notifier
 from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
 from .config import ServiceConfig
 from .limits import RateLimiter, RequestRefused, SessionQueue
@@ -263,7 +263,7 @@ class Service:
 
         ``key`` is the message's delivery key; a second delivery raises
         :class:`DuplicateDelivery` (engine.service.inbound replays it). See
-        :meth:`engine.turn.Engine.handle` for the other arguments.
+        :meth:`engine.turn.engine.Engine.handle` for the other arguments.
         """
         if time.monotonic() < self._down_until:
             raise self._down()

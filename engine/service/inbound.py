@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 
 from ..errors import DuplicateDelivery, StoreUnavailable
-from ..turn import TurnResult
+from ..turn.engine import TurnResult
 from .limits import RequestRefused
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..customer import MAX_MESSAGE_CHARS, MAX_SESSION_ID
-from ..sanitize import Rejected, loads_bounded
+from ..boundary.customer import MAX_MESSAGE_CHARS, MAX_SESSION_ID
+from ..boundary.sanitize import Rejected, loads_bounded
 
 # A JSON body of MAX_MESSAGE_CHARS characters, each escaped as \uXXXX, plus room.
 MAX_BODY_BYTES = MAX_MESSAGE_CHARS * 6 + 1024
@@ -60,7 +60,7 @@ async def read_json(request: Request, max_bytes: int = MAX_BODY_BYTES) -> Any:
         if len(body) > max_bytes:
             raise RequestRefused(413, "too_large", f"the body is over {max_bytes} bytes")
     try:
-        # Strict and bounded (engine.sanitize): depth checked before parsing, no lone
+        # Strict and bounded (engine.boundary.sanitize): depth checked before parsing, no lone
         # surrogates, no NaN; a refusal says why.
         return loads_bounded(bytes(body), max_values=100_000, clean=False)
     except Rejected as exc:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..turn import TurnResult
+from ..turn.engine import TurnResult
 
 Labels = tuple[tuple[str, str], ...]
 

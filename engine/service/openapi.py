@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..conversions import (
+from ..records.orders import (
     AMOUNT_PATTERN,
     CURRENCIES,
     MAX_LINES,

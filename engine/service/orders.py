@@ -1,5 +1,5 @@
 """``POST /v1/funnels/{funnel}/sessions/{session}/conversions``: an order the session's
-customer placed (engine.conversions), sent by the shop with the ``conversions`` scope.
+customer placed (engine.records.orders), sent by the shop with the ``conversions`` scope.
 
 201 when recorded, 200 when the same order was recorded before (a retry), 409
 when its id was recorded with other content, 404 for a session the funnel never
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..conversions import order_from_body
 from ..errors import OrderConflict, OrderRejected, SchemaOutdated, StoreUnavailable, UnknownSession
+from ..records.orders import order_from_body
 from .core import Service
 from .limits import RequestRefused
 

@@ -14,7 +14,7 @@ and a few dozen ``stat`` calls a second cost nothing next to a turn.
 
 A reload is validated before anything changes: the funnel is loaded and
 compiled in a thread (a big funnel never stalls the turns on the event loop),
-its table is checked, and only then does :meth:`engine.turn.Engine.deploy` swap
+its table is checked, and only then does :meth:`engine.turn.engine.Engine.deploy` swap
 it in. Turns in flight finish on the version they started with (each turn holds
 its own ``turn.funnel``). A refused edit leaves the running version in place,
 logs one line (file:line and the error) and counts in
@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import knowledge
 from ..errors import ConfigError, FunnelError, FunnelInvalid, SchemaOutdated, StoreUnavailable
-from ..funnel import CompiledFunnel, load_funnel
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
+from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.open_sessions import open_sessions
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InvalidInput
-from ..funnel import load_funnel
+from ..funnel.compiled import load_funnel
 from ..store.embedded import embedded_url
 from .config import ServiceConfig
 

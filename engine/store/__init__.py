@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..chat import Message
+from ..records.messages import Message
 from .base import Inbound, OutboxItem, SessionAccess, Store, TurnWrite
 
 __all__ = ["Inbound", "Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite",

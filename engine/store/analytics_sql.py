@@ -23,7 +23,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from ..errors import StoreUnavailable, first_line
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from . import ddl
 from .connect import safe_url
 from .embedded import embedded_url
@@ -284,7 +284,7 @@ def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
 
 
 # -- (7) purchases, (8) revenue, (9) presented vs bought, from funnel_conversions --------
-# Orders (engine.conversions) of the sessions started in the window, whenever placed:
+# Orders (engine.records.orders) of the sessions started in the window, whenever placed:
 # the same sessions as the funnel above, so the rates are of those sessions.
 def _orders(spec: FunnelSpec, b: _Binder) -> sql.Composed:
     """``s(session_id)``: the window's sessions; ``o``: their orders."""

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from .analytics_sql import SECTIONS, inline_queries
 
 VIEW_COMMENT = "funnel analytics view "

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..chat import Message
-from ..conversions import Conversion, Order
+from ..format.spec import FunnelSpec
 from ..knowledge.chunks import Chunk
-from ..spec import FunnelSpec
+from ..records.messages import Message
+from ..records.orders import Conversion, Order
 
 if TYPE_CHECKING:
     from .idempotency import Pending
@@ -157,7 +157,7 @@ class Store(Protocol):
         """A session's turn records, oldest first, with each turn's message and reply."""
 
     async def record_conversion(self, funnel: FunnelSpec, order: Order) -> Conversion:
-        """Record an order against its session, once per order id (engine.conversions).
+        """Record an order against its session, once per order id (engine.records.orders).
 
         Raises:
             UnknownSession: the session is not in the funnel's table.

@@ -1,4 +1,4 @@
-"""Recording an order against a session in ``funnel_conversions`` (engine.conversions).
+"""Recording an order against a session in ``funnel_conversions`` (engine.records.orders).
 
 One transaction: the session must be in the funnel's table (held with ``FOR KEY
 SHARE`` so a purge cannot delete it meanwhile), then the order is inserted once
@@ -17,9 +17,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from ..conversions import Conversion, Order
 from ..errors import OrderConflict, SchemaOutdated, UnknownSession
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
+from ..records.orders import Conversion, Order
 from . import ddl
 from .session import Connect
 

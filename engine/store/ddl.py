@@ -6,21 +6,21 @@ import json
 
 from psycopg import sql
 
-from ..names import CONVERSIONS as CONVERSIONS
-from ..names import EXITS as EXITS
-from ..names import INBOUND as INBOUND  # the shared tables' names, re-exported
-from ..names import JOBS as JOBS
-from ..names import KNOWLEDGE as KNOWLEDGE
-from ..names import KNOWLEDGE_SETS as KNOWLEDGE_SETS
-from ..names import KNOWLEDGE_TERMS as KNOWLEDGE_TERMS
-from ..names import LEASES as LEASES
-from ..names import MESSAGES as MESSAGES
-from ..names import MIGRATIONS as MIGRATIONS
-from ..names import OUTBOX as OUTBOX
-from ..names import TURNS as TURNS
-from ..names import UNREACHABLE as UNREACHABLE
-from ..names import VERSIONS as VERSIONS
-from ..spec import COLUMN_TYPE, FieldSpec, FunnelSpec
+from ..format.names import CONVERSIONS as CONVERSIONS
+from ..format.names import EXITS as EXITS
+from ..format.names import INBOUND as INBOUND  # the shared tables' names, re-exported
+from ..format.names import JOBS as JOBS
+from ..format.names import KNOWLEDGE as KNOWLEDGE
+from ..format.names import KNOWLEDGE_SETS as KNOWLEDGE_SETS
+from ..format.names import KNOWLEDGE_TERMS as KNOWLEDGE_TERMS
+from ..format.names import LEASES as LEASES
+from ..format.names import MESSAGES as MESSAGES
+from ..format.names import MIGRATIONS as MIGRATIONS
+from ..format.names import OUTBOX as OUTBOX
+from ..format.names import TURNS as TURNS
+from ..format.names import UNREACHABLE as UNREACHABLE
+from ..format.names import VERSIONS as VERSIONS
+from ..format.spec import COLUMN_TYPE, FieldSpec, FunnelSpec
 
 
 def column_type(name: str) -> sql.SQL:
@@ -220,7 +220,7 @@ SHARED_MIGRATIONS: list[str] = [
         since TIMESTAMPTZ NOT NULL DEFAULT NOW(),
         PRIMARY KEY (funnel, session_id, channel)
     )""",
-    # Per-target delivery state of an outbox row (engine.notify): a target that took
+    # Per-target delivery state of an outbox row (engine.turn.notify): a target that took
     # the row is never sent it again because another target failed.
     f"ALTER TABLE {OUTBOX} ADD COLUMN IF NOT EXISTS done_targets JSONB NOT NULL DEFAULT '[]'",
     # HTTP calls a turn's model answer took (retries, repair and fallback models
@@ -257,7 +257,7 @@ SHARED_MIGRATIONS: list[str] = [
     )""",
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS knowledge JSONB NOT NULL DEFAULT '[]'",
     # Why each turn moved or stayed: every exit evaluated, with the values it read
-    # (engine.explain).
+    # (engine.turn.explain).
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS explain JSONB",
     # The model's outputs as received (first answer, then the repair), for
     # `funnel record`; cleared by `funnel purge --anonymize` (they quote the customer).
@@ -306,7 +306,7 @@ SHARED_MIGRATIONS: list[str] = [
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS cached_prompt_tokens INT NOT NULL DEFAULT 0",
     # A stage's exits as an explanation lists them (to, condition, global), once per
     # distinct list, under a digest that turn records cite instead of repeating them on
-    # every turn (engine.explain.compact): content-addressed, so a version or variant
+    # every turn (engine.turn.explain.compact): content-addressed, so a version or variant
     # whose exits differ gets a digest of its own, and nothing here is ever rewritten.
     f"""CREATE TABLE IF NOT EXISTS {EXITS} (
         digest TEXT PRIMARY KEY,

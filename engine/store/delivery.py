@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from . import idempotency, outbox
 from .base import Inbound, OutboxItem
 from .idempotency import Pending

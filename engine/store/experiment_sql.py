@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from ..errors import ConfigError
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from . import ddl
 from .analytics_sql import report_snapshot
 

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from .ddl import INBOUND, LEASES, MESSAGES
 
 FUNCTION_COMMENT = "funnel turn function "

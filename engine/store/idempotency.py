@@ -26,7 +26,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from . import ddl
 from .heartbeat import LEASE_SECONDS
 

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from . import ddl
 from .analytics_views import view_changes
 from .functions import function_changes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from .base import Store
 from .postgres import PostgresStore
 

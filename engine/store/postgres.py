@@ -20,13 +20,13 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ..chat import Message
-from ..conversions import Conversion, Order
 from ..errors import SchemaOutdated, StoreUnavailable, first_line
-from ..knowledge import sql as knowledge_sql
+from ..format.spec import FunnelSpec
 from ..knowledge.chunks import Chunk
-from ..spec import FunnelSpec
+from ..records.messages import Message
+from ..records.orders import Conversion, Order
 from . import conversions, ddl, jobs, retention, turns
+from . import knowledge as knowledge_sql
 from .base import TurnWrite
 from .connect import safe_url
 from .delivery import DeliveryMixin
@@ -352,7 +352,7 @@ class PostgresStore(DeliveryMixin, VersionsMixin):
         return await turns.turn_records(self._conn, funnel.name, session_id, limit)
 
     async def record_conversion(self, funnel: FunnelSpec, order: Order) -> Conversion:
-        """Record an order against its session, once per order id (engine.conversions)."""
+        """Record an order against its session, once per order id (engine.records.orders)."""
         return await conversions.record(self._conn, funnel, order)
 
     async def summary_backlog(self, funnel: FunnelSpec, session_id: str, window: int,

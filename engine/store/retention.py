@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from . import ddl, idempotency
 from .session import Connect
 from .statements import default_literal

@@ -26,9 +26,9 @@ from typing import Any
 import orjson
 import psycopg
 
-from ..chat import Message
 from ..errors import ConcurrentUpdate, DuplicateDelivery, StoreUnavailable
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
+from ..records.messages import Message
 from . import wire
 from .base import Inbound, TurnWrite
 from .statements import RELEASE, Statements

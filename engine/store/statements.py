@@ -14,8 +14,8 @@ import orjson
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from ..explain import exits_of
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
+from ..turn.explain import exits_of
 from . import ddl, functions
 from .base import TurnWrite
 from .heartbeat import LEASE_SECONDS
@@ -64,7 +64,7 @@ class Statements:
         # (jsonb_populate_record): two parameters instead of one per column.
         names = [sql.Identifier(n) for n, _ in self.columns]
         update_sets = []
-        # The rolling summary is written only by the summarizer (engine.memory).
+        # The rolling summary is written only by the summarizer (engine.memory.summary).
         only_insert = {spec.memory.summary} if spec.memory.summary else set()
         # The row as it was is `cur`: shorter than the table's name, which every column
         # would otherwise repeat twice.
@@ -178,11 +178,11 @@ class Statements:
         ).format(m=sql.Identifier(ddl.MESSAGES), t=t).as_string()
         self.version_of = sql.SQL("SELECT row_version FROM {} WHERE session_id = %s").format(
             t).as_string()
-        # The exit lists (engine.explain) this store saved: a turn sends only new ones.
+        # The exit lists (engine.turn.explain) this store saved: a turn sends only new ones.
         self.exits_saved: set[str] = set()
 
     def plain_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        """The row read as JSON, with the values :func:`engine.state.plain` gives a row
+        """The row read as JSON, with the values :func:`engine.funnel.state.plain` gives a row
         read column by column: integral numerics as ints, timestamps in Python's ISO form."""
         for name in self.numeric_columns:
             value = row.get(name)

@@ -7,7 +7,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from ..explain import expand
+from ..turn.explain import expand
 from . import ddl
 from .session import Connect
 
@@ -39,7 +39,7 @@ async def turn_records(connect: Connect, funnel: str, session_id: str, limit: in
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(q, (funnel, session_id, limit))
         records = await cur.fetchall()
-        # The explanations cite their exit lists by digest (engine.explain.compact).
+        # The explanations cite their exit lists by digest (engine.turn.explain.compact).
         cited = {step["exits"] for r in records for step in r["explain"] or ()
                  if isinstance(step, dict) and "exits" in step}
         exits: dict[str, Any] = {}

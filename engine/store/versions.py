@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
 from . import ddl
 from .statements import dumps
 

@@ -1,6 +1,6 @@
 """Checks of a funnel's actions: builtins' needs, hooks, and the stages' `on_enter` lists.
 
-Hooks are resolved the way `engine.actions.load_hook` resolves them at load
+Hooks are resolved the way `engine.funnel.actions.load_hook` resolves them at load
 (beside the funnel file first, then the Python path), but a hook module is
 never run here: its functions are read from its source.
 """

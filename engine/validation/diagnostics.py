@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .. import _yaml
+from ..format import _yaml
 
 Severity = Literal["error", "warning"]
 

@@ -1,4 +1,4 @@
-"""Checks of the funnel's ``experiment:`` (F811-F818; engine.experiments.spec reads it),
+"""Checks of the funnel's ``experiment:`` (F811-F818; engine.format.experiment reads it),
 and of the templates its variants use instead of the stages' (as `files` checks those)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..experiments.spec import read_experiment
-from ..paths import funnel_roots
-from ..spec import PROMPT_NAMES
+from ..format.experiment import read_experiment
+from ..format.paths import funnel_roots
+from ..format.spec import PROMPT_NAMES
 from .diagnostics import Report, as_dict
-from .files import _check_template as check_template  # the stages' own template checks
+from .files import _check_template as check_template
 
 
 def check_experiment(data: dict[str, Any], report: Report) -> None:

@@ -11,13 +11,13 @@ from typing import Any
 
 from jinja2 import Environment, TemplateSyntaxError, meta, nodes
 
-from ..catalog import load_catalog
 from ..errors import CatalogError, did_you_mean
-from ..expressions import attribute_paths, make_environment
-from ..names import PROMPT_BLOCKS, STATE_BLOCK, STATIC_PROMPT_NAMES, TURN_BLOCK
-from ..paths import funnel_roots, is_confined
-from ..settings import MemorySettings
-from ..spec import PROMPT_NAMES
+from ..format.catalog import load_catalog
+from ..format.names import PROMPT_BLOCKS, STATE_BLOCK, STATIC_PROMPT_NAMES, TURN_BLOCK
+from ..format.paths import funnel_roots, is_confined
+from ..format.settings import MemorySettings
+from ..format.spec import PROMPT_NAMES
+from ..sandbox.expressions import attribute_paths, make_environment
 from .diagnostics import Report, as_dict
 from .sandbox import refused
 from .schemas import check_output_schema
@@ -134,7 +134,7 @@ def _check_static_part(path: Path, folder: Path, roots: tuple[Path, ...], report
                        reported: set[tuple[Path, int, str]]) -> None:
     """F206: in a template with a top-level ``{% block state %}`` or ``{% block turn %}``,
     the rest (and what it includes) is the prompt's static prefix: it may read only the
-    names that do not change from turn to turn (engine.prompts.render_parts)."""
+    names that do not change from turn to turn (engine.turn.prompts.render_parts)."""
     tree = _tree(path)
     if tree is None or not any(isinstance(n, nodes.Block) and n.name in PROMPT_BLOCKS
                                for n in tree.body):

@@ -13,7 +13,7 @@ from typing import Any
 from lingua import IsoCode639_1
 
 from ..errors import did_you_mean
-from ..paths import funnel_roots, is_confined
+from ..format.paths import funnel_roots, is_confined
 from .diagnostics import Report, as_dict, as_list
 
 _CODES = sorted(c.lower() for c in dir(IsoCode639_1) if c.isupper() and len(c) == 2)
@@ -46,7 +46,7 @@ def check_language(data: dict[str, Any], report: Report) -> None:
 def knowledge_folder(data: dict[str, Any], funnel_path: Path) -> tuple[Path | None, str]:
     """The knowledge folder a funnel names, resolved, or (None, why not).
 
-    Confined like every file a funnel reads (`engine.paths`): inside the funnel's
+    Confined like every file a funnel reads (`engine.format.paths`): inside the funnel's
     project or a folder the operator lists in ``FUNNEL_ROOT``, never a hidden one.
     """
     raw = data.get("knowledge")

@@ -16,10 +16,10 @@ from typing import Any
 
 import jsonschema
 
-from .. import _yaml
 from ..errors import MigrationError, did_you_mean
-from ..settings import MigrationStep, migration_steps
-from ..versions.migrations import apply_step
+from ..format import _yaml
+from ..format.migrations import apply_step
+from ..format.settings import MigrationStep, migration_steps
 from .diagnostics import Report, as_dict
 
 _SCENARIO_KEY = re.compile(r"^(scenario|turns)\s*:", re.MULTILINE)

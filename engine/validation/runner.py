@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .. import _yaml
-from ..spec import FunnelSpec, build_spec
+from ..format import _yaml
+from ..format.spec import FunnelSpec, build_spec
 from .actions import check_actions
 from .diagnostics import Diagnostic, Report, as_dict
 from .experiment import check_experiment

@@ -19,7 +19,7 @@ from typing import Any
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError
 
-from ..sandbox import _BINOPS, WorkLimit
+from ..sandbox.templates import _BINOPS, WorkLimit
 
 # Methods that change a dict, list or set: the immutable sandbox refuses them.
 MUTATING = frozenset({"append", "extend", "insert", "pop", "popitem", "remove", "clear",

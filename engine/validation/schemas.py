@@ -10,8 +10,8 @@ from typing import Any
 
 import jsonschema
 
-from .. import _yaml
 from ..errors import did_you_mean
+from ..format import _yaml
 from .diagnostics import Report, as_dict, as_list
 
 

@@ -15,15 +15,15 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, nodes
 
 from ..errors import did_you_mean
-from ..expressions import attribute_paths, parse_expression
-from ..names import SHARED_TABLES
-from ..spec import (
+from ..format.names import SHARED_TABLES
+from ..format.spec import (
     COLUMN_TYPE,
     CONDITION_NAMES,
     ENGINE_COLUMNS,
     SQL_IDENTIFIER,
     implied_engine_fields,
 )
+from ..sandbox.expressions import attribute_paths, parse_expression
 from .diagnostics import Report, as_dict, as_list
 from .format import format_schema
 from .sandbox import refused, unguarded_comparisons

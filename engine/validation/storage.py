@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..spec import index_name
+from ..format.spec import index_name
 from .diagnostics import Report, as_dict, as_list
 
 Keys = tuple[str | int, ...]
@@ -88,7 +88,7 @@ class StorageNames:
 def _names(data: dict[str, Any]) -> list[_Name]:
     """A funnel's table and index names, the table first.
 
-    Unnamed indexes get `engine.spec.index_name`, as the engine names them.
+    Unnamed indexes get `engine.format.spec.index_name`, as the engine names them.
     """
     table = data.get("table")
     table = table if isinstance(table, str) else None

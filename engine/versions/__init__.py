@@ -6,6 +6,6 @@ This package's own namespace holds only the pure migrations, so that `engine.val
 can apply them without importing the compiled funnel (which imports validation).
 """
 
-from .migrations import apply_step, migrate_row, steps_between
+from ..format.migrations import apply_step, migrate_row, steps_between
 
 __all__ = ["apply_step", "migrate_row", "steps_between"]

@@ -19,8 +19,8 @@ import orjson
 from jinja2 import Environment, meta
 
 from ..errors import ConfigError, FunnelInvalid
-from ..funnel import CompiledFunnel
-from ..spec import FunnelSpec
+from ..format.spec import FunnelSpec
+from ..funnel.compiled import CompiledFunnel
 from ..validation import check_file
 
 __all__ = ["Bundle", "LoadedVersion", "bundle_of", "compile_bundle"]
@@ -119,7 +119,7 @@ def compile_bundle(bundle: Bundle) -> LoadedVersion:
     """
     folder = tempfile.TemporaryDirectory(prefix=f"funnel-{bundle.name}-v{bundle.version}-")
     root = Path(folder.name)
-    # The marker makes the folder the funnel's project (engine.paths): its files are the
+    # The marker makes the folder the funnel's project (engine.format.paths): its files are the
     # only ones the funnel may read, whatever lies around the temporary folder.
     (root / "pyproject.toml").write_text("", "utf-8")
     for rel, text in bundle.files.items():

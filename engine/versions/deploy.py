@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ..funnel import CompiledFunnel
+from ..funnel.compiled import CompiledFunnel
 from ..store import Store
 from .bundle import bundle_of
 from .pinning import Versions

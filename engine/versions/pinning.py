@@ -18,10 +18,10 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import ConfigError, FunnelError, MigrationError
-from ..funnel import CompiledFunnel
+from ..format.migrations import migrate_row
+from ..funnel.compiled import CompiledFunnel
 from ..store import Store
 from .bundle import Bundle, LoadedVersion, bundle_of, compile_bundle
-from .migrations import migrate_row
 
 __all__ = ["Versions"]
 

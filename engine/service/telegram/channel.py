@@ -24,8 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...errors import DuplicateDelivery, StoreUnavailable
-from ...notify import Outcome, dispatch
 from ...store import Inbound, OutboxItem
+from ...turn.notify import Outcome, dispatch
 from ..config import TelegramBot
 from ..limits import MAX_UPDATE_BYTES, RequestRefused, error, read_json
 from .botapi import MAX_TEXT, BotApi, backoff

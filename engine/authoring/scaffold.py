@@ -1,0 +1,384 @@
+"""`funnel new`: a funnel folder that validates clean and whose scenarios pass out of the box.
+
+The folder holds the funnel file, its prompts, its output schemas, a catalog
+when the funnel has one, and two scenarios. The schemas are generated from the
+funnel, never written by hand: per stage, ``reply``, ``language`` (when the
+funnel detects it), the ``updates`` the stage allows (each field's schema as
+the funnel declares it) and the ``actions`` it allows (each builtin's arguments,
+from its declaration). Templates: ``minimal`` (written here), ``puramur`` and
+``b2b_demo`` (copies of the shipped reference funnels under a new name, each
+stage keeping the updates and actions its shipped schema allows).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..format import _yaml
+from ..format.spec import SQL_IDENTIFIER, implied_engine_fields
+from ..validation.schemas import action_types, resolve_local_ref
+
+__all__ = ["TEMPLATES", "output_schema", "scaffold"]
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+TEMPLATES = ("minimal", "puramur", "b2b_demo")
+_SCENARIOS = {"puramur": ("happy_path.yaml", "objections.yaml"),
+              "b2b_demo": ("booking.yaml", "disqualified.yaml")}
+_STORAGE_KEYS = {"default", "nullable", "owner", "write_once", "indexed", "column",
+                 "description", "retention"}
+
+
+# --- output schemas ---------------------------------------------------------------------------
+
+
+def _field_schema(raw: dict[str, Any]) -> dict[str, Any]:
+    """A state field's declaration as the JSON Schema of what the model may write there."""
+    out = {k: v for k, v in raw.items() if k not in _STORAGE_KEYS}
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: _field_schema(v) if isinstance(v, dict) else v
+                             for k, v in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def _action_schema(name: str, raw: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of one declared action, from its builtin (or open, for a hook)."""
+    props: dict[str, Any] = {"type": {"const": name}}
+    required = ["type"]
+    builtin = raw.get("builtin")
+    cart = data.get("cart") or {}
+    presented = data.get("presented") or {}
+    state = data.get("state") or {}
+    if builtin == "present_products":
+        props["skus"] = {"type": "array", "minItems": 1,
+                         "maxItems": int(presented.get("max_per_turn", 3)),
+                         "items": {"type": "string"}}
+        required.append("skus")
+    elif builtin in ("add_to_cart", "remove_from_cart"):
+        props["sku"] = {"type": "string"}
+        props["qty"] = {"type": "integer", "minimum": 1, "maximum": int(cart.get("max_qty", 20))}
+        required.append("sku")
+    elif builtin == "set":
+        props["value"] = _field_schema(state.get(raw.get("field"), {}))
+        required.append("value")
+    elif builtin == "request_handoff":
+        reasons = raw.get("reasons")
+        props["reason"] = {"enum": list(reasons)} if reasons else {"type": "string"}
+        required.append("reason")
+    elif builtin != "signal":  # append, a hook: arguments of the author's choosing
+        return {"type": "object", "required": required, "properties": props,
+                "additionalProperties": {"type": ["string", "number", "boolean"]}}
+    return {"type": "object", "additionalProperties": False, "required": required,
+            "properties": props}
+
+
+def output_schema(data: dict[str, Any], stage: str, updates: list[str] | None = None,
+                  actions: list[str] | None = None) -> dict[str, Any]:
+    """A stage's output schema, generated from the funnel.
+
+    Args:
+        data: the funnel file, parsed.
+        stage: the stage's name.
+        updates: the state fields the stage lets the model write (default: every
+            field the model owns).
+        actions: the action types the stage allows (default: every declared one).
+    """
+    state = data.get("state") or {}
+    owned = implied_engine_fields(data)
+    writable = [n for n, raw in state.items()
+                if n not in owned and (raw or {}).get("owner", "llm") == "llm"]
+    fields = [n for n in (writable if updates is None else updates) if n in state]
+    declared = data.get("actions") or {}
+    allowed = [a for a in (list(declared) if actions is None else actions) if a in declared]
+    props: dict[str, Any] = {"reply": {"type": "string", "minLength": 1, "maxLength": 1500,
+                                       "description": "What the customer sees."}}
+    if (data.get("language") or {}).get("detected"):
+        props["language"] = {"type": "string", "pattern": "^[a-z]{2}$",
+                             "description": "ISO 639-1 code of the customer's language."}
+    if fields:
+        props["updates"] = {"type": "object", "additionalProperties": False,
+                            "properties": {n: _field_schema(state[n]) for n in fields}}
+    schema: dict[str, Any] = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"{data.get('funnel')} {stage} output (generated by `funnel new`)",
+        "type": "object", "additionalProperties": False, "required": ["reply"],
+        "properties": props,
+    }
+    if allowed:
+        props["actions"] = {"type": "array", "maxItems": 6, "items": {
+            "oneOf": [{"$ref": f"#/$defs/{a}"} for a in allowed]}}
+        schema["$defs"] = {a: _action_schema(a, declared[a], data) for a in allowed}
+    return schema
+
+
+# --- the folder -------------------------------------------------------------------------------
+
+
+def scaffold(name: str, folder: Path, template: str = "minimal", *, catalog: bool = False
+             ) -> list[Path]:
+    """Write a new funnel called ``name`` into ``folder`` (which must not exist yet).
+
+    Returns:
+        The files written.
+
+    Raises:
+        ConfigError: a bad name or template, or the folder exists.
+    """
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", name) or not SQL_IDENTIFIER.fullmatch(name):
+        raise ConfigError(f"funnel name {name!r}: use lowercase letters, digits and `_`, "
+                          "starting with a letter (at most 41 characters)")
+    if template not in TEMPLATES:
+        raise ConfigError(f"no template {template!r}; choose one of {', '.join(TEMPLATES)}")
+    if folder.exists():
+        raise ConfigError(f"{folder} exists already; choose another folder (nothing written)")
+    folder.mkdir(parents=True)
+    try:
+        if template == "minimal":
+            _minimal(name, folder, catalog)
+        else:
+            _copy(name, folder, template)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)  # nothing half-written
+        raise
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def _write_schemas(folder: Path, data: dict[str, Any],
+                   allowed: dict[str, tuple[list[str] | None, list[str] | None]]) -> None:
+    (folder / "schemas").mkdir()
+    for stage, raw in (data.get("stages") or {}).items():
+        updates, actions = allowed.get(stage, (None, None))
+        schema = output_schema(data, stage, updates, actions)
+        (folder / "schemas" / (raw or {}).get("schema", f"{stage}.json")).write_text(
+            json.dumps(schema, indent=2, ensure_ascii=False) + "\n", "utf-8")
+
+
+def _copy(name: str, folder: Path, template: str) -> None:
+    source = ROOT / "funnels" / f"{template}.yaml"
+    text = source.read_text("utf-8")
+    data = _yaml.load(text).data
+    old_table = data["table"]
+    text = re.sub(r"^funnel: .*$", f"funnel: {name}", text, count=1, flags=re.M)
+    text = re.sub(r"^table: .*$", f"table: {name}_sessions_state", text, count=1, flags=re.M)
+    text = re.sub(r"^prompts: .*$", "prompts: prompts", text, count=1, flags=re.M)
+    text = re.sub(r"^schemas: .*$", "schemas: schemas", text, count=1, flags=re.M)
+    text = re.sub(r"^catalog: .*$", "catalog: catalog.yaml", text, count=1, flags=re.M)
+    # Index names are global in the database: make them the new funnel's own.
+    text = re.sub(r"name: idx_(\w+)", lambda m: f"name: idx_{name}_{m[1]}", text)
+    text = text.replace(old_table, f"{name}_sessions_state")
+    (folder / "funnel.yaml").write_text(text, "utf-8")
+    shutil.copytree(Path(source.parent / data.get("prompts", "prompts")), folder / "prompts")
+    if data.get("catalog"):
+        shutil.copy(source.parent / data["catalog"], folder / "catalog.yaml")
+    knowledge = data.get("knowledge")
+    if knowledge:  # the knowledge folder travels with the funnel, as `knowledge/`
+        shipped_folder = knowledge if isinstance(knowledge, str) else knowledge["folder"]
+        shutil.copytree(source.parent / shipped_folder, folder / "knowledge")
+        text = text.replace(str(shipped_folder), "knowledge", 1)
+        (folder / "funnel.yaml").write_text(text, "utf-8")
+    for raw in (data.get("actions") or {}).values():  # hook modules travel with the funnel
+        hook = (raw or {}).get("hook")
+        if isinstance(hook, str) and (source.parent / f"{hook.split(':')[0]}.py").is_file():
+            shutil.copy(source.parent / f"{hook.split(':')[0]}.py", folder)
+    allowed: dict[str, tuple[list[str] | None, list[str] | None]] = {}
+    shipped = source.parent / data.get("schemas", "schemas")
+    for stage, raw in (data.get("stages") or {}).items():
+        file = (raw or {}).get("schema", f"{stage}.json")
+        schema = json.loads((shipped / file).read_text("utf-8"))
+        updates = resolve_local_ref(schema, schema.get("properties", {}).get("updates", {}))
+        allowed[stage] = (list(updates.get("properties", {})),
+                          list(dict.fromkeys(t for _, t in action_types(schema))))
+    data = _yaml.load(text).data
+    _write_schemas(folder, data, allowed)
+    (folder / "scenarios").mkdir()
+    for scenario in _SCENARIOS[template]:
+        body = (source.parent / template / "scenarios" / scenario).read_text("utf-8")
+        body = re.sub(r"^# yaml-language-server:.*\n", "", body, count=1, flags=re.M)
+        body = re.sub(r"^funnel: .*$", "funnel: ../funnel.yaml", body, count=1, flags=re.M)
+        (folder / "scenarios" / scenario).write_text(body, "utf-8")
+
+
+def _minimal(name: str, folder: Path, catalog: bool) -> None:
+    text = _MINIMAL.replace("NAME", name)
+    if catalog:
+        text = text.replace("  # CATALOG-STATE\n", "  presented_products: {type: array, "
+                            "default: []}\n")
+        text = text.replace("# CATALOG\n", "catalog: catalog.yaml\npresented:\n  field: "
+                            "presented_products\n\n")
+        text = text.replace("  # CATALOG-ACTION\n", "  present_products: {builtin: "
+                            "present_products}\n")
+        (folder / "catalog.yaml").write_text(_CATALOG, "utf-8")
+    text = re.sub(r"^.*# CATALOG.*\n", "", text, flags=re.M)
+    (folder / "funnel.yaml").write_text(text, "utf-8")
+    (folder / "prompts").mkdir()
+    for stage, body in _PROMPTS.items():
+        # The catalog does not change from turn to turn: it belongs to the static part.
+        prompt = body.replace("CATALOG", _CATALOG_PROMPT if catalog else "")
+        (folder / "prompts" / f"{stage}.j2").write_text(prompt, "utf-8")
+    _write_schemas(folder, _yaml.load(text).data, {})
+    (folder / "scenarios").mkdir()
+    for file, body in _MINIMAL_SCENARIOS.items():
+        (folder / "scenarios" / file).write_text(body, "utf-8")
+
+
+_MINIMAL = """\
+# NAME: a funnel created by `funnel new` (template: minimal). Change the stages, the
+# state and the prompts, then run:
+#   funnel validate --strict NAME/ && funnel test NAME/scenarios/
+# The output schemas in schemas/ were generated from this file: after changing the
+# state or the actions, create a new funnel and copy them, or edit them to match.
+funnel: NAME
+version: 1
+table: NAME_sessions_state
+description: Find out what the customer needs, take their contacts, hand over to a person.
+initial: greeting
+prompts: prompts
+schemas: schemas
+# CATALOG
+
+state:
+  customer:
+    type: object
+    default: {}
+    retention: personal
+    properties:
+      name: {type: string, maxLength: 80}
+      phone: {type: string, maxLength: 40}
+  need: {type: string, default: "", maxLength: 300}
+  score: {type: integer, default: 0}
+  handoff_at: {type: string, format: date-time, nullable: true}
+  handoff_reason: {type: string, nullable: true}
+  # CATALOG-STATE
+
+completeness:
+  field: score
+  rules:
+    - {when: need, points: 50}
+    - {when: customer.name, points: 25}
+    - {when: customer.phone, points: 25}
+
+handoff:
+  stage: done
+  triggered_at: handoff_at
+  reason: handoff_reason
+
+actions:
+  request_handoff: {builtin: request_handoff, reasons: [explicit_request]}
+  # CATALOG-ACTION
+
+global_transitions:
+  - to: done
+    when: handoff_requested == 'explicit_request'
+    reason: explicit_request
+
+stages:
+  greeting:
+    description: Say hello and ask what the customer needs.
+    fallback: Hello! What can I help you with?
+    transitions:
+      - to: discovery
+
+  discovery:
+    description: Understand the need well enough to pass it on.
+    fallback: Could you tell me a little more about what you need?
+    max_iterations: {limit: 6, to: done, reason: stalled}
+    transitions:
+      - to: contact
+        when: need
+
+  contact:
+    description: Take the customer's name and phone number.
+    fallback: May I have your name and phone number, so that a colleague can call you?
+    transitions:
+      - to: done
+        when: score >= 100
+        reason: contacts_taken
+
+  done:
+    description: Thank the customer; a person takes over.
+    final: true
+"""
+
+# Each prompt is laid out for providers' prefix caches (docs/funnel-format.md, "Prompt
+# layout"): the static instructions first, what changes every turn in `{% block turn %}`.
+_TURN = "{% block turn %}\nKnown facts (JSON): {{ state_json }}\n"
+_PROMPTS = {
+    "greeting": "You are the assistant of this business. Greet the customer and ask what they "
+                "need.\nIf they already said it, put it in \"updates.need\" (one sentence).\n"
+                "If they ask for a person, add the action {\"type\": \"request_handoff\", "
+                "\"reason\": \"explicit_request\"}.\n" + _TURN + "{% endblock %}\n",
+    "discovery": "You are the assistant of this business. Find out what the customer needs.\n"
+                 "When you understand it, put it in \"updates.need\" (one sentence).\n"
+                 "CATALOG" + _TURN + "{% if offer %}{{ offer }}\n{% endif %}{% endblock %}\n",
+    "contact": "You are the assistant of this business. Ask for the customer's name and phone "
+               "number and put them in \"updates.customer\".\n" + _TURN
+               + "The customer needs: {{ need }}.\n"
+               "{% if customer.name %}Their name is {{ customer.name }}.{% endif %}\n"
+               "{% endblock %}\n",
+    "done": "You are the assistant of this business. A colleague takes over: thank the customer "
+            "and do not promise anything else.\n" + _TURN
+            + "Thank {{ customer.name or 'the customer' }}; a colleague will call "
+            "{{ customer.phone or 'soon' }}.\n{% endblock %}\n",
+}
+
+_CATALOG_PROMPT = ("Products you may present (never invent others):\n"
+                   "{% for p in catalog %}- {{ p.sku }}: {{ p.name }}, {{ p.price }} {{ currency }}\n"
+                   "{% endfor %}To present some, add {\"type\": \"present_products\", "
+                   "\"skus\": [...]}.\n")
+
+_CATALOG = """\
+# The products the assistant may present: the only source of names and prices.
+currency: EUR
+products:
+  - {sku: BASIC, name: Basic plan, price: 10}
+  - {sku: PRO, name: Pro plan, price: 30}
+"""
+
+_MINIMAL_SCENARIOS = {
+    "happy_path.yaml": """\
+# From greeting to the hand-off: the need, then the contacts.
+scenario: happy-path
+funnel: ../funnel.yaml
+turns:
+  - customer: "Hi!"
+    llm: {reply: "Hello! What can I help you with?"}
+    expect: {stage: discovery, transitions: [greeting->discovery]}
+
+  - customer: "I need a quote for a website"
+    llm:
+      reply: "Happy to help. May I have your name and phone number?"
+      updates: {need: "a quote for a website"}
+    expect: {stage: contact, state: {need: "a quote for a website", score: 50}}
+
+  - customer: "Anna, +15551234567"
+    llm:
+      reply: "Thank you, Anna! A colleague will call you."
+      updates: {customer: {name: Anna, phone: "+15551234567"}}
+    expect:
+      stage: done
+      state: {score: 100, handoff_reason: contacts_taken, handoff_at: present}
+""",
+    "asks_for_a_person.yaml": """\
+# The customer asks for a person at once: the global transition hands over.
+scenario: asks-for-a-person
+funnel: ../funnel.yaml
+turns:
+  - customer: "Hello"
+    llm: {reply: "Hello! What can I help you with?"}
+    expect: {stage: discovery}
+
+  - customer: "I want to talk to a human"
+    llm:
+      reply: "Of course, a colleague will take over."
+      actions: [{type: request_handoff, reason: explicit_request}]
+    expect:
+      stage: done
+      actions: [request_handoff]
+      state: {handoff_reason: explicit_request}
+""",
+}

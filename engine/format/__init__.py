@@ -1,0 +1,11 @@
+"""The funnel format: what a funnel file declares, read and checked for shape.
+
+Holds the typed declaration (`spec`, with the model, memory, language and
+knowledge `settings`), the YAML reader that keeps line numbers (`_yaml`), the
+engine's fixed names (`names`), the project confinement of files (`paths`), the
+catalog (`catalog`), an A/B experiment's declaration (`experiment`) and the
+declared state migrations between versions (`migrations`).
+
+May import: `engine.errors`, `engine.boundary`, `engine.records`. Nothing here
+compiles a funnel or touches a database.
+"""

@@ -1,0 +1,192 @@
+"""Model calls: any litellm model, or the offline scripted model.
+
+litellm takes seconds of CPU to import, so it is imported only when a real
+model is constructed; ``funnel validate``, ``funnel test`` and the scripted
+model never import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, ModelError
+from ..format import _yaml
+from ..records.messages import estimate_tokens
+from .client import Caller
+from .request import Completion, Model, ModelRequest
+from .strategy import CHOICES
+
+__all__ = ["Completion", "LiteLLMModel", "Model", "ModelRequest", "ScriptedModel", "make_model"]
+
+# -- the scripted model ----------------------------------------------------------------
+
+
+@dataclass
+class ScriptEntry:
+    output: Any
+    repair: Any = None
+    error: str | None = None
+    # The outputs as the model would send them, serialized once.
+    _texts: tuple[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        first = _as_text(self.output)
+        self._texts = (first, _as_text(self.repair) if self.repair is not None else first)
+
+    def text(self, repair: bool) -> str:
+        return self._texts[1 if repair else 0]
+
+
+def _as_text(output: Any) -> str:
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+
+
+@dataclass
+class ScriptedModel:
+    """Replays model outputs from a file, offline, through the same validation path.
+
+    The file (YAML or JSON) holds ``turns`` (the N-th customer message of a
+    session gets the N-th entry), ``match`` (``{pattern, output}``, tried first,
+    against the customer's text) and ``default``. An entry is an output
+    envelope (``{reply, updates, actions}``), a raw string (to test bad
+    output), ``{output: X, repair: Y}`` (Y answers the repair call), or
+    ``{error: message}`` (the call fails). Token counts are estimated with
+    :func:`engine.turn.prompts.estimate_tokens`. ``delay: SECONDS`` makes every call
+    take that long, like a remote model (for load tests; none by default).
+    """
+
+    turns: list[ScriptEntry] = field(default_factory=list)
+    match: list[tuple[re.Pattern[str], ScriptEntry]] = field(default_factory=list)
+    default: ScriptEntry | None = None
+    name: str = "scripted"
+    delay: float = 0.0
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ScriptedModel:
+        path = Path(path)
+        try:
+            data = _yaml.load(path.read_text("utf-8")).data
+        except OSError as exc:
+            raise ConfigError(f"cannot read the script: {exc.strerror or exc}",
+                              file=str(path)) from None
+        except _yaml.YamlSyntaxError as exc:
+            raise ConfigError(str(exc), file=str(path), line=exc.line) from None
+        if isinstance(data, list):
+            data = {"turns": data}
+        if not isinstance(data, dict):
+            raise ConfigError("a script is a list of outputs or a mapping with `turns`, "
+                              "`match` and `default`", file=str(path))
+        model = cls.from_data(data)
+        model.name = f"scripted:{path.name}"
+        return model
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> ScriptedModel:
+        match = []
+        for item in data.get("match") or []:
+            try:
+                match.append((re.compile(str(item["pattern"])), _entry(item["output"])))
+            except (KeyError, TypeError, re.error) as exc:
+                raise ConfigError(f"bad `match` entry {item!r}: {exc}") from None
+        default = data.get("default")
+        try:
+            delay = float(data.get("delay") or 0)
+        except (TypeError, ValueError):
+            raise ConfigError(f"`delay` must be a number of seconds; got {data.get('delay')!r}"
+                              ) from None
+        if delay < 0:
+            raise ConfigError(f"`delay` must not be negative; got {delay:g}")
+        return cls(
+            turns=[_entry(x) for x in data.get("turns") or []],
+            match=match,
+            default=_entry(default) if default is not None else None,
+            delay=delay,
+        )
+
+    def pick(self, request: ModelRequest) -> ScriptEntry:
+        for pattern, entry in self.match:
+            if pattern.search(request.user_text):
+                return entry
+        if 1 <= request.turn <= len(self.turns):
+            return self.turns[request.turn - 1]
+        if self.default is not None:
+            return self.default
+        raise ModelError(f"the script has no output for turn {request.turn} of session "
+                         f"{request.session_id!r} (and no `default`)")
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        started = time.perf_counter()
+        entry = self.pick(request)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if entry.error:
+            raise ModelError(entry.error)
+        text = entry.text(bool(request.attempt))
+        return Completion(
+            text=text,
+            prompt_tokens=estimate_tokens(request.messages),
+            completion_tokens=estimate_tokens([{"content": text}]) - 6,
+            model=self.name,
+            latency_ms=(time.perf_counter() - started) * 1000,
+        )
+
+
+def _entry(raw: Any) -> ScriptEntry:
+    if isinstance(raw, dict) and "error" in raw and "reply" not in raw:
+        return ScriptEntry(output=None, error=str(raw["error"]))
+    if isinstance(raw, dict) and "output" in raw and "reply" not in raw:
+        return ScriptEntry(output=raw["output"], repair=raw.get("repair"))
+    return ScriptEntry(output=raw)
+
+
+# -- litellm ---------------------------------------------------------------------------
+
+
+class LiteLLMModel:
+    """Any model litellm can call (``gpt-4o-mini``, ``openai/...`` with an api_base, ...).
+
+    The structured-output strategy, retries, the turn deadline and fallback
+    models are :mod:`engine.llm`'s; ``structured_output`` overrides the funnel's
+    ``model.structured_output``.
+    """
+
+    def __init__(self, name: str, *, api_base: str | None = None,
+                 structured_output: str | None = None) -> None:
+        # Never fetch the cost map (or Anthropic's beta headers) from the network.
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
+        import litellm  # seconds to import: only a real model pays it
+
+        if structured_output is not None and structured_output not in CHOICES:
+            raise ConfigError(f"structured output {structured_output!r} is not one of "
+                              f"{', '.join(CHOICES)} (see docs/models.md)")
+        # litellm print()s "Provider List: ..." and "Give Feedback / Get Help ..." to
+        # stdout on failed calls and on cost look-ups of unmapped models; that would
+        # corrupt `funnel chat`'s one-reply-a-line output. Errors still raise.
+        litellm.suppress_debug_info = True
+        self._litellm = litellm
+        self.name = name
+        self.api_base = api_base
+        self.caller = Caller(litellm, name, api_base=api_base,
+                             structured_output=structured_output)
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        return await self.caller.complete(request)
+
+
+def make_model(name: str, *, api_base: str | None = None,
+               structured_output: str | None = None) -> Model:
+    """``scripted:PATH`` for the offline model, otherwise a litellm model string."""
+    if name.startswith("scripted:"):
+        return ScriptedModel.from_file(name.removeprefix("scripted:"))
+    if name == "scripted":
+        raise ConfigError("the scripted model needs a file: `scripted:PATH`")
+    return LiteLLMModel(name, api_base=api_base, structured_output=structured_output)

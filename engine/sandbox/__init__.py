@@ -1,0 +1,8 @@
+"""The sandbox: the only place where text a funnel author wrote is executed.
+
+`templates` holds the bounded, sandboxed Jinja environment (work limits, a
+loader confined to the funnel's project); `expressions` compiles the conditions
+and derived fields of a funnel into callables on that environment. No `eval`.
+
+May import: `engine.format`, `engine.errors`, `engine.boundary`.
+"""

@@ -1,0 +1,13 @@
+"""The turn: one customer message in, one reply and one saved row out.
+
+`engine` holds :class:`~engine.turn.engine.Engine` and its turn, step by step;
+`steps` the steps between load and save; `data` what a turn carries and
+records; `routing` the version and variant a turn runs on; `advance` moving
+between stages and `explain` why; `prompts` and `budget` the prompt and its
+caps; `output` validation, repair and fallback; `language` the customer's
+language; `notify` the hand-off alert; `invariants` what every saved session
+must satisfy (`funnel check-state`).
+
+May import: `engine.memory`, `engine.knowledge`, `engine.versions`,
+`engine.experiments`, `engine.store`, `engine.llm`, `engine.funnel` and below.
+"""

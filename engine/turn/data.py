@@ -1,0 +1,148 @@
+"""What a turn carries and what it leaves: the message it answers, the turn in flight
+(what the steps of `engine.turn.engine` read and write), its result, and its record."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..boundary.sanitize import printable
+from ..format.spec import FunnelSpec
+from ..funnel.actions import ActionOutcome
+from ..funnel.compiled import CompiledFunnel
+from ..funnel.machine import Firing
+from ..memory.summary import SummaryJob
+from ..records.messages import Message
+from ..store import Inbound
+from . import language
+from .advance import Mover, Position
+from .explain import compact
+from .output import Answer
+
+__all__ = ["Incoming", "Turn", "TurnResult", "turn_record"]
+
+
+@dataclass
+class TurnResult:
+    """What one turn did. ``reply`` is what to send the customer."""
+
+    session_id: str
+    reply: str
+    stage_before: str
+    stage_after: str
+    state: dict[str, Any]
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[ActionOutcome] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    validation_failures: int = 0
+    repaired: bool = False
+    fallback: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # Of prompt_tokens, those the provider read from its prompt cache (billed lower).
+    cached_prompt_tokens: int = 0
+    # Of prompt_tokens, those the provider wrote to its prompt cache (billed higher).
+    cache_write_tokens: int = 0
+    handoff: bool = False
+    returning: bool = False
+    error: str | None = None
+    backlog: int = 0  # messages that left the window and wait for the summary (at least)
+    message_id: int = 0  # the customer's message in the log: the turn's id in the API
+    model_seconds: float = 0.0  # time in model calls (first call, repair)
+    explain: list[dict[str, Any]] = field(default_factory=list)  # engine.turn.explain, per stage
+
+
+@dataclass
+class Incoming:
+    """The message a turn answers; ``message_id`` once it is durable (kept across retries)."""
+
+    session_id: str
+    text: str
+    channel: str
+    started: float
+    message_id: int | None = None
+    delivery: Inbound | None = None  # the delivery key, recorded with the message
+    reply_to: Mapping[str, Any] | None = None  # where the outbox sends the reply
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Turn:
+    """One turn in flight: what the steps read and write (one per attempt)."""
+
+    inbound: Incoming
+    now: datetime
+    row: dict[str, Any] | None
+    recent: list[Message]
+    state: dict[str, Any]
+    pos: Position
+    expected: int  # the row version the save is checked against
+    last_seen: datetime | None
+    stage_before: str
+    mover: Mover
+    funnel: CompiledFunnel  # the version (or variant) of the funnel this turn runs on
+    migration: dict[str, Any] | None = None  # the row moved to this version (engine.versions)
+    idle: float | None = None
+    firings: list[Firing] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    outcomes: list[ActionOutcome] = field(default_factory=list)
+    handoff_before: Any = None
+    backlog: int = 0
+    folded: tuple[str, int] | None = None  # (summary, last id) folded inside the turn
+    summary_job: SummaryJob | None = None  # folded after the reply
+    knowledge: list[str] = field(default_factory=list)  # ids of the chunks the prompt got
+    lang: language.Decision = field(default_factory=lambda: language.Decision(
+        None, None, frozenset()))
+
+    @property
+    def spec(self) -> FunnelSpec:
+        return self.funnel.spec
+
+    @property
+    def session_id(self) -> str:
+        return self.inbound.session_id
+
+    @property
+    def text(self) -> str:
+        return self.inbound.text
+
+    @property
+    def channel(self) -> str:
+        return self.inbound.channel
+
+
+def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
+                 model: str | None) -> dict[str, Any]:
+    """The turn record's columns (``funnel_turns``)."""
+    costs = [c.cost for c in answer.completions if c.cost is not None]
+    return {
+        "stage_before": turn.stage_before, "stage_after": turn.pos["stage"],
+        "transitions": transitions,
+        "actions": [o.type for o in turn.outcomes if o.accepted],
+        "refused": [{"type": o.type, "reason": o.reason} for o in turn.outcomes
+                    if not o.accepted],
+        "validation_failures": answer.failures,
+        "repaired": answer.failures > 0 and not answer.fallback,
+        "fallback": answer.fallback,
+        "llm_ms": round(sum(c.latency_ms for c in answer.completions)),
+        "turn_ms": round((time.perf_counter() - turn.inbound.started) * 1000),
+        "prompt_tokens": sum(c.prompt_tokens for c in answer.completions),
+        "completion_tokens": sum(c.completion_tokens for c in answer.completions),
+        "cached_prompt_tokens": sum(c.cached_prompt_tokens for c in answer.completions),
+        "cache_write_tokens": sum(c.cache_write_tokens for c in answer.completions),
+        # One completion of unknown cost makes the turn's cost unknown.
+        "cost": sum(costs) if costs and len(costs) == len(answer.completions) else None,
+        "model": answer.model or model, "attempts": answer.attempts,
+        "variant": turn.funnel.variant,
+        "error": printable(answer.error, 2000) if answer.error else None,
+        "knowledge": turn.knowledge,
+        # Compacted: the exits' conditions are cited by digest (engine.turn.explain.compact).
+        "explain": compact(turn.mover.explanation),
+        # As received, but storable: PostgreSQL's jsonb refuses NUL and lone surrogates.
+        "raw_output": [printable(c.text, 64_000) for c in answer.completions],
+        "migration": turn.migration,
+    }

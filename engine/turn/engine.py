@@ -1,0 +1,441 @@
+"""The turn: LOAD -> PROCESS -> SAVE, one customer message at a time.
+
+The LLM proposes; code decides. :meth:`Engine.handle` runs one turn as a short
+sequence of named steps over a :class:`Turn` (the turn in flight):
+
+1. ``_load``: the message is logged in its own commit (durable even if all else
+   fails) and the session's row read under its lease (new sessions get defaults);
+2. ``steps.route``: a removed stage is mapped, a return after the idle gap detected
+   (it may move the session), a new session's initial ``on_enter`` run;
+3. ``steps.decide_language``: the customer's language detected and the reply's decided by the
+   funnel's policy (`engine.turn.language`);
+   ``steps.ask_model``: the stage's knowledge chunks retrieved (`engine.knowledge`), the stage
+   prompt rendered from compact state and recent messages within its budget; the
+   model called; its output validated against the stage schema (and the reply's
+   language), with one repair call and then the stage's fallback reply;
+4. ``steps.apply``: allowed updates and declared actions applied, derived fields
+   recomputed;
+5. advance (`engine.turn.advance`): exit transitions evaluated on the new state;
+6. ``_record``: state, reply, turn record and outbox saved in one transaction
+   (checked against the row version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from .. import knowledge
+from ..boundary.customer import check_input
+from ..errors import (
+    ConcurrentUpdate,
+    ConfigError,
+    FunnelError,
+    StoreUnavailable,
+)
+from ..experiments.router import Variants
+from ..funnel.actions import TurnScratch
+from ..funnel.compiled import CompiledFunnel, load_funnel
+from ..funnel.state import defaults, plain
+from ..llm.models import Model, make_model
+from ..memory.summary import RollingSummary, Summarizer
+from ..records.messages import Message
+from ..records.orders import Conversion, make_order
+from ..store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
+from . import language, steps
+from .advance import Mover, Position, handoff_payload, record_current, start_position
+from .budget import bound_notices
+from .data import Incoming, Turn, TurnResult, turn_record
+from .notify import Notifier, dispatch, make_notifier
+from .output import Answer
+from .routing import Routing
+
+__all__ = ["TECHNICAL_REPLY", "Engine", "TurnResult"]
+
+log = logging.getLogger("funnel.engine")
+
+# The reply when not even the stage's fallback is at hand (the stage is unknown).
+TECHNICAL_REPLY = "Sorry, something went wrong on our side. Please send your message again."
+
+
+class Engine:
+    """Runs conversations of one funnel. Build with :meth:`open`; share across sessions.
+
+    Example::
+
+        engine = await Engine.open("funnels/puramur.yaml", model="gpt-4o-mini")
+        result = await engine.handle("tg-1227845053", "I have a Yorkie", channel="telegram")
+        print(result.reply, result.stage_after)
+    """
+
+    def __init__(self, funnel: CompiledFunnel, store: Store, model: Model, *,
+                 notifier: Notifier | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        self.funnel = funnel
+        self.spec = funnel.spec
+        self.store = store
+        self.model = model
+        self.notifier = notifier or make_notifier(funnel.spec)
+        self._own_notifier = notifier is None  # made from the funnel: a deploy remakes it
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self._owns_store = False
+        # The window is read with the row, before the stage is known: read the widest.
+        self._window = max(s.spec.memory.window for s in funnel.stages.values())
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.summary = RollingSummary(funnel.spec, store, self._window, model=model,
+                                      clock=self.clock)
+        self.routing = Routing(funnel, store)  # versions and variants (engine.turn.routing)
+
+    @classmethod
+    async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
+                   model: str | Model | None = None, api_base: str | None = None,
+                   notifier: Notifier | None = None, store: Store | None = None,
+                   clock: Callable[[], datetime] | None = None,
+                   summarizer: Summarizer | None = None) -> Engine:
+        """Load the funnel, open the store (embedded PostgreSQL without ``db``), check the table.
+
+        Raises:
+            FunnelInvalid: the funnel has errors.
+            StoreUnavailable: the database cannot be reached.
+            SchemaOutdated: the table is behind the funnel (run ``funnel migrate``).
+
+        ``model`` defaults to the funnel's ``model.name``; ``summarizer`` to observational
+        memory written by ``memory.summarizer_model`` when set, else by ``model`` when it
+        is a real (litellm) model, at its ``api_base``; with the scripted model, to the
+        offline extractive summary (docs/memory.md).
+        """
+        compiled = funnel if isinstance(funnel, CompiledFunnel) else load_funnel(funnel)
+        if model is None:
+            model = compiled.spec.model.name
+        if isinstance(model, str):
+            model = make_model(model, api_base=api_base)
+        owns = store is None
+        if store is None:
+            store = await open_store(db)
+        try:
+            await store.ensure_schema(compiled.spec)
+            await knowledge.ensure_index(store, compiled.spec)
+            if compiled.spec.language_policy.mode != "model":
+                # Off the event loop: the models load in ~0.8 s, once per process.
+                await asyncio.to_thread(language.warm, compiled.spec.language_policy.candidates)
+            engine = cls(compiled, store, model, notifier=notifier, clock=clock)
+            await engine.routing.versions.store_newest(compiled, strict=False)  # for when it is old
+        except BaseException:
+            if owns:
+                await store.close()
+            raise
+        engine._owns_store = owns
+        engine.summary = RollingSummary(compiled.spec, store, engine._window, summarizer,
+                                        api_base=api_base, model=model, clock=engine.clock)
+        return engine
+
+    async def deploy(self, funnel: CompiledFunnel) -> None:
+        """Make ``funnel`` the newest version: new sessions start on it, and it is stored in
+        the version store (when new). Turns in flight keep the version they run on;
+        sessions pinned to an older one stay on it until they end (docs/versions.md).
+
+        Raises:
+            ConfigError: ``funnel`` is another funnel (its name differs).
+            SchemaOutdated: its table lacks columns (run ``funnel migrate`` first);
+                the engine keeps running the version it had.
+        """
+        if funnel.name != self.funnel.name:
+            raise ConfigError(f"cannot deploy funnel '{funnel.name}' on the engine of funnel "
+                              f"'{self.funnel.name}'; open an Engine for it")
+        await self.store.ensure_schema(funnel.spec)
+        await self.routing.deploy(funnel)
+        self.funnel, self.spec = funnel, funnel.spec
+        # Wide enough for every version loaded (the window is read before the version
+        # is known).
+        self._window = max(self._window, *(s.spec.memory.window
+                                           for s in funnel.stages.values()))
+        self.summary.spec, self.summary.window = funnel.spec, self._window
+        if self._own_notifier:
+            self.notifier = make_notifier(funnel.spec)
+
+    def loaded_versions(self) -> dict[int, str]:
+        """The versions compiled in this engine, ``{version: content hash}``: the newest
+        (new sessions start on it) and the old ones that pinned sessions came back to."""
+        return self.routing.loaded()
+
+    @property
+    def variants(self) -> Variants:
+        """The newest version's experiment variants (``force`` one for QA)."""
+        return self.routing.variants
+
+    async def close(self) -> None:
+        await self.drain()
+        self.routing.close()
+        if self._owns_store:
+            await self.store.close()
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def state(self, session_id: str) -> dict[str, Any] | None:
+        """The session's row as JSON-friendly values, or ``None``."""
+        row = await self.store.load(self.spec, session_id)
+        return plain(dict(row)) if row else None
+
+    async def record_conversion(self, session_id: str, order_id: str, amount: Decimal | str | int,
+                                currency: str, lines: Sequence[Mapping[str, Any]] = (),
+                                ordered_at: datetime | str | None = None) -> Conversion:
+        """Record an order the session's customer placed: what was actually bought.
+
+        Idempotent on ``order_id`` (per funnel): the same order again returns the
+        stored one with ``replayed`` set. `funnel report` counts purchases and
+        revenue from these; bounds are in :mod:`engine.records.orders`.
+
+        Args:
+            session_id: The session the order came from; it must exist.
+            order_id: The shop's order id (1-128 of ``A-Za-z0-9_.:#/-``).
+            amount: The order total, ``Decimal("697.00")`` or ``"697.00"`` (two decimals).
+            currency: An ISO 4217 code such as ``"UAH"``.
+            lines: ``{"sku", "qty", "price"}`` per product bought.
+            ordered_at: When it was ordered (timezone-aware); None: now.
+
+        Returns:
+            The conversion as stored.
+
+        Raises:
+            OrderRejected: a field is missing or out of bounds; nothing was written.
+            UnknownSession: the funnel has no such session.
+            OrderConflict: ``order_id`` was recorded before with other content.
+        """
+        check_input(session_id, "order")  # the session id's bounds (the text is a stand-in)
+        order = make_order(session_id, order_id, amount, currency, lines, ordered_at)
+        return await self.store.record_conversion(self.spec, order)
+
+    async def dispatch(self, session_id: str | None = None) -> int:
+        """Deliver due side effects (handoff alerts); return how many were delivered."""
+        return await dispatch(self.store, {self.spec.name: self.notifier},
+                              funnel=self.spec.name, session_id=session_id)
+
+    async def handle(self, session_id: str, text: str, *, channel: str = "api",
+                     key: str | None = None, reply_to: Mapping[str, Any] | None = None,
+                     message_id: int | None = None, facts: Mapping[str, Any] | None = None
+                     ) -> TurnResult:
+        """Run one turn for a customer message and return what to answer.
+
+        ``key`` is the message's delivery key (unique per funnel and channel): a
+        second delivery with it runs no turn. ``reply_to``, when given, makes the
+        reply an outbox row (kind ``reply``: these fields and ``text``) saved with
+        the turn, for a channel that delivers it (Telegram). ``message_id`` runs the
+        turn of a message logged before (accepted, not yet answered). ``facts`` are
+        values the channel knows (a deep link's attribution), written to declared state
+        fields that are still empty; the model never sees them as the customer's text.
+
+        Raises:
+            InvalidInput: a bad session id or message (nothing is written).
+            StoreUnavailable: the database is down (the message is logged if it got that far).
+            DuplicateDelivery: ``key`` was received before (nothing is written).
+        """
+        check_input(session_id, text)
+        inbound = Incoming(session_id, text, channel, time.perf_counter(),
+                            message_id=message_id or None,
+                            delivery=Inbound(channel, key) if key else None,
+                            reply_to=reply_to, facts=facts or {})
+        for attempt in range(3):
+            try:
+                async with self.store.session(self.spec, session_id) as access:
+                    turn = await self._load(access, inbound)
+                    try:
+                        result = await self._run(access, turn)
+                    except (ConcurrentUpdate, StoreUnavailable):
+                        raise
+                    except Exception as exc:  # every failure after the log ends in a reply
+                        result = await self._fail(access, turn, exc)
+                break
+            except ConcurrentUpdate:
+                if attempt == 2:
+                    raise
+            except StoreUnavailable:
+                if inbound.message_id is None and inbound.delivery is None:
+                    # No turn connection to be had: still try to keep the message (one
+                    # with a delivery key comes again with it, and is logged then).
+                    with contextlib.suppress(StoreUnavailable):
+                        await self.store.log_message(self.spec, session_id, "user", text)
+                raise
+        if result.handoff:
+            # Deliver after the reply, never before it: a slow manager webhook must not
+            # delay the customer. A delivery that fails is retried by the next dispatch.
+            self._background(self._dispatch_quietly(session_id))
+        if turn.summary_job is not None:
+            self._background(self.summary.run(session_id, turn.summary_job))
+        return result
+
+    async def _dispatch_quietly(self, session_id: str) -> None:
+        try:
+            await self.dispatch(session_id)
+        except FunnelError as exc:  # the row stays due; the next dispatch delivers it
+            log.warning("handoff alert of session %r not delivered yet: %s", session_id, exc)
+
+    def _background(self, job: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for background work (summaries) to finish."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def summarize(self, session_id: str) -> bool:
+        """Fold the session's messages that left the window into its summary, now."""
+        return await self.summary.run(session_id)
+
+    # -- the turn, step by step ----------------------------------------------------------
+    async def _run(self, access: SessionAccess, turn: Turn) -> TurnResult:
+        """LOAD (done) -> route -> ask -> apply -> advance -> SAVE."""
+        await self._fold_summary(turn)
+        steps.route(turn)
+        steps.decide_language(turn)
+        answer = await steps.ask_model(turn, self.summary, self.store, self.model)
+        steps.apply(turn, answer)
+        turn.firings += turn.mover.advance(turn.state)
+        return await self._record(access, turn, answer)
+
+    async def _load(self, access: SessionAccess, inbound: Incoming) -> Turn:
+        """Log the message (once, however often the turn is retried) and read the row."""
+        if inbound.message_id is None:
+            message_id, row, recent = await access.load(3 * self._window, text=inbound.text,
+                                                        inbound=inbound.delivery)
+            inbound.message_id = message_id
+        else:
+            _, row, recent = await access.load(3 * self._window, current_id=inbound.message_id,
+                                               inbound=inbound.delivery)
+        await self.routing.prepare(row)  # a pinned session's version, from the store
+        return self._start(inbound, self.clock(), row, recent)
+
+    def _funnel_for(self, session_id: str, row: Mapping[str, Any] | None,
+                    now: datetime | None = None) -> CompiledFunnel:
+        """The compiled funnel this session's turn runs on.
+
+        The one seam where a session is matched to a funnel: the steps below read
+        ``turn.funnel`` and ``turn.spec``, never ``self.funnel``, so that a session can
+        run on another version or variant of the funnel than the newest one.
+        """
+        return self.routing.choose(session_id, row, now or self.clock())
+
+    def _start(self, inbound: Incoming, now: datetime, row: dict[str, Any] | None,
+               recent: list[Message], funnel: CompiledFunnel | None = None) -> Turn:
+        """The turn in flight, from the row as read (a new session gets the defaults), on
+        ``funnel`` when given (a failed turn's), else on the session's (``_funnel_for``)."""
+        funnel = funnel or self._funnel_for(inbound.session_id, row, now)
+        read, migration = row, None
+        if row is not None:  # moving to another version: the declared migrations
+            funnel, row, migration = self.routing.move(inbound.session_id, row, funnel)
+        spec = funnel.spec
+        if row is None:
+            state, pos = defaults(spec), start_position(spec.initial, now)
+            expected, last_seen = 0, None
+        else:
+            # The row arrives as JSON-friendly values (engine.funnel.state.plain).
+            state = {name: row.get(name) for name in spec.state}
+            pos = Position(stage=row["stage"], stage_iteration=row["stage_iteration"],
+                           turns=row["turns"], stage_history=row["stage_history"],
+                           notices=row["notices"])
+            record_current(pos, str(row.get("updated_at") or row["last_message_at"]))
+            expected, last_seen = int(row["row_version"]), \
+                datetime.fromisoformat(row["last_message_at"])
+        for fact, value in inbound.facts.items():  # kept, never overwritten
+            if fact in spec.state and not state.get(fact):
+                state[fact] = value
+        scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now)
+        return Turn(inbound, now, read, recent, state, pos, expected, last_seen,
+                    stage_before=pos["stage"], mover=Mover(funnel, pos, now, scratch),
+                    funnel=funnel, migration=migration)
+
+    async def _fold_summary(self, turn: Turn) -> None:
+        """Plan folding old messages into the summary: inline now, or after the reply."""
+        # Messages outside the window not yet in the summary, once the reply is logged,
+        # counted in what the turn read (three windows): when all of those are
+        # unsummarized, there are at least that many, and the summary catches up.
+        upto = int(turn.row.get("summary_upto") or 0) if turn.row else 0
+        unsummarized = sum(1 for m in turn.recent if m.id > upto) + 1  # and the current one
+        turn.backlog = max(0, unsummarized + 1 - self._window)
+        planned = self.summary.plan(turn.state, turn.row, turn.recent, turn.backlog,
+                                    turn.text)
+        turn.folded = await self.summary.fold_now(planned) if planned else None
+        if planned and turn.folded is None:
+            turn.summary_job = planned  # folded in the background, after the reply
+
+    async def _record(self, access: SessionAccess, turn: Turn, answer: Answer) -> TurnResult:
+        """SAVE: state, reply, turn record and outbox in one transaction."""
+        spec, state, pos = turn.spec, turn.state, turn.pos
+        handoff = turn.handoff_before is None and steps.handoff_time(spec, state) is not None
+        outbox = []
+        if handoff and spec.handoff is not None:
+            if spec.handoff.channel and not state.get(spec.handoff.channel):
+                state[spec.handoff.channel] = turn.channel
+            outbox.append(OutboxItem(
+                key=f"{spec.name}:{turn.session_id}:handoff", kind="handoff",
+                payload=handoff_payload(turn.funnel, turn.session_id, state, turn.channel)))
+        reply = str(answer.envelope["reply"])
+        if turn.inbound.reply_to is not None:  # delivered by the outbox, with retries
+            outbox.insert(0, OutboxItem(
+                key=f"{spec.name}:{turn.session_id}:reply:{turn.inbound.message_id}",
+                kind="reply", payload={**turn.inbound.reply_to, "text": reply}))
+        notices = turn.mover.scratch.notices
+        # Notices are cleared once the model was shown them; a turn that never reached the
+        # model keeps them (bounded: they can never crowd the model out of the prompt).
+        pos["notices"] = bound_notices(
+            [*(pos["notices"] or []), *notices] if not answer.completions else notices)
+        transitions = [{"from": f.source, "to": f.dest, "trigger": f.trigger,
+                        "when": f.spec.when if f.spec else None} for f in turn.firings]
+        values = {**state, **pos, "funnel_version": spec.version,
+                  "variant": turn.funnel.variant}
+        record = turn_record(turn, answer, transitions, getattr(self.model, "name", None))
+        await access.save(TurnWrite(
+            session_id=turn.session_id, values=values, expected_version=turn.expected,
+            reply=reply, stage_after=pos["stage"], turn=record, outbox=outbox,
+            message_time=turn.now, summary=turn.folded[0] if turn.folded else None,
+            summary_upto=turn.folded[1] if turn.folded else None, spec=spec))
+        return TurnResult(
+            session_id=turn.session_id, reply=reply, stage_before=turn.stage_before,
+            stage_after=pos["stage"], state=values, transitions=transitions,
+            actions=turn.outcomes, updated=turn.updated, notices=list(notices),
+            validation_failures=answer.failures, repaired=record["repaired"],
+            fallback=answer.fallback, prompt_tokens=record["prompt_tokens"],
+            completion_tokens=record["completion_tokens"], handoff=handoff,
+            cached_prompt_tokens=record["cached_prompt_tokens"],
+            cache_write_tokens=record["cache_write_tokens"],
+            returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
+            message_id=turn.inbound.message_id or 0,
+            model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
+            explain=turn.mover.explanation)
+
+    async def _fail(self, access: SessionAccess, turn: Turn, exc: Exception) -> TurnResult:
+        """A turn that failed after its message was logged still ends well: the stage's
+        fallback (or a technical reply when the stage is unknown), the state as it was
+        read, and a turn record naming the error. A failure that is not a
+        :class:`FunnelError` is a bug: logged with its traceback, and the record says so.
+        """
+        bug = not isinstance(exc, FunnelError)
+        if bug:
+            log.exception("session %r: the turn failed (a bug); answering with the fallback",
+                          turn.session_id)
+        else:
+            log.warning("session %r: the turn failed (%s); answering with the fallback",
+                        turn.session_id, exc)
+        # On the funnel the turn ran on: a deploy since it began must not change it.
+        fresh = self._start(turn.inbound, turn.now, turn.row, turn.recent, turn.funnel)
+        try:
+            reply = fresh.funnel.stage(fresh.pos["stage"]).spec.fallback
+        except ConfigError:  # a stage neither declared nor mapped under removed_stages
+            reply = TECHNICAL_REPLY
+        error = f"{'bug: ' if bug else ''}the turn failed: {type(exc).__name__}: {exc}"
+        fresh.pos["turns"] += 1
+        fresh.handoff_before = steps.handoff_time(fresh.spec, fresh.state)  # nothing new to hand off
+        return await self._record(access, fresh, Answer({"reply": reply}, [], fallback=True,
+                                                        error=error))

@@ -1,0 +1,263 @@
+"""Why a session moved, or did not: every exit of the stage, its condition, what it read.
+
+:class:`~engine.turn.advance.Mover` calls :func:`explain_stage` each time it
+evaluates a stage's exits. The result is plain JSON (stored in the turn
+record's ``explain`` column, returned in ``TurnResult.explain``)::
+
+    {"stage": "discovery", "fired": null, "transitions": [
+        {"to": "presentation", "when": "discovery_completeness >= 60", "held": false,
+         "values": {"discovery_completeness": 50},
+         "derived": {"discovery_completeness": "pet.type 25 + pet.problems 25"}}],
+     "iterations": {"count": 2, "limit": 4, "to": "handoff"}}
+
+:func:`describe` turns it into the lines ``funnel chat --explain``,
+``funnel state --explain`` and ``funnel test`` print.
+
+The turn record stores it compacted (:func:`compact`): what the funnel fixes (each
+exit's destination, condition, whether it is global) is cited by a digest of the
+stage's exit list, stored once in ``funnel_exits``; what the turn found (held, the
+values read, derived and error notes) stays in the record. :func:`expand` gives the
+form above back, so readers show the same explanation as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..sandbox.expressions import attribute_paths, compact_json, compile_condition_list, parse_expression
+
+if TYPE_CHECKING:
+    from ..funnel.compiled import CompiledFunnel
+
+__all__ = ["compact", "describe", "expand", "explain_stage", "exits_of", "why_not"]
+
+_MAX_VALUE = 120  # characters of one value's JSON kept in an explanation
+
+
+@lru_cache(maxsize=1024)
+def condition_names(source: str) -> tuple[str, ...]:
+    """The dotted names a condition reads, in order, without repeats."""
+    try:
+        paths = attribute_paths(parse_expression(source))
+    except Exception:  # validated funnels parse; this is only an explanation
+        return ()
+    return tuple(dict.fromkeys(".".join(p) for p, _ in paths))
+
+
+def _lookup(ctx: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = ctx
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value if not isinstance(value, str) or len(value) <= _MAX_VALUE \
+            else value[:_MAX_VALUE] + "…"
+    text = compact_json(value)
+    return value if len(text) <= _MAX_VALUE else text[:_MAX_VALUE] + "…"
+
+
+def _derived(funnel: CompiledFunnel, name: str, ctx: Mapping[str, Any]) -> str | None:
+    """How a derived field got its value: the completeness rules that held."""
+    if name != funnel.spec.completeness_field:
+        return None
+    parts = []
+    # All the rules in one evaluation, as StateRules.recompute scores them.
+    hits = funnel.rules.completeness_hits(ctx)
+    for held, (_condition, points, source) in zip(hits, funnel.rules.completeness, strict=True):
+        if held and points:
+            parts.append(f"{source} {points}")
+    return " + ".join(parts) if parts else "no rule holds"
+
+
+def _evaluate(condition: Any, ctx: Mapping[str, Any]) -> tuple[bool | None, str | None]:
+    try:
+        return bool(condition(ctx)), None
+    except Exception as exc:  # the machine records it as a notice; here it is a reason
+        return None, str(exc)
+
+
+@lru_cache(maxsize=512)
+def _all_of(sources: tuple[str, ...]) -> Callable[[Mapping[str, Any]], list[bool]]:
+    return compile_condition_list(list(sources))
+
+
+def _held(funnel: CompiledFunnel, sources: tuple[str, ...], ctx: Mapping[str, Any]
+          ) -> list[tuple[bool | None, str | None]]:
+    """Each condition's verdict on ``ctx``: all of a stage's exits in one evaluation (one
+    sandbox context instead of one per exit, on every turn), one by one when any fails,
+    so that the failing one names its error and the others still count."""
+    if not sources:
+        return []
+    try:
+        values = _all_of(sources)(ctx)
+        if len(values) == len(sources):
+            return [(v, None) for v in values]
+    except Exception:  # evaluated one by one below, each with its own error
+        pass
+    return [_evaluate(funnel.explain_conditions[s], ctx) for s in sources]
+
+
+def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any]
+                  ) -> dict[str, Any]:
+    """Every exit of ``stage`` (global ones first, as the machine tries them), evaluated."""
+    spec = funnel.spec
+    own = spec.stages[stage].transitions if stage in spec.stages else ()
+    candidates = [(t, True) for t in spec.global_transitions if t.to != stage] + \
+        [(t, False) for t in own]
+    verdicts = iter(_held(funnel, tuple(t.when for t, _ in candidates if t.when is not None),
+                          ctx))
+    out: list[dict[str, Any]] = []
+    for t, is_global in candidates:
+        entry: dict[str, Any] = {"to": t.to, "when": t.when}
+        if is_global:
+            entry["global"] = True
+        if t.when is None:
+            entry["held"] = True
+        else:
+            held, error = next(verdicts)
+            entry["held"] = held
+            if error:
+                entry["error"] = error
+            names = condition_names(t.when)
+            entry["values"] = {n: _short(_lookup(ctx, n)) for n in names}
+            derived = {n: d for n in names if (d := _derived(funnel, n, ctx)) is not None}
+            if derived:
+                entry["derived"] = derived
+        out.append(entry)
+    return {"stage": stage, "fired": None, "transitions": out}
+
+
+def _value(value: Any) -> str:
+    return value if isinstance(value, str) and value.endswith("…") else compact_json(value)
+
+
+def _line(stage: str, t: Mapping[str, Any]) -> str:
+    arrow = f"{stage} -> {t['to']}{' (global)' if t.get('global') else ''}"
+    if t.get("when") is None:
+        return f"{arrow}: always"
+    verdict = {True: "true", False: "false", None: "an error"}[t.get("held")]
+    values = ", ".join(f"{k}={_value(v)}" + (f" ({t['derived'][k]})" if k in t.get("derived", {})
+                                             else "")
+                       for k, v in (t.get("values") or {}).items())
+    text = f"{arrow}: `{t['when']}` was {verdict}"
+    if values:
+        text += f": {values}"
+    if t.get("error"):
+        text += f" [{t['error']}]"
+    return text
+
+
+def describe(explanation: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """One line per exit evaluated, in order, and one for the iteration count."""
+    lines: list[str] = []
+    for step in explanation or []:
+        for t in step.get("transitions") or []:
+            lines.append(_line(step["stage"], t))
+        it = step.get("iterations")
+        if it:
+            dest = f", then -> {it['to']}" if it.get("to") else ""
+            lines.append(f"{step['stage']}: turn {it['count']} of at most {it['limit']} in the "
+                         f"stage{dest}")
+    return lines
+
+
+def why_not(explanation: Sequence[Mapping[str, Any]] | None, expected: str) -> str:
+    """Why the session did not reach ``expected``: the exits towards it that did not hold.
+
+    ``"`discovery_completeness >= 60` was false: discovery_completeness=50 (...)"``,
+    or every exit evaluated when none leads there.
+    """
+    towards = [_line(step["stage"], t).split(": ", 1)[1]
+               for step in explanation or [] for t in step.get("transitions") or []
+               if t.get("to") == expected and not t.get("held")]
+    if towards:
+        return "; ".join(towards)
+    return "; ".join(describe(explanation)) or "no exit was evaluated"
+
+
+# Exit lists by digest (content-addressed, so one table serves every store), and the
+# digest of each list seen: a turn's compaction looks its stage's list up, hashing once.
+_EXITS: dict[str, list[list[Any]]] = {}
+_DIGESTS: dict[tuple[tuple[Any, ...], ...], str] = {}
+_NOTES = ("error", "derived")  # what an exit's verdict may carry besides held and values
+
+
+def _digest(exits: list[list[Any]]) -> str:
+    key = tuple(map(tuple, exits))
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        digest = hashlib.sha1(orjson.dumps(exits)).hexdigest()[:16]
+        _DIGESTS[key], _EXITS[digest] = digest, exits
+    return digest
+
+
+def exits_of(digest: str) -> list[list[Any]] | None:
+    """The exit list (``[to, when, global]`` each) a digest of :func:`compact` cites, when
+    this process compacted it (else it is read from ``funnel_exits``)."""
+    return _EXITS.get(digest)
+
+
+def compact(explanation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The explanation as a turn record stores it: per stage, the digest of its exit
+    list (``exits``) and per exit only what the turn found (``held``: ``[held]`` for an
+    exit without a condition, else ``[held, [values in the condition's order]]`` and a
+    third item with its ``error`` / ``derived`` notes when it has any)."""
+    out = []
+    for step in explanation:
+        transitions = step.get("transitions") or []
+        exits, held = [], []
+        for t in transitions:
+            exits.append([t["to"], t.get("when"), bool(t.get("global"))])
+            verdict: list[Any] = [t.get("held")]
+            if t.get("when") is not None:
+                verdict.append(list((t.get("values") or {}).values()))
+                notes = {k: t[k] for k in _NOTES if k in t}
+                if notes:
+                    verdict.append(notes)
+            held.append(verdict)
+        stored = {k: v for k, v in step.items() if k != "transitions"}
+        stored["exits"], stored["held"] = _digest(exits), held
+        out.append(stored)
+    return out
+
+
+def expand(stored: Sequence[Mapping[str, Any]] | None,
+           exits: Mapping[str, Sequence[Sequence[Any]]]) -> list[dict[str, Any]] | None:
+    """The explanation :func:`compact` stored, in full again (``exits``: exit lists by
+    digest, as read from ``funnel_exits``). A record written before compaction is
+    returned as it is; an exit list that cannot be found shows its exits as ``?``."""
+    if stored is None:
+        return None
+    out = []
+    for step in stored:
+        if "exits" not in step:  # written in full, before records were compacted
+            out.append(dict(step))
+            continue
+        listed = exits.get(step["exits"]) or []
+        full = {k: v for k, v in step.items() if k not in ("exits", "held")}
+        transitions = []
+        for i, verdict in enumerate(step.get("held") or []):
+            to, when, is_global = listed[i] if i < len(listed) else ("?", "?", False)
+            entry: dict[str, Any] = {"to": to, "when": when}
+            if is_global:
+                entry["global"] = True
+            entry["held"] = verdict[0]
+            if len(verdict) > 1:
+                names = condition_names(when) if i < len(listed) else ()
+                values = verdict[1]
+                entry["values"] = dict(zip(names, values, strict=False)) \
+                    if len(names) == len(values) else {f"#{j}": v for j, v in enumerate(values)}
+                if len(verdict) > 2:
+                    entry.update(verdict[2])
+            transitions.append(entry)
+        full["transitions"] = transitions
+        out.append(full)
+    return out

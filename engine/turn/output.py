@@ -1,0 +1,127 @@
+"""Model output: call the model, validate its answer against the stage schema, repair once.
+
+The model proposes an envelope (``reply``, ``updates``, ``actions``,
+``language``). It is parsed and validated against the stage's output schema;
+on failure one repair call quotes the most relevant validation error (path and
+message, ``jsonschema.exceptions.best_match``); if that fails too, the stage's
+declared fallback reply is sent and nothing of the bad output is applied.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema.exceptions import best_match
+from referencing.exceptions import Unresolvable
+
+from ..boundary.sanitize import Rejected, model_json, printable
+from ..errors import ModelError
+from ..funnel.compiled import CompiledStage
+from ..llm.models import Completion, Model, ModelRequest
+
+
+@dataclass
+class Answer:
+    """What the model answered, as the engine will apply it."""
+
+    envelope: dict[str, Any]
+    completions: list[Completion]
+    failures: int = 0
+    fallback: bool = False
+    error: str | None = None
+    attempts: int = 0  # HTTP calls made, failed ones and retries included
+
+    @property
+    def model(self) -> str | None:
+        """The model that gave the last answer (a fallback model, when the primary failed)."""
+        return self.completions[-1].model if self.completions else None
+
+
+async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]],
+          session_id: str, turn: int, text: str,
+          reply_check: Callable[[dict[str, Any]], str | None] | None = None,
+          stable: int = 0) -> Answer:
+    """Call the model, validate, repair once, else the stage's fallback.
+
+    ``reply_check`` is one more validation of a schema-valid envelope (the reply's
+    language, engine.turn.language): it returns the problem for the repair call, or None.
+    Never raises for a model failure: the answer carries the error. Both calls
+    share one deadline, ``model.deadline`` seconds from now. ``stable``: how many leading
+    messages the next turn repeats (engine.turn.budget.Fitted.stable), for the prompt cache.
+    """
+    deadline = time.monotonic() + stage.spec.model.deadline
+    request = ModelRequest(messages=messages, schema=stage.schema, stage=stage.spec.name,
+                           settings=stage.spec.model, session_id=session_id, turn=turn,
+                           user_text=text, deadline=deadline, stable=stable)
+    fallback = {"reply": stage.spec.fallback}
+    completions: list[Completion] = []
+    try:
+        first = await model.complete(request)
+    except ModelError as exc:
+        return Answer(fallback, completions, fallback=True, error=str(exc),
+                      attempts=exc.attempts)
+    completions.append(first)
+    envelope, problem = _checked(parse_output(stage, first.text), reply_check)
+    if envelope is not None:
+        return Answer(envelope, completions, attempts=first.attempts)
+    repair = ModelRequest(
+        messages=[*messages, {"role": "assistant", "content": printable(first.text, 4000)},
+                  {"role": "user", "content": (
+                      f"Your last answer was rejected: {problem}. Answer again with one "
+                      "JSON object that satisfies the output schema; keep the same meaning.")}],
+        schema=stage.schema, stage=stage.spec.name, settings=stage.spec.model,
+        session_id=session_id, turn=turn, user_text=text, attempt=1, deadline=deadline,
+        stable=stable)
+    try:
+        second = await model.complete(repair)
+    except ModelError as exc:
+        return Answer(fallback, completions, failures=1, fallback=True,
+                      error=f"{problem}; repair call failed: {exc}",
+                      attempts=first.attempts + exc.attempts)
+    completions.append(second)
+    attempts = first.attempts + second.attempts
+    envelope, problem2 = _checked(parse_output(stage, second.text), reply_check)
+    if envelope is not None:
+        return Answer(envelope, completions, failures=1, attempts=attempts)
+    return Answer(fallback, completions, failures=2, fallback=True,
+                  error=f"{problem}; after repair: {problem2}", attempts=attempts)
+
+
+def _checked(parsed: tuple[dict[str, Any] | None, str],
+             check: Callable[[dict[str, Any]], str | None] | None
+             ) -> tuple[dict[str, Any] | None, str]:
+    envelope, problem = parsed
+    if envelope is None or check is None:
+        return parsed
+    problem = check(envelope) or ""
+    return (None, problem) if problem else (envelope, "")
+
+
+def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None, str]:
+    """Parse and validate a model output; return (envelope, "") or (None, the problem).
+
+    The text crosses the sanitizing boundary first (:mod:`engine.boundary.sanitize`: strict
+    JSON, bounded, clean strings, a usable envelope); then the stage schema. The
+    problem names the JSON path and message of the most relevant validation error
+    (``jsonschema.exceptions.best_match``), for the repair call. Never raises: a
+    schema that cannot be evaluated (a dangling ``$ref``) makes the output invalid,
+    so the turn ends in the fallback and the turn record names the schema's fault.
+    """
+    try:
+        data = model_json(text)
+    except Rejected as exc:
+        return None, str(exc)
+    fast = stage.fast_validator
+    if fast is not None and fast.is_valid(data):
+        return data, ""  # the common case; jsonschema below only explains a rejection
+    try:
+        error = best_match(stage.validator.iter_errors(data))
+    except (Unresolvable, RecursionError) as exc:
+        return None, (f"the output schema {stage.spec.schema.name} cannot be evaluated "
+                      f"({type(exc).__name__}: {str(exc)[:200]}); fix the schema")
+    if error is not None:
+        return None, f"at {error.json_path}: {error.message[:300]}"
+    return data, ""

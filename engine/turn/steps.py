@@ -1,0 +1,124 @@
+"""The steps of a turn between LOAD and SAVE, over the turn in flight: where it runs,
+its language, the prompt and the model's answer, what of it is applied. engine.turn.engine
+runs them in order; loading and saving (the session's lease) stay there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .. import knowledge
+from ..errors import MessageTooLong, PromptTooLarge
+from ..format.spec import FunnelSpec
+from ..llm.models import Model
+from ..memory.summary import RollingSummary
+from ..store import Store
+from . import language
+from .advance import enter
+from .budget import fit
+from .data import Turn
+from .output import Answer, ask
+from .prompts import at_level, build_context, prompt_data, render_parts
+
+__all__ = ["apply", "ask_model", "decide_language", "handoff_time", "reply_check", "route"]
+
+
+def route(turn: Turn) -> None:
+    """Where the turn runs: a removed stage mapped, a return after the idle gap."""
+    spec, pos = turn.spec, turn.pos
+    if pos["stage"] not in turn.funnel.stages and pos["stage"] in spec.removed_stages:
+        enter(pos, spec.removed_stages[pos["stage"]], turn.now)
+        turn.mover.scratch.stage, turn.mover.scratch.stage_iteration = pos["stage"], 0
+    turn.idle = (turn.now - turn.last_seen).total_seconds() if turn.last_seen else None
+    gap = turn.funnel.stage(pos["stage"]).spec.memory.idle_return_after
+    turn.mover.returning = bool(turn.idle is not None and gap is not None
+                                and turn.idle >= gap)
+    if turn.mover.returning and spec.memory.idle_return_stage:
+        turn.firings += turn.mover.fire("idle_return", {}, notify=False)
+    if turn.row is None:  # a new session enters its initial stage: run its on_enter
+        for call in turn.funnel.stage(pos["stage"]).spec.on_enter:
+            turn.funnel.actions.run(call, turn.state, turn.mover.scratch)
+
+
+def decide_language(turn: Turn) -> None:
+    """Decide the reply's language in code (docs/language.md); the prompt reads it."""
+    spec = turn.spec
+    current = turn.state.get(spec.language_response) if spec.language_response else None
+    turn.lang = language.decide(spec.language_policy, turn.text,
+                                current if isinstance(current, str) else None)
+    if spec.language_response and turn.lang.response:
+        turn.state[spec.language_response] = turn.lang.response
+
+
+def reply_check(turn: Turn) -> Callable[[dict[str, Any]], str | None]:
+    """What the output check asks of the reply: the language decided for it."""
+    policy, decision = turn.spec.language_policy, turn.lang
+    return lambda envelope: language.reply_problem(policy, decision,
+                                                   str(envelope.get("reply", "")))
+
+
+async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Model
+                    ) -> Answer:
+    """Render the stage prompt within its budget and ask the model (validated, repaired
+    once, else the stage's fallback)."""
+    stage = turn.funnel.stage(turn.pos["stage"])
+    window = stage.spec.memory.window
+    history = memory.history(turn.recent, turn.row, window)
+    context = build_context(turn.funnel, stage, turn.state, turn.pos,
+                            customer_message=turn.text, messages=history,
+                            returning=turn.mover.returning, idle_seconds=turn.idle,
+                            now=turn.now.isoformat())
+    if stage.spec.knowledge is not None:
+        found = await knowledge.retrieve(store, turn.spec, stage.spec.knowledge,
+                                         turn.text, turn.state)
+        context["knowledge"], turn.knowledge = found.chunks, found.ids
+    summary, notices = prompt_data(turn.funnel, turn.state, turn.pos)
+    try:
+        fitted = fit(stage.spec.name, lambda level: render_parts(
+            stage, at_level(turn.funnel, stage, turn.state, context, level)),
+            summary, notices, history, turn.text, stage.spec.memory.prompt_budget,
+            window=window)
+    except MessageTooLong as exc:
+        # Not the model's fault nor the session's: ask the customer to shorten it.
+        return Answer({"reply": stage.spec.memory.too_long_reply}, [], fallback=True,
+                      error=f"the message is too long for the stage: {exc}")
+    except PromptTooLarge as exc:
+        # The customer still gets an answer; the turn record keeps the sizes.
+        return Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
+    if fitted.dropped_messages and memory.observational and not (
+            turn.summary_job or turn.folded):
+        # The budget cut messages the observer has not seen: observe them now, below
+        # the threshold, or they stay out of the model's sight until it is reached.
+        turn.summary_job = memory.plan(turn.state, turn.row, turn.recent, turn.backlog,
+                                       turn.text, crowded=True)
+    return await ask(model, stage, fitted.messages, turn.session_id,
+                     turn.pos["turns"] + 1, turn.text, reply_check=reply_check(turn),
+                     stable=fitted.stable)
+
+
+def apply(turn: Turn, answer: Answer) -> None:
+    """Apply what the model proposed and the code allows; derive the computed fields."""
+    funnel, spec, state = turn.funnel, turn.spec, turn.state
+    scratch = turn.mover.scratch
+    if not answer.fallback:
+        env = answer.envelope
+        stage = funnel.stage(turn.pos["stage"])
+        turn.updated = funnel.rules.apply_updates(state, env.get("updates") or {},
+                                                  stage.allowed_updates, scratch.notices)
+        before = dict(state)
+        turn.outcomes = [funnel.actions.run(call, state, scratch)
+                         for call in env.get("actions") or []]
+        funnel.rules.guard(state, before, scratch.notices)
+        language.record(spec.language_policy, turn.lang, state, spec.language_detected,
+                        spec.language_response, str(env.get("reply", "")),
+                        env.get("language"))
+    turn.mover.accepted = [o.type for o in turn.outcomes if o.accepted]
+    turn.pos["turns"] += 1
+    turn.handoff_before = handoff_time(spec, state)
+    funnel.rules.recompute(state, turn.mover.context(state), turn.now.isoformat())
+
+
+def handoff_time(spec: FunnelSpec, state: Mapping[str, Any]) -> Any:
+    """When the session was handed off (its ``handoff.triggered_at`` field), or None."""
+    h = spec.handoff
+    return state.get(h.triggered_at) if h and h.triggered_at else None
