@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from _db import server_url, throwaway_schema  # noqa: E402
 
-from engine.knowledge.chunks import Chunk, estimate  # noqa: E402
+from engine.knowledge.chunks import estimate  # noqa: E402
+from engine.records.chunks import Chunk  # noqa: E402
 from engine.store import open_store  # noqa: E402
 from engine.store.postgres import PostgresStore  # noqa: E402
 

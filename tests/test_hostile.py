@@ -41,6 +41,8 @@ from engine.service.app import create_app
 from engine.service.config import ServiceConfig
 from engine.turn.invariants import check_funnel, check_row
 
+# The last test counts the cases the others tried: the suite runs each file on one xdist
+# worker, in order (`--dist loadfile`).
 pytestmark = pytest.mark.postgres
 
 KEY = "hostile-key-7d3c9b1a5e"

@@ -159,7 +159,8 @@ async def test_a_turn_record_explains_what_the_turn_did_from_its_compact_form(
 
 
 def test_an_explanation_written_in_full_or_with_unknown_exits_still_reads() -> None:
-    from engine.turn.explain import compact, describe, expand
+    from engine.records.explanation import compact, expand
+    from engine.turn.explain import describe
 
     full = [{"stage": "discovery", "fired": None, "transitions": [
         {"to": "handoff", "when": "handoff_requested == 'complaint'", "global": True,

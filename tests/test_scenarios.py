@@ -3,18 +3,23 @@ errors with their line, isolation from real sessions, and no litellm import."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import psycopg
+import pytest
 from conftest import CliResult, run_funnel
 
 from engine.scenarios import discover, load_scenario
+from engine.scenarios import run as scenario_run
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = "tests/scenarios_bad/failing.yaml"
@@ -51,17 +56,25 @@ def bad_failures() -> list[str]:
     ]
 
 
-def test_shipped_suites_pass(db_url: str, server_dsn: str, sql: Any) -> None:
+def test_shipped_suites_pass(db_url: str, server_dsn: str, sql: Any,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
     files, missing = discover([ROOT / "funnels"])
     assert not missing
     assert len(files) >= 20
     assert {f.parent.name for f in files} >= {"scenarios", "malformed"}
     assert not any(f.name in ("demo.yaml", "catalog.yaml") for f in files)
-    with psycopg.connect(server_dsn) as conn:
-        schemas_before = {r[0] for r in conn.execute(
-            # `funnel test`'s own schemas: other tests (another xdist worker's) come and go
-            "SELECT schema_name FROM information_schema.schemata "
-            "WHERE schema_name LIKE 'funnel\\_test\\_%'").fetchall()}
+    # The temporary schemas this run of `funnel test` makes (other tests, another xdist
+    # worker's, make and drop their own meanwhile: only this run's are looked for).
+    made: list[str] = []
+    real = scenario_run.temporary_schema
+
+    @contextlib.contextmanager
+    def recording(url: str | None) -> Iterator[str]:
+        with real(url) as schema_url:
+            made.append(re.findall(r"search_path=(\w+)", schema_url)[-1])  # the last one is in force
+            yield schema_url
+
+    monkeypatch.setattr(scenario_run, "temporary_schema", recording)
 
     result = funnel_test("funnels/", db=db_url)
 
@@ -71,12 +84,11 @@ def test_shipped_suites_pass(db_url: str, server_dsn: str, sql: Any) -> None:
     # Isolated: nothing in the schema the URL points at, the temporary schema is gone.
     assert sql("SELECT table_name FROM information_schema.tables "
                "WHERE table_schema = current_schema()") == []
+    assert made and all(m.startswith("funnel_test_") for m in made)
     with psycopg.connect(server_dsn) as conn:
-        schemas_after = {r[0] for r in conn.execute(
-            # `funnel test`'s own schemas: other tests (another xdist worker's) come and go
-            "SELECT schema_name FROM information_schema.schemata "
-            "WHERE schema_name LIKE 'funnel\\_test\\_%'").fetchall()}
-    assert schemas_after == schemas_before
+        left = conn.execute("SELECT schema_name FROM information_schema.schemata "
+                            "WHERE schema_name = ANY(%s)", (made,)).fetchall()
+    assert left == []
 
 
 def test_failing_scenario_reports_file_line_expected_and_got(db_url: str) -> None:

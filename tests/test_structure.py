@@ -8,9 +8,15 @@ CLI instead imports each command's module when the command runs.
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "engine"
+import grimp
+import pytest
+from importlinter.cli import lint_imports
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "engine"
 
 # (module, imported name) -> why it is imported inside a function
 LOCAL_IMPORTS_ALLOWED = {
@@ -72,25 +78,8 @@ def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
 
 
 def test_the_package_has_no_import_cycle() -> None:
-    modules = _modules()
-    known = set(modules)
-    graph = {m: sorted({t for node in _top_level_imports(tree) for t in _targets(m, node, known)}
-                       - {m}) for m, tree in modules.items()}
-    cycles: list[list[str]] = []
-    state: dict[str, int] = {}  # 1 visiting, 2 done
-
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for n in graph[m]:
-            if state.get(n) == 1:
-                cycles.append(path[path.index(n):] + [n] if n in path else [m, n])
-            elif n not in state:
-                visit(n, path + [n])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
+    """No cycle at all: function-local imports and those under TYPE_CHECKING count too."""
+    cycles = _cycles(grimp.build_graph("engine", exclude_type_checking_imports=False))
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
@@ -117,10 +106,104 @@ def test_imports_are_at_the_top_of_modules() -> None:
     assert not stale, f"LOCAL_IMPORTS_ALLOWED names imports that are gone: {stale}"
 
 
-def test_the_graph_sees_a_real_cycle(tmp_path: Path) -> None:
-    """The cycle check itself: two modules importing each other are one."""
-    a = ast.parse("from .b import x\n")
-    b = ast.parse("from .a import y\n")
-    known = {"engine.a", "engine.b"}
-    assert _targets("engine.a", _top_level_imports(a)[0], known) == ["engine.b"]
-    assert _targets("engine.b", _top_level_imports(b)[0], known) == ["engine.a"]
+def _package(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, "utf-8")
+
+
+def test_the_cycle_check_sees_a_cycle_under_type_checking(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check itself: a cycle held only by a TYPE_CHECKING import, or by an import
+    inside a function, is still a cycle."""
+    _package(tmp_path, {
+        "cyc/__init__.py": "",
+        "cyc/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import x\n",
+        "cyc/b.py": "def f():\n    from .a import y\n",
+        "cyc/c.py": "from . import a\n",
+    })
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _cycles(grimp.build_graph("cyc", exclude_type_checking_imports=False, cache_dir=None)) \
+        == [["cyc.a", "cyc.b"]]
+
+
+def test_the_layers_hold() -> None:
+    """The import-linter contracts in pyproject.toml (also run as `lint-imports` in CI)."""
+    assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True,
+                        no_logo=True) == 0
+
+
+def test_a_layer_breach_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same kind of contract fails on an arrow that points up, including one under
+    TYPE_CHECKING."""
+    _package(tmp_path, {
+        "house/__init__.py": "",
+        "house/top.py": "from . import bottom\n",
+        "house/bottom.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import top\n",
+    })
+    config = tmp_path / "contracts.toml"
+    config.write_text(
+        "[tool.importlinter]\nroot_package = \"house\"\nexclude_type_checking_imports = false\n"
+        "[[tool.importlinter.contracts]]\nname = \"down\"\ntype = \"layers\"\n"
+        "layers = [\"house.top\", \"house.bottom\"]\n", "utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert lint_imports(config_filename=str(config), no_cache=True, no_logo=True) == 1
+
+
+def test_the_top_of_the_package_is_its_face() -> None:
+    """`engine/` keeps the package face; every concern is a package of its own."""
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert modules == ["__init__.py", "errors.py", "sync.py"]
+
+
+def test_every_package_says_what_it_holds_and_may_import() -> None:
+    layers = _layers()
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text("utf-8"))) or ""
+        assert len(doc.split()) >= 8, f"{init}: the docstring says what the package holds"
+        name = f"engine.{init.parent.name}"
+        assert "May import" in doc, f"{init}: say what it may import"
+        assert name in layers, f"{name} is in no layer of pyproject.toml's contract"
+
+
+def _layers() -> set[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    [contract] = [c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "layers"]
+    return {m.strip() for layer in contract["layers"] for m in layer.split("|")}
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's), sorted."""
+    adjacent = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in adjacent.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for m in sorted(adjacent):
+        if m not in index:
+            visit(m)
+    return sorted(out)

@@ -4,6 +4,8 @@ Expected errors print one clear message, never a traceback. The parser is
 here; each command lives in a module of this package, imported only when the
 command runs, so that heavy imports (psycopg, transitions, litellm) are paid
 by the commands that need them.
+
+May import: everything below it (it is the top layer); nothing imports it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """A funnel's knowledge base: Markdown chunks, indexed in PostgreSQL, cited by turns.
 
 - `chunks`: a folder of ``*.md`` files cut by heading within a token cap (no database);
-- `sql`: the shared ``funnel_knowledge`` table's statements, full-text search;
+- `engine.store.knowledge`: the shared ``funnel_knowledge`` table's statements, full-text
+  search (in the store, which runs them);
 - this module: keeping the index current (`ensure_index`) and a stage's retrieval
   (`retrieve`): the best chunks for the customer's message and the known facts,
   within the stage's ``knowledge: {top_k, budget}``.
 
 Importing this package imports no database driver (the store seam).
+
+May import: `engine.store`, `engine.records`, `engine.format` and below.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..format.spec import FunnelSpec, StageKnowledge
-from .chunks import Chunk, chunk_folder
+from ..records.chunks import Chunk
+from .chunks import chunk_folder
 
 if TYPE_CHECKING:
     from ..store.base import Store

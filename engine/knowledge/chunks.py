@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..records.chunks import Chunk
 
 MAX_FILE_BYTES = 1_000_000
 MAX_FILES = 2000
@@ -24,17 +24,6 @@ _SLUG = re.compile(r"[^\w]+", re.UNICODE)
 def estimate(text: str) -> int:
     """Tokens of a text, estimated like prompts are (`engine.records.messages`): 4 characters a token."""
     return math.ceil(len(text) / 4)
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One piece of the knowledge base, as the prompt shows it."""
-
-    id: str
-    source: str  # the file, relative to the knowledge folder
-    title: str  # the heading path: "Sphynx > Dry skin"
-    body: str
-    tokens: int
 
 
 def slug(text: str) -> str:

@@ -9,6 +9,9 @@
 - :mod:`engine.llm.doctor`: ``funnel doctor``, what an endpoint accepts.
 
 Nothing here imports litellm: :class:`engine.llm.models.LiteLLMModel` hands it in.
+
+May import: `engine.funnel` (for `funnel doctor`), `engine.records`, `engine.format`
+and below; never the store or the turn.
 """
 
 from .portable import portable_schema

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +177,13 @@ def declared_view(value: Any, schema: Mapping[str, Any]) -> Any:
             out[key] = declared_view(out.get(key), sub) if key in out else None
         return out
     return value
+
+
+@lru_cache(maxsize=1024)
+def condition_names(source: str) -> tuple[str, ...]:
+    """The dotted names a condition reads, in order, without repeats."""
+    try:
+        paths = attribute_paths(parse_expression(source))
+    except Exception:  # validated funnels parse; this is only an explanation
+        return ()
+    return tuple(dict.fromkeys(".".join(p) for p, _ in paths))

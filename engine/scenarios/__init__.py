@@ -7,6 +7,8 @@ plays them on the real engine in a temporary PostgreSQL schema; `check`
 compares each turn with its ``expect``; `report` prints the results;
 `command` is `funnel test` itself. The format is documented in
 docs/scenarios.md. Nothing here imports litellm.
+
+May import: `engine.turn` and everything below it.
 """
 
 from .load import DEFAULT_CLOCK, Failure, Scenario, Turn, check_against, discover, load_scenario

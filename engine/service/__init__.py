@@ -12,4 +12,7 @@
 
 The engine core never imports this package; it needs the ``serve`` extra
 (``pip install 'funnel-engine[serve]'``). See docs/service.md.
+
+May import: `engine.scenarios`, `engine.sync` and everything below them; only
+`engine.cli` imports it.
 """

@@ -35,16 +35,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import knowledge
 from ..errors import ConfigError, FunnelError, FunnelInvalid, SchemaOutdated, StoreUnavailable
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel, load_funnel
+from ..store.base import Store
 from ..store.open_sessions import open_sessions
-
-if TYPE_CHECKING:
-    from .core import Service
+from ..turn.engine import Engine
+from .config import ServiceConfig
+from .metrics import Metrics
 
 log = logging.getLogger("funnel.service")
 
@@ -55,6 +56,20 @@ OPEN_CACHE_SECONDS = 5.0  # /readyz and /metrics scrapes share one count per fun
 _MAX_FILES = 5000  # a knowledge folder that is a whole disk is not watched file by file
 
 Snapshot = tuple[tuple[str, int, int, int], ...]
+
+
+class Served(Protocol):
+    """What the reloader reads and swaps of the service that owns it (`core.Service`).
+
+    A protocol, not the class, so that this module does not import the service that
+    imports it.
+    """
+
+    config: ServiceConfig
+    funnels: dict[str, CompiledFunnel]
+    engines: dict[str, Engine]
+    metrics: Metrics
+    store: Store | None
 
 
 def watched_files(spec: FunnelSpec) -> list[Path]:
@@ -136,7 +151,7 @@ class _Watched:
 class Reloader:
     """Watches every funnel of ``service`` and reloads it (see the module docstring)."""
 
-    def __init__(self, service: Service, interval: float = 0.5, watch: bool = True) -> None:
+    def __init__(self, service: Served, interval: float = 0.5, watch: bool = True) -> None:
         self.service = service
         self.interval = interval
         self.watch = watch

@@ -10,6 +10,9 @@ one (`embedded`) when no URL is given. The modules:
   `analytics_sql` (the report's queries), `analytics_views` (the analysts' views);
 - `connect`: connection helpers shared by the others (URLs in messages, temporary schemas);
 - `embedded`: the zero-set-up server.
+
+May import: `engine.records`, `engine.sandbox`, `engine.format`, `engine.boundary`,
+`engine.errors`; never the turn, the compiled funnel or a model.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..format.spec import FunnelSpec
-from ..knowledge.chunks import Chunk
+from ..records.chunks import Chunk
 from ..records.messages import Message
 from ..records.orders import Conversion, Order
 

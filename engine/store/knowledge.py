@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 from ..format.names import KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS
-from ..knowledge.chunks import Chunk
+from ..records.chunks import Chunk
 from .wire import Prepared, encode, positional, run
 
 # ISO 639-1 -> the configuration PostgreSQL ships; others fall back to `simple`.

@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..errors import SchemaOutdated, StoreUnavailable, first_line
 from ..format.spec import FunnelSpec
-from ..knowledge.chunks import Chunk
+from ..records.chunks import Chunk
 from ..records.messages import Message
 from ..records.orders import Conversion, Order
 from . import conversions, ddl, jobs, retention, turns

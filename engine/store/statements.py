@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ..format.spec import FunnelSpec
-from ..turn.explain import exits_of
+from ..records.explanation import exits_of
 from . import ddl, functions
 from .base import TurnWrite
 from .heartbeat import LEASE_SECONDS

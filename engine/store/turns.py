@@ -7,7 +7,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from ..turn.explain import expand
+from ..records.explanation import expand
 from . import ddl
 from .session import Connect
 

@@ -15,11 +15,11 @@ from ..funnel.actions import ActionOutcome
 from ..funnel.compiled import CompiledFunnel
 from ..funnel.machine import Firing
 from ..memory.summary import SummaryJob
+from ..records.explanation import compact
 from ..records.messages import Message
 from ..store import Inbound
 from . import language
 from .advance import Mover, Position
-from .explain import compact
 from .output import Answer
 
 __all__ = ["Incoming", "Turn", "TurnResult", "turn_record"]

@@ -7,6 +7,9 @@ the catalog) and `storage` (names shared by funnels validated together). They
 write into one `diagnostics.Report`.
 
 Importing this package imports neither litellm, psycopg nor `transitions`.
+
+May import: `engine.sandbox`, `engine.format`, `engine.boundary`, `engine.errors`; it
+never compiles a funnel (`engine.funnel` imports it).
 """
 
 from .diagnostics import Diagnostic, Report, Severity, render

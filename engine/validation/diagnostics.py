@@ -10,47 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from ..errors import Diagnostic as Diagnostic
+from ..errors import Severity as Severity
 from ..format import _yaml
-
-Severity = Literal["error", "warning"]
-
-
-@dataclass(frozen=True, order=True)
-class Diagnostic:
-    """A problem in a funnel file (or a file it names).
-
-    Attributes:
-        file: the file at fault, as given on the command line or resolved from the funnel.
-        line: 1-based line (0 when unknown).
-        col: 1-based column (0 when unknown).
-        severity: ``"error"`` or ``"warning"``.
-        code: a stable code such as ``F101`` (see docs/funnel-format.md).
-        message: what is wrong, what was expected, and the fix.
-    """
-
-    file: str
-    line: int
-    col: int
-    severity: Severity
-    code: str
-    message: str
-
-    def format(self) -> str:
-        """``file:line:col: severity CODE message``, the form editors and CI understand."""
-        return f"{self.file}:{self.line}:{self.col}: {self.severity} {self.code} {self.message}"
-
-    def github(self) -> str:
-        """A GitHub Actions workflow command that annotates the line in a pull request."""
-        kind = "error" if self.severity == "error" else "warning"
-        msg = self.message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-        return f"::{kind} file={self.file},line={self.line},col={self.col},title={self.code}::{msg}"
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def render(diagnostics: list[Diagnostic], fmt: str) -> str:
