@@ -8,6 +8,8 @@ CLI instead imports each command's module when the command runs.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -207,3 +209,30 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
         if m not in index:
             visit(m)
     return sorted(out)
+
+
+# What `funnel validate` may load: the CLI's face, the validator and the layers below it.
+VALIDATE_MAY_LOAD = ("engine.validation", "engine.format", "engine.sandbox", "engine.boundary")
+VALIDATE_MAX_MODULES = 31  # measured: 37 before the house was laid out (issue 25)
+
+
+def test_funnel_validate_loads_only_validation_and_the_format() -> None:
+    code = (
+        "import sys\n"
+        "from engine.cli import main\n"
+        "code = main(['validate', 'funnels/puramur.yaml'])\n"
+        "print(code)\n"
+        "print(' '.join(sorted(m for m in sys.modules if m == 'engine' or m.startswith('engine.'))))\n"
+        "print(' '.join(m for m in ('transitions', 'psycopg', 'litellm', 'starlette', 'jsonschema_rs')"
+        " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.splitlines()
+    assert out[-3] == "0"
+    loaded = out[-2].split()
+    outside = [m for m in loaded if m not in ("engine", "engine.errors", "engine.cli",
+                                              "engine.cli.validate")
+               and not m.startswith(tuple(p + "." for p in VALIDATE_MAY_LOAD))
+               and m not in VALIDATE_MAY_LOAD]
+    assert outside == []
+    assert len(loaded) <= VALIDATE_MAX_MODULES, loaded
+    assert out[-1] == ""  # none of the heavy dependencies

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from importlib import metadata
 
 from ..errors import FunnelError, FunnelInvalid
+from ..format.settings import CHOICES
 from ..format.spec import parse_duration
-from ..llm.strategy import CHOICES
 from ..validation import render
 
 

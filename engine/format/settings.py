@@ -14,6 +14,12 @@ from typing import Any
 
 DURATION = re.compile(r"^([0-9]+)(s|m|h|d)$")
 
+# The structured-output strategies a funnel or the command line may name (what each one
+# sends: engine.llm.strategy). Here, with the setting, so that reading the format (and
+# `funnel validate`) does not import the model layer.
+STRATEGIES = ("json_schema", "json_object_schema", "tool", "json_object", "prompt")
+CHOICES = ("auto", *STRATEGIES)
+
 
 def parse_duration(text: str) -> float:
     """``"6h"`` -> 21600.0 seconds."""

@@ -30,8 +30,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-STRATEGIES = ("json_schema", "json_object_schema", "tool", "json_object", "prompt")
-CHOICES = ("auto", *STRATEGIES)
+from ..format.settings import CHOICES as CHOICES
+from ..format.settings import STRATEGIES as STRATEGIES
+
 TOOL_NAME = "answer"
 
 log = logging.getLogger("funnel.models")
