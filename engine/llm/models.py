@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import time
@@ -147,6 +148,16 @@ def _entry(raw: Any) -> ScriptEntry:
     return ScriptEntry(output=raw)
 
 
+log = logging.getLogger("funnel.models")
+
+# A chat completion's shape, for the warm-up's parse (no request is made).
+_SAMPLE_COMPLETION: dict[str, Any] = {
+    "id": "warm-up", "object": "chat.completion", "created": 0, "model": "warm-up",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "{}"}}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
 # -- litellm ---------------------------------------------------------------------------
 
 
@@ -180,6 +191,23 @@ class LiteLLMModel:
 
     async def complete(self, request: ModelRequest) -> Completion:
         return await self.caller.complete(request)
+
+    def warm(self) -> None:
+        """Build now what litellm builds on its first call (its response types, the
+        provider's modules), through its own ``mock_response``: no request leaves the
+        process. Without it the first customer's turn after a start pays about a second
+        (bench/start.py). Blocking: ``Engine.open`` runs it in a thread."""
+        try:
+            self._litellm.completion(model=self.name, api_base=self.api_base,
+                                     messages=[{"role": "user", "content": "warm-up"}],
+                                     mock_response='{"reply": ""}')
+            # The OpenAI SDK (litellm's client for OpenAI-compatible servers) builds its
+            # response types on the first response it parses: build them now too.
+            from openai.types.chat import ChatCompletion  # litellm has imported it
+
+            ChatCompletion.construct(**_SAMPLE_COMPLETION)
+        except Exception as exc:  # a failed warm-up costs the first turn its second, no more
+            log.debug("litellm warm-up for %s failed: %s", self.name, exc)
 
 
 def make_model(name: str, *, api_base: str | None = None,

@@ -44,7 +44,7 @@ from ..experiments.router import Variants
 from ..funnel.actions import TurnScratch
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..funnel.state import defaults, plain
-from ..llm.models import Model, make_model
+from ..llm.models import LiteLLMModel, Model, make_model
 from ..memory.summary import RollingSummary, Summarizer
 from ..records.messages import Message
 from ..records.orders import Conversion, make_order
@@ -122,9 +122,13 @@ class Engine:
         try:
             await store.ensure_schema(compiled.spec)
             await knowledge.ensure_index(store, compiled.spec)
+            # Off the event loop and side by side, before the first customer: the language
+            # models load in ~0.8 s once per process, litellm builds its types in ~1 s.
+            warm_ups = [asyncio.to_thread(model.warm)] if isinstance(model, LiteLLMModel) else []
             if compiled.spec.language_policy.mode != "model":
-                # Off the event loop: the models load in ~0.8 s, once per process.
-                await asyncio.to_thread(language.warm, compiled.spec.language_policy.candidates)
+                warm_ups.append(asyncio.to_thread(language.warm,
+                                                  compiled.spec.language_policy.candidates))
+            await asyncio.gather(*warm_ups)
             engine = cls(compiled, store, model, notifier=notifier, clock=clock)
             await engine.routing.versions.store_newest(compiled, strict=False)  # for when it is old
         except BaseException:
