@@ -42,6 +42,14 @@ def proxy_options(trusted: list[str]) -> dict[str, Any]:
     return {"proxy_headers": True, "forwarded_allow_ips": ",".join(trusted)}
 
 
+# How long uvicorn's supervisor waits for a worker to answer its health check before it
+# kills it (uvicorn's default: 5 s). A worker starting on a busy machine imports litellm
+# and loads the language models for tens of seconds, holding the GIL for long stretches;
+# at 5 s the supervisor killed and restarted every worker in a loop on a loaded 2-core
+# machine. A worker that is really hung is still replaced, a minute later.
+WORKER_HEALTHCHECK_SECONDS = 60
+
+
 def _run_workers(config: Any) -> None:
     """uvicorn's worker supervisor, except that SIGHUP is handed to every worker (each
     reloads its funnels, engine.service.reload) instead of replacing the workers: a
@@ -116,6 +124,8 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         "factory": True, "host": host, "port": port, "workers": workers, "ws": "none",
         "log_level": level, "log_config": log_config(uvicorn.config.LOGGING_CONFIG, level),
         **proxy_options(config.trusted_proxies)}
+    if "timeout_worker_healthcheck" in inspect.signature(uvicorn.Config.__init__).parameters:
+        options["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_SECONDS
     try:
         if workers > 1:
             _run_workers(uvicorn.Config(APP, **options))
