@@ -44,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import floor  # noqa: E402  (bench/floor.py)
 import psycopg  # noqa: E402
 from _db import server_url, throwaway_schema  # noqa: E402
 from psycopg import sql  # noqa: E402
@@ -229,6 +230,31 @@ async def run_engine(url: str, sessions: list[str], turns: int, tasks: int) -> d
     return await counters.stop(out, len(sessions) * turns)
 
 
+async def run_floor(url: str, sessions: list[str], turns: int, tasks: int) -> dict[str, float]:
+    """The same work's floor (bench/floor.py): the statements the engine's turn sent, with
+    their parameters, run on plain psycopg."""
+    recording = await floor.record(url, HAPPY, [message(t) for t in range(turns)])
+    conns = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(tasks)]
+    counters = Counters(url)
+    try:
+        free = list(conns)
+
+        async def turn(sid: str, t: int) -> None:
+            conn = free.pop()
+            try:
+                await floor.replay_turn(conn, recording, t, sid)
+            finally:
+                free.append(conn)
+
+        await play(turn, [f"warm-{s}" for s in sessions[:8]], turns, 1)
+        await counters.start()
+        out = await play(turn, sessions, turns, tasks)
+    finally:
+        for conn in conns:
+            await conn.close()
+    return await counters.stop(out, len(sessions) * turns)
+
+
 def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default=os.environ.get("FUNNEL_TEST_DSN") or os.environ.get("FUNNEL_DB"))
@@ -247,24 +273,29 @@ async def main(args: argparse.Namespace) -> None:
               f"{args.rounds} rounds, configurations interleaved round by round, on "
               f"{'uvloop' if args.uvloop else 'asyncio'}'s event loop")
         header = (f"| config | p50 ms | x raw | p99 ms | turns/s | x raw | client CPU ms/turn "
-                  f"| transactions/turn | WAL bytes/turn |\n|{'---|' * 9}")
+                  f"| CPU x floor | transactions/turn | WAL bytes/turn |\n|{'---|' * 10}")
         print(header)
         for tasks in (1, 8):
-            results: dict[str, list[dict[str, float]]] = {"raw": [], "engine": []}
+            results: dict[str, list[dict[str, float]]] = {"raw": [], "floor": [], "engine": []}
             for r in range(args.rounds):
                 sessions = [f"r{r}t{tasks}-{i:04d}" for i in range(args.sessions)]
                 results["raw"].append(await run_raw(url, sessions, args.turns, tasks))
+                results["floor"].append(await run_floor(url, [f"f{s}" for s in sessions],
+                                                        args.turns, tasks))
                 results["engine"].append(await run_engine(url, sessions, args.turns, tasks))
             med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]}
                    for k, v in results.items()}
             base = med["raw"]
             if tasks == 1:
                 print(f"(WAL from {(await db_counters(url))[2]})")
-            for key, label in (("raw", "raw psycopg SELECT + UPSERT"), ("engine", "funnel")):
+            for key, label in (("raw", "raw psycopg SELECT + UPSERT"),
+                               ("floor", "the same work's floor (bench/floor.py)"),
+                               ("engine", "funnel")):
                 m = med[key]
                 print(f"| {label}, {tasks} {'task' if tasks == 1 else 'tasks'} | "
                       f"{m['p50']:.2f} | {m['p50'] / base['p50']:.2f} | {m['p99']:.2f} | "
                       f"{m['tps']:,.0f} | {m['tps'] / base['tps']:.2f} | {m['cpu']:.2f} | "
+                      f"{m['cpu'] / med['floor']['cpu']:.2f} | "
                       f"{m['xacts']:.2f} | {m['wal']:,.0f} |")
 
 

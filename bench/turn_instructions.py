@@ -4,7 +4,8 @@ not drift with the machine's speed.
 CPU time per turn (``bench/realistic_turn.py``) moves by up to 2x within minutes on a
 shared VM; instructions do not. This runs ``bench/realistic_turn.py``'s two
 configurations (the engine playing Puramur's conversation, and the raw psycopg SELECT +
-UPSERT baseline), one session at a time, under ``valgrind --tool=callgrind`` at two
+UPSERT baseline, and the same work's floor of bench/floor.py: the engine's own statements on
+plain psycopg), one session at a time, under ``valgrind --tool=callgrind`` at two
 sizes, and prints ``(I(large) - I(small)) / extra turns``: start-up, imports and the
 warm-up cancel out. Instructions are not time (cache misses and system calls are not
 in them), so read them next to the CPU times, as the stable part of the comparison.
@@ -39,9 +40,9 @@ _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 def child(config: str, sessions: int, db: str | None, uvloop: bool) -> None:
     """Play ``sessions`` sessions of one configuration (run under callgrind)."""
     from _db import server_url, throwaway_schema
-    from realistic_turn import run_engine, run_raw
+    from realistic_turn import run_engine, run_floor, run_raw
 
-    run = run_engine if config == "engine" else run_raw
+    run = {"engine": run_engine, "floor": run_floor, "raw": run_raw}[config]
 
     async def main() -> None:
         with throwaway_schema(server_url(db)) as url:
@@ -77,7 +78,7 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=8)
     ap.add_argument("--large", type=int, default=28)
     ap.add_argument("--uvloop", action="store_true", help="run on uvloop's event loop")
-    ap.add_argument("--child", choices=["engine", "raw"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["engine", "floor", "raw"], help=argparse.SUPPRESS)
     ap.add_argument("--sessions", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -94,12 +95,14 @@ def main() -> None:
     print(f"client instructions per turn, callgrind, ({args.large} - {args.small} sessions) x "
           f"{TURNS} turns, one session at a time, on "
           f"{'uvloop' if args.uvloop else 'asyncio'}'s event loop")
-    print("| config | instructions/turn | x raw |\n|---|---|---|")
+    print("| config | instructions/turn | x raw | x floor |\n|---|---|---|---|")
     per = {}
-    for config in ("raw", "engine"):
+    for config in ("raw", "floor", "engine"):
         per[config] = (count(config, args.large, args) - count(config, args.small, args)) / extra
-    for config, label in (("raw", "raw psycopg SELECT + UPSERT"), ("engine", "funnel")):
-        print(f"| {label} | {per[config]:,.0f} | {per[config] / per['raw']:.2f} |")
+    for config, label in (("raw", "raw psycopg SELECT + UPSERT"),
+                          ("floor", "the same work's floor (bench/floor.py)"), ("engine", "funnel")):
+        print(f"| {label} | {per[config]:,.0f} | {per[config] / per['raw']:.2f} | "
+              f"{per[config] / per['floor']:.2f} |")
 
 
 if __name__ == "__main__":
