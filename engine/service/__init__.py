@@ -10,7 +10,8 @@
 - ``inbound``: delivery keys (``Idempotency-Key``) and the replay of a message seen before;
 - ``telegram/``: the Telegram channel (updates, Bot API calls, the webhook and its outbox);
 - ``readiness``: what ``/readyz`` checks and says;
-- ``openapi``: the API document, generated from the table and the models; ``server``: the command; ``static/``: the web widget.
+- ``openapi``: the API document, generated from the table and the models;
+- ``server``: the command; ``static/``: the web widget.
 
 The engine core never imports this package; it needs the ``serve`` extra
 (``pip install 'funnel-engine[serve]'``). See docs/service.md.
