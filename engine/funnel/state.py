@@ -21,10 +21,10 @@ import jsonschema_rs
 
 from ..boundary.sanitize import excerpt
 from ..format.catalog import Catalog
+from ..format.phones import example, normalize_phone, region_of
 from ..format.spec import FunnelSpec
 from ..sandbox.expressions import compile_condition_list
 
-_PHONE_CHARS = re.compile(r"[\s\-().]")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 
 
@@ -46,35 +46,17 @@ def plain(value: Any) -> Any:
     return value
 
 
-def normalize_phone(raw: str, country_code: str | None) -> str | None:
-    """``"066 123-45-67"`` with country 380 -> ``"+380661234567"``; ``None`` if not a phone."""
-    text = _PHONE_CHARS.sub("", raw.strip())
-    if text.startswith("00"):
-        text = "+" + text[2:]
-    if not text.startswith("+") and country_code:
-        cc = country_code
-        if text.startswith(cc):
-            text = "+" + text
-        elif text.startswith("0") and len(text) >= 9:
-            # national trunk prefix: 0XX... -> +CC XX... (380 already ends in 0)
-            text = "+" + (cc[:-1] if cc.endswith("0") else cc) + text
-        else:
-            text = "+" + cc + text
-    if not re.fullmatch(r"\+[1-9][0-9]{7,14}", text):
-        return None
-    if country_code and text.startswith("+" + country_code) and \
-            len(text) - 1 - len(country_code) < 7:
-        return None  # no country's subscriber numbers are this short
-    return text
-
-
 def normalize_formats(value: Any, schema: Mapping[str, Any], path: str, notices: list[str]) -> Any:
     """Normalize ``format: phone/email`` values inside ``value``; drop invalid ones with a notice."""
     fmt = schema.get("format")
     if isinstance(value, str) and fmt == "phone":
-        phone = normalize_phone(value, schema.get("country_code"))
+        region = region_of(schema)
+        phone = normalize_phone(value, region)
         if phone is None:
-            notices.append(f"{excerpt(value)} is not a valid phone number for {path}; it was not saved")
+            where = (f"a number of {region} such as {example(region)}, or an international "
+                     "one starting with +") if region else "a number starting with +"
+            notices.append(f"{excerpt(value)} is not a valid phone number for {path}; it was "
+                           f"not saved (expected {where})")
         return phone
     if isinstance(value, str) and fmt in ("date-time", "date"):
         try:
@@ -306,7 +288,7 @@ def _storable(schema: dict[str, Any], ftype: str) -> dict[str, Any]:
 
 
 def _nullable(schema: dict[str, Any], nullable: bool) -> dict[str, Any]:
-    schema = {k: v for k, v in schema.items() if k not in ("country_code",)}
+    schema = {k: v for k, v in schema.items() if k not in ("country_code", "region")}
     if nullable and "type" in schema:
         return {"anyOf": [{"type": "null"}, schema]}
     return schema

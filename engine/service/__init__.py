@@ -1,6 +1,8 @@
 """`funnel serve`: the HTTP service (Starlette on uvicorn).
 
 - ``app``: the ASGI app and its factory ``create_app`` (routes, error bodies);
+- ``models``: the typed request and response bodies; ``routes``: the route table's row
+  (``Operation``); ``handlers``: the handlers and their table ``OPERATIONS``;
 - ``core``: ``Service``, the funnels' engines on one shared store, a turn and its limits;
 - ``config``: ``ServiceConfig`` from ``FUNNEL_*`` environment variables;
 - ``auth``: API keys with scopes, signed widget session tokens;
@@ -8,7 +10,8 @@
 - ``inbound``: delivery keys (``Idempotency-Key``) and the replay of a message seen before;
 - ``telegram/``: the Telegram channel (updates, Bot API calls, the webhook and its outbox);
 - ``readiness``: what ``/readyz`` checks and says;
-- ``openapi``: the API document; ``server``: the command; ``static/``: the web widget.
+- ``openapi``: the API document, generated from the table and the models;
+- ``server``: the command; ``static/``: the web widget.
 
 The engine core never imports this package; it needs the ``serve`` extra
 (``pip install 'funnel-engine[serve]'``). See docs/service.md.

@@ -18,12 +18,10 @@ import html
 import json
 import logging
 import os
-import re
 import signal
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -34,176 +32,26 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..errors import StoreUnavailable
-from . import inbound, orders
-from .auth import WidgetSession
 from .config import ServiceConfig
 from .core import Service
-from .inbound import REPLAY_HEADER, delivery_key
-from .limits import RequestRefused, error, message_text, read_json
-from .openapi import SESSION_PATTERN, document
-from .readiness import readiness
+from .handlers import OPERATIONS, service_of
+from .inbound import REPLAY_HEADER
+from .limits import error
+from .openapi import document
 from .retention import RetentionScheduler
+from .routes import table_routes
 from .telegram import TelegramChannel
 
 log = logging.getLogger("funnel.service")
 STATIC = Path(__file__).resolve().parent / "static"
-_SESSION = re.compile(SESSION_PATTERN)
-
-
-def _service(request: Request) -> Service:
-    service: Service = request.app.state.service
-    return service
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    body = json.dumps(data, ensure_ascii=False, default=str, separators=(",", ":"))
-    return Response(body, status_code=status, media_type="application/json")
-
-
-def _turn(turn: dict[str, Any]) -> Response:
-    response = _json(turn)
-    if turn.get("replayed"):
-        response.headers[REPLAY_HEADER] = "true"
-    return response
-
-
-def _session_param(request: Request) -> str:
-    session = str(request.path_params["session"])
-    if not _SESSION.fullmatch(session):  # `$` alone would let a trailing newline through
-        raise RequestRefused(400, "bad_request", f"a session id matches {SESSION_PATTERN}")
-    return session
-
-
-Handler = Callable[[Request, Service, str], Awaitable[Response]]
-
-
-def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Resolve the funnel, turn refusals into error responses and count them."""
-
-    async def endpoint(request: Request) -> Response:
-        service = _service(request)
-        funnel = str(request.path_params.get("funnel", ""))
-        try:
-            service.check_funnel(funnel)
-            return await handler(request, service, funnel)
-        except RequestRefused as exc:
-            if exc.status != 404:
-                service.metrics.refused(funnel, exc.code)
-            return exc.response()
-
-    return endpoint
-
-
-async def post_message(request: Request, service: Service, funnel: str) -> Response:
-    client = service.client(request, "converse")
-    service.limiter.check(client.name)
-    session = _session_param(request)
-    data = await read_json(request)
-    text = message_text(data)
-    key = delivery_key(request, data)
-    # Keys are the client's: scoped by its API key and the session, so nobody replays
-    # another client's answers.
-    scoped = f"{client.name}/{session}/{key}" if key else None
-    return _turn(await inbound.turn(service, funnel, session, text, channel="api", key=scoped))
-
-
-async def post_conversion(request: Request, service: Service, funnel: str) -> Response:
-    client = service.client(request, "conversions")
-    service.limiter.check(client.name)
-    session = _session_param(request)
-    status, body = await orders.record(service, funnel, session,
-                                       await read_json(request, orders.MAX_ORDER_BYTES))
-    return _json(body, status)
-
-
-async def get_session(request: Request, service: Service, funnel: str) -> Response:
-    client = service.client(request, "read_state")
-    service.limiter.check(client.name)
-    session = _session_param(request)
-    engine = await service.engine(funnel)
-    try:
-        state = await engine.state(session)
-        if state is not None and request.query_params.get("explain") in ("1", "true"):
-            # Why the last turn moved or stayed (engine.turn.explain), from its turn record.
-            last = await engine.store.turn_records(engine.spec, session, 1)
-            state["explain"] = last[-1]["explain"] if last else None
-    except StoreUnavailable:
-        raise service.trip() from None
-    if state is None:
-        raise RequestRefused(404, "not_found", f"no session {session!r} in funnel '{funnel}'")
-    return _json(state)
-
-
-async def widget_session(request: Request, service: Service, funnel: str) -> Response:
-    service.check_origin(request)
-    service.limiter.check(f"ip:{request.client.host if request.client else '?'}")
-    try:
-        current: WidgetSession | None = service.widget(request, funnel)
-    except RequestRefused:
-        current = None  # no token, or one that is expired or not ours: a new session
-    token, session = service.tokens.issue(funnel, current.session_id if current else None)
-    return _json({"token": token, "expires_at": session.expires_at})
-
-
-async def widget_message(request: Request, service: Service, funnel: str) -> Response:
-    session = service.widget(request, funnel)
-    service.limiter.check(f"widget:{session.session_id}")
-    data = await read_json(request)
-    text = message_text(data)
-    key = delivery_key(request, data)
-    scoped = f"{session.session_id}/{key}" if key else None
-    return _turn(await inbound.turn(service, funnel, session.session_id, text, channel="web",
-                                    key=scoped))
-
-
-async def widget_messages(request: Request, service: Service, funnel: str) -> Response:
-    if request.method == "POST":
-        return await widget_message(request, service, funnel)
-    session = service.widget(request, funnel)
-    service.limiter.check(f"widget:{session.session_id}")
-    engine = await service.engine(funnel)
-    try:
-        rows = await engine.store.history(engine.spec, session.session_id, 50)
-    except StoreUnavailable:
-        raise service.trip() from None
-    return _json({"messages": [
-        {"role": r["role"], "content": r["content"],
-         "created_at": r["created_at"].isoformat() if r.get("created_at") else None}
-        for r in rows if r["role"] in ("user", "assistant")]})
-
-
-async def telegram(request: Request, service: Service, funnel: str) -> Response:
-    return await service.telegram.webhook(request, funnel)
-
-
-async def healthz(request: Request) -> Response:
-    return _json({"status": "ok"})
-
-
-async def readyz(request: Request) -> Response:
-    service = _service(request)
-    ready, body = await readiness(service)
-    if ready:
-        return _json(body)
-    response = _json(body, 503)
-    response.headers["Retry-After"] = str(service.config.retry_after)
-    return response
-
-
-async def metrics(request: Request) -> Response:
-    service = _service(request)
-    if not service.config.metrics_public:
-        try:
-            service.client(request, "metrics")
-        except RequestRefused as exc:
-            return exc.response()
-    await service.reloader.versions()  # refreshes the version gauges (cached counts)
-    return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 async def openapi(request: Request) -> Response:
-    return _json(document(list(_service(request).funnels), __version__))
+    doc: bytes | None = request.app.state.openapi
+    if doc is None:  # built once, on first request: it is the same for the process's life
+        doc = request.app.state.openapi = json.dumps(
+            document(OPERATIONS, __version__), ensure_ascii=False).encode()
+    return Response(doc, media_type="application/json")
 
 
 def _static(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
@@ -217,7 +65,7 @@ def _static(name: str, media_type: str) -> Callable[[Request], Awaitable[Respons
 
 
 async def demo(request: Request) -> Response:
-    service = _service(request)
+    service = service_of(request)
     funnel = str(request.path_params["funnel"])
     if funnel not in service.funnels:
         return error(404, "not_found", f"no funnel named {funnel[:80]!r}")
@@ -307,18 +155,9 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
             await retention.stop()
             await service.close()
 
-    f = "/v1/funnels/{funnel}"
-    routes = [
-        Route(f"{f}/sessions/{{session}}/messages", _endpoint(post_message), methods=["POST"]),
-        Route(f"{f}/sessions/{{session}}/conversions", _endpoint(post_conversion),
-              methods=["POST"]),
-        Route(f"{f}/sessions/{{session}}", _endpoint(get_session), methods=["GET"]),
-        Route(f"{f}/widget/session", _endpoint(widget_session), methods=["POST"]),
-        Route(f"{f}/widget/messages", _endpoint(widget_messages), methods=["GET", "POST"]),
-        Route(f"{f}/telegram", _endpoint(telegram), methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+    # The API from its table (engine.service.handlers), the document and the pages beside it.
+    routes = table_routes(OPERATIONS)
+    routes += [
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/widget.js", _static("widget.js", "text/javascript; charset=utf-8"),
               methods=["GET"]),
@@ -332,4 +171,5 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error, Exception: _crash})
     app.state.service = service
+    app.state.openapi = None
     return app

@@ -67,20 +67,6 @@ async def read_json(request: Request, max_bytes: int = MAX_BODY_BYTES) -> Any:
         raise RequestRefused(400, "bad_request", f"the body must be JSON: {exc}") from None
 
 
-def message_text(body: Any) -> str:
-    """``body["text"]``, checked: a string, not blank, no NUL, at most MAX_MESSAGE_CHARS."""
-    if not isinstance(body, dict) or not isinstance(body.get("text"), str):
-        raise RequestRefused(400, "bad_request", 'the body must be {"text": "..."}')
-    text: str = body["text"]
-    if len(text) > MAX_MESSAGE_CHARS:
-        raise RequestRefused(413, "too_large", f"the message has {len(text)} characters, over "
-                             f"the limit of {MAX_MESSAGE_CHARS}; split it")
-    if not text.strip() or "\x00" in text:
-        raise RequestRefused(400, "bad_request", "the message must be non-blank text "
-                             "without NUL characters")
-    return text
-
-
 class RateLimiter:
     """A token bucket per client: ``count`` requests per ``seconds``, bursts up to ``count``.
 

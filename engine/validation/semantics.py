@@ -26,6 +26,7 @@ from ..format.spec import (
 from ..sandbox.expressions import attribute_paths, parse_expression
 from .diagnostics import Report, as_dict, as_list
 from .format import format_schema
+from .phones import check_phones
 from .sandbox import refused, unguarded_comparisons
 
 
@@ -58,6 +59,7 @@ def check_semantics(data: dict[str, Any], state: dict[str, Any], report: Report)
                       "not supported; use text, int, bigint, numeric(p,s), boolean, jsonb, "
                       "timestamptz, date, double precision or varchar(n)")
 
+    check_phones(state, report)
     _check_stage_refs(data, stages, stage_names, report)
     _check_feature_fields(data, state, report)
     _check_graph(data, stages, stage_names, report)
