@@ -120,7 +120,8 @@ def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None
     try:
         error = best_match(stage.validator.iter_errors(data))
     except (Unresolvable, RecursionError) as exc:
-        return None, (f"the output schema {stage.spec.schema.name} cannot be evaluated "
+        where = stage.spec.schema.name if stage.spec.schema else "(derived)"
+        return None, (f"the output schema {where} cannot be evaluated "
                       f"({type(exc).__name__}: {str(exc)[:200]}); fix the schema")
     if error is not None:
         return None, f"at {error.json_path}: {error.message[:300]}"
