@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def copy_puramur(root: Path) -> Path:
-    """Copy Puramur's funnel file, prompts, schemas, catalog and knowledge folder under
+    """Copy Puramur's funnel file, prompts, catalog and knowledge folder under
     ``root`` (a ``pyproject.toml`` marks it a project root); return the funnel file."""
     (root / "funnels" / "puramur").mkdir(parents=True)
     (root / "pyproject.toml").write_text("")
@@ -17,6 +17,5 @@ def copy_puramur(root: Path) -> Path:
     shutil.copy(ROOT / "funnels" / "puramur" / "catalog.yaml", root / "funnels" / "puramur")
     shutil.copytree(ROOT / "funnels" / "puramur" / "knowledge",
                     root / "funnels" / "puramur" / "knowledge")
-    for kind in ("prompts", "schemas"):
-        shutil.copytree(ROOT / kind / "puramur", root / kind / "puramur")
+    shutil.copytree(ROOT / "prompts" / "puramur", root / "prompts" / "puramur")
     return root / "funnels" / "puramur.yaml"

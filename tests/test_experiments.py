@@ -38,13 +38,12 @@ def experiment(**extra: Any) -> dict[str, Any]:
 
 
 def funnel_copy(tmp: Path, exp: dict[str, Any] | None) -> Path:
-    """Puramur with its prompts and schemas beside it, and ``exp`` as its experiment."""
+    """Puramur with its prompts beside it, and ``exp`` as its experiment."""
     shutil.copytree(ROOT / "prompts" / "puramur", tmp / "prompts", dirs_exist_ok=True)
-    shutil.copytree(ROOT / "schemas" / "puramur", tmp / "schemas", dirs_exist_ok=True)
     greeting = (tmp / "prompts" / "greeting.j2").read_text("utf-8")
     (tmp / "prompts" / "greeting_b.j2").write_text(f"{MARKER}\n{greeting}", "utf-8")
     data = yaml.safe_load(PURAMUR.read_text("utf-8"))
-    data.update(prompts="prompts", schemas="schemas",
+    data.update(prompts="prompts",
                 catalog=str(ROOT / "funnels" / "puramur" / "catalog.yaml"))
     data["knowledge"]["folder"] = str(ROOT / "funnels" / "puramur" / "knowledge")
     if exp is not None:

@@ -469,6 +469,9 @@ def test_doctor_reports_what_the_endpoint_accepts(keys: None,
     assert lines["json_schema"].split()[1] == "no" and "response_format" in lines["json_schema"]
     assert lines["json_object_schema"].split()[1:3] == ["yes", "valid"]
     assert lines["prompt"].split()[1:3] == ["yes", "invalid"]
+    # "invalid" says what it expected and what came back.
+    assert 'expected the JSON object {"ok": true}' in lines["prompt"]
+    assert "'Sure! ok'" in lines["prompt"]
     assert "chosen strategy: json_object_schema" in out
     assert "cost: unknown" in out
     assert "prompt cache: not marked" in out  # an OpenAI-compatible server

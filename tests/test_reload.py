@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,7 @@ def test_the_watched_set_is_every_file_the_funnel_reads(project: Path) -> None:
     files = {p.relative_to(project).as_posix() for p in watched_files(spec)}
     assert {"funnels/puramur.yaml", "funnels/puramur/catalog.yaml",
             "prompts/puramur/greeting.j2", "prompts/puramur/_base.j2",  # included, not named
-            "schemas/puramur/greeting.json", "funnels/puramur/knowledge/cats.md"} <= files
+            "funnels/puramur/knowledge/cats.md"} <= files
     assert "pyproject.toml" not in files
     (project / "prompts" / "puramur" / ".greeting.j2.swp").write_text("x")  # an editor's
     assert not any(".swp" in str(p) for p in watched_files(spec))
@@ -109,19 +108,22 @@ async def test_a_file_an_edit_names_is_watched_from_the_moment_it_appears(
                                 model=f"scripted:{script}", reload_interval=0.05))
     await svc.start()
     try:
-        # The edit names a schema that does not exist yet: refused by the watcher.
+        # The edit names a schema extension that does not exist yet: refused by the watcher.
         _replace(project / "funnels" / "puramur.yaml",
                  "    description: Say hello and ask whether the pet is a cat or a dog.\n",
                  "    description: Say hello and ask whether the pet is a cat or a dog.\n"
-                 "    schema: greeting_v2.json\n")
+                 "    schema_extension: greeting_v2.json\n")
         refused = ("funnel_reloads_total", (("funnel", "puramur"), ("result", "refused")))
         await _until(lambda: svc.metrics.counters[refused] == 1)
-        assert svc.funnels["puramur"].spec.stages["greeting"].schema.name == "greeting.json"
+        assert svc.funnels["puramur"].spec.stages["greeting"].schema is None
         # Writing the file it names is the change that makes the edit valid.
-        shutil.copy(project / "schemas" / "puramur" / "greeting.json",
-                    project / "schemas" / "puramur" / "greeting_v2.json")
-        await _until(lambda: svc.funnels["puramur"].spec.stages["greeting"].schema.name
-                     == "greeting_v2.json")
+        (project / "funnels" / "schemas").mkdir()
+        (project / "funnels" / "schemas" / "greeting_v2.json").write_text(
+            '{"properties": {"reply": {"maxLength": 800}}}')
+        await _until(lambda: getattr(svc.funnels["puramur"].spec.stages["greeting"].schema,
+                                     "name", None) == "greeting_v2.json")
+        assert svc.funnels["puramur"].stages["greeting"].schema["properties"]["reply"][
+            "maxLength"] == 800
         assert svc.engines["puramur"].funnel is svc.funnels["puramur"]
         assert svc.metrics.counters[refused] == 1
     finally:

@@ -10,6 +10,7 @@ turn works. Also: the state merge and the output parser under hypothesis.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 import shutil
@@ -38,12 +39,11 @@ OK = {"reply": "All good."}
 
 def funnel_copy(tmp: Path, *, funnel: Any = None, files: dict[str, str] | None = None
                 ) -> Path:
-    """Puramur with its prompts and schemas copied beside it, edited by ``files``
+    """Puramur with its prompts copied beside it, edited by ``files``
     (relative path -> new text) and ``funnel`` (a function of the YAML data)."""
     shutil.copytree(ROOT / "prompts" / "puramur", tmp / "prompts")
-    shutil.copytree(ROOT / "schemas" / "puramur", tmp / "schemas")
     data = yaml.safe_load(PURAMUR.read_text("utf-8"))
-    data.update(prompts="prompts", schemas="schemas",
+    data.update(prompts="prompts",
                 catalog=str(ROOT / "funnels" / "puramur" / "catalog.yaml"))
     data["knowledge"]["folder"] = str(ROOT / "funnels" / "puramur" / "knowledge")
     if funnel is not None:
@@ -111,16 +111,16 @@ async def test_a_template_the_sandbox_refuses_at_run_time_ends_in_the_fallback(
 async def test_a_dangling_ref_in_an_output_schema_ends_in_the_fallback(
         tmp_path: Path, db_url: str, sql: Any) -> None:
     # `funnel validate` refuses it (F306): the validator is swapped in after loading.
-    schema = json.loads((ROOT / "schemas" / "puramur" / "discovery.json").read_text())
-    schema["properties"]["updates"]["properties"]["pet"] = {"$ref": "#/$defs/nowhere"}
     funnel = load_funnel(funnel_copy(tmp_path))
     stage = funnel.stages["discovery"]
+    schema = copy.deepcopy(stage.schema)
+    schema["properties"]["updates"]["properties"]["pet"] = {"$ref": "#/$defs/nowhere"}
     funnel.stages["discovery"] = dataclasses.replace(
         stage, validator=jsonschema.Draft202012Validator(schema))
     second = {"reply": "Noted.", "updates": {"pet": {"breed": "Yorkie"}}}
     result, _, _ = await two_turns(funnel, db_url, second, sql)
     assert result.fallback and "cannot be evaluated" in (result.error or "")
-    assert "discovery.json" in (result.error or "")
+    assert "(derived)" in (result.error or "")
 
 
 async def test_a_save_postgresql_refuses_ends_in_the_fallback(tmp_path: Path, db_url: str,

@@ -207,13 +207,14 @@ def rename_need(data: dict[str, Any]) -> None:
     data["completeness"]["rules"][0]["when"] = "request"
     data["stages"]["discovery"]["transitions"][0]["when"] = "request"
     data["migrations"] = [{"from": 1, "to": 2, "rename": {"need": "request"}}]
+    for stage in data["stages"].values():  # the derived contracts follow the field's name
+        if "updates" in stage:
+            stage["updates"] = ["request" if u == "need" else u for u in stage["updates"]]
 
 
 def v2_renamed(tmp_path: Path) -> Path:
     v2 = scaffold(tmp_path, "v2", "V2 PROMPT")
     edit(v2, rename_need)
-    for schema in (v2.parent / "schemas").glob("*.json"):
-        schema.write_text(schema.read_text("utf-8").replace('"need"', '"request"'), "utf-8")
     for prompt in (v2.parent / "prompts").glob("*.j2"):
         prompt.write_text(prompt.read_text("utf-8").replace("need", "request"), "utf-8")
     assert load_funnel(v2).spec.migrations
@@ -307,8 +308,7 @@ def test_a_bundle_compiles_from_its_own_files_only(tmp_path: Path) -> None:
     v1 = make_v1(tmp_path)
     bundle = bundle_of(load_funnel(v1).spec)
     assert set(bundle.files) == {"funnel.yaml", *(f"prompts/{s}.j2" for s in (
-        "greeting", "discovery", "contact", "done")), *(f"schemas/{s}.json" for s in (
-        "greeting", "discovery", "contact", "done"))}
+        "greeting", "discovery", "contact", "done"))}  # the contracts are in funnel.yaml
     shutil.rmtree(v1.parent)
     loaded = compile_bundle(bundle)
     try:

@@ -1,119 +1,29 @@
 """`funnel new`: a funnel folder that validates clean and whose scenarios pass out of the box.
 
-The folder holds the funnel file, its prompts, its output schemas, a catalog
-when the funnel has one, and two scenarios. The schemas are generated from the
-funnel, never written by hand: per stage, ``reply``, ``language`` (when the
-funnel detects it), the ``updates`` the stage allows (each field's schema as
-the funnel declares it) and the ``actions`` it allows (each builtin's arguments,
-from its declaration). Templates: ``minimal`` (written here), ``puramur`` and
-``b2b_demo`` (copies of the shipped reference funnels under a new name, each
-stage keeping the updates and actions its shipped schema allows).
+The folder holds the funnel file, its prompts, a catalog when the funnel has one,
+and two scenarios. No schema files: each stage declares its ``updates`` and
+``actions`` and its output contract is derived from the funnel
+(:mod:`engine.format.contract`; ``funnel schema`` prints it). Templates:
+``minimal`` (written here), ``puramur`` and ``b2b_demo`` (copies of the shipped
+reference funnels under a new name).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigError
 from ..format import _yaml
-from ..format.spec import SQL_IDENTIFIER, implied_engine_fields
-from ..validation.schemas import action_types, resolve_local_ref
+from ..format.spec import SQL_IDENTIFIER
 
-__all__ = ["TEMPLATES", "output_schema", "scaffold"]
+__all__ = ["TEMPLATES", "scaffold"]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TEMPLATES = ("minimal", "puramur", "b2b_demo")
 _SCENARIOS = {"puramur": ("happy_path.yaml", "objections.yaml"),
               "b2b_demo": ("booking.yaml", "disqualified.yaml")}
-_STORAGE_KEYS = {"default", "nullable", "owner", "write_once", "indexed", "column",
-                 "description", "retention"}
-
-
-# --- output schemas ---------------------------------------------------------------------------
-
-
-def _field_schema(raw: dict[str, Any]) -> dict[str, Any]:
-    """A state field's declaration as the JSON Schema of what the model may write there."""
-    out = {k: v for k, v in raw.items() if k not in _STORAGE_KEYS}
-    if isinstance(out.get("properties"), dict):
-        out["properties"] = {k: _field_schema(v) if isinstance(v, dict) else v
-                             for k, v in out["properties"].items()}
-        out.setdefault("additionalProperties", False)
-    return out
-
-
-def _action_schema(name: str, raw: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of one declared action, from its builtin (or open, for a hook)."""
-    props: dict[str, Any] = {"type": {"const": name}}
-    required = ["type"]
-    builtin = raw.get("builtin")
-    cart = data.get("cart") or {}
-    presented = data.get("presented") or {}
-    state = data.get("state") or {}
-    if builtin == "present_products":
-        props["skus"] = {"type": "array", "minItems": 1,
-                         "maxItems": int(presented.get("max_per_turn", 3)),
-                         "items": {"type": "string"}}
-        required.append("skus")
-    elif builtin in ("add_to_cart", "remove_from_cart"):
-        props["sku"] = {"type": "string"}
-        props["qty"] = {"type": "integer", "minimum": 1, "maximum": int(cart.get("max_qty", 20))}
-        required.append("sku")
-    elif builtin == "set":
-        props["value"] = _field_schema(state.get(raw.get("field"), {}))
-        required.append("value")
-    elif builtin == "request_handoff":
-        reasons = raw.get("reasons")
-        props["reason"] = {"enum": list(reasons)} if reasons else {"type": "string"}
-        required.append("reason")
-    elif builtin != "signal":  # append, a hook: arguments of the author's choosing
-        return {"type": "object", "required": required, "properties": props,
-                "additionalProperties": {"type": ["string", "number", "boolean"]}}
-    return {"type": "object", "additionalProperties": False, "required": required,
-            "properties": props}
-
-
-def output_schema(data: dict[str, Any], stage: str, updates: list[str] | None = None,
-                  actions: list[str] | None = None) -> dict[str, Any]:
-    """A stage's output schema, generated from the funnel.
-
-    Args:
-        data: the funnel file, parsed.
-        stage: the stage's name.
-        updates: the state fields the stage lets the model write (default: every
-            field the model owns).
-        actions: the action types the stage allows (default: every declared one).
-    """
-    state = data.get("state") or {}
-    owned = implied_engine_fields(data)
-    writable = [n for n, raw in state.items()
-                if n not in owned and (raw or {}).get("owner", "llm") == "llm"]
-    fields = [n for n in (writable if updates is None else updates) if n in state]
-    declared = data.get("actions") or {}
-    allowed = [a for a in (list(declared) if actions is None else actions) if a in declared]
-    props: dict[str, Any] = {"reply": {"type": "string", "minLength": 1, "maxLength": 1500,
-                                       "description": "What the customer sees."}}
-    if (data.get("language") or {}).get("detected"):
-        props["language"] = {"type": "string", "pattern": "^[a-z]{2}$",
-                             "description": "ISO 639-1 code of the customer's language."}
-    if fields:
-        props["updates"] = {"type": "object", "additionalProperties": False,
-                            "properties": {n: _field_schema(state[n]) for n in fields}}
-    schema: dict[str, Any] = {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": f"{data.get('funnel')} {stage} output (generated by `funnel new`)",
-        "type": "object", "additionalProperties": False, "required": ["reply"],
-        "properties": props,
-    }
-    if allowed:
-        props["actions"] = {"type": "array", "maxItems": 6, "items": {
-            "oneOf": [{"$ref": f"#/$defs/{a}"} for a in allowed]}}
-        schema["$defs"] = {a: _action_schema(a, declared[a], data) for a in allowed}
-    return schema
 
 
 # --- the folder -------------------------------------------------------------------------------
@@ -148,16 +58,6 @@ def scaffold(name: str, folder: Path, template: str = "minimal", *, catalog: boo
     return sorted(p for p in folder.rglob("*") if p.is_file())
 
 
-def _write_schemas(folder: Path, data: dict[str, Any],
-                   allowed: dict[str, tuple[list[str] | None, list[str] | None]]) -> None:
-    (folder / "schemas").mkdir()
-    for stage, raw in (data.get("stages") or {}).items():
-        updates, actions = allowed.get(stage, (None, None))
-        schema = output_schema(data, stage, updates, actions)
-        (folder / "schemas" / (raw or {}).get("schema", f"{stage}.json")).write_text(
-            json.dumps(schema, indent=2, ensure_ascii=False) + "\n", "utf-8")
-
-
 def _copy(name: str, folder: Path, template: str) -> None:
     source = ROOT / "funnels" / f"{template}.yaml"
     text = source.read_text("utf-8")
@@ -167,6 +67,8 @@ def _copy(name: str, folder: Path, template: str) -> None:
     text = re.sub(r"^table: .*$", f"table: {name}_sessions_state", text, count=1, flags=re.M)
     text = re.sub(r"^prompts: .*$", "prompts: prompts", text, count=1, flags=re.M)
     text = re.sub(r"^schemas: .*$", "schemas: schemas", text, count=1, flags=re.M)
+    if data.get("schemas"):  # a funnel with hand-written contracts brings them along
+        shutil.copytree(source.parent / data["schemas"], folder / "schemas")
     text = re.sub(r"^catalog: .*$", "catalog: catalog.yaml", text, count=1, flags=re.M)
     # Index names are global in the database: make them the new funnel's own.
     text = re.sub(r"name: idx_(\w+)", lambda m: f"name: idx_{name}_{m[1]}", text)
@@ -185,16 +87,6 @@ def _copy(name: str, folder: Path, template: str) -> None:
         hook = (raw or {}).get("hook")
         if isinstance(hook, str) and (source.parent / f"{hook.split(':')[0]}.py").is_file():
             shutil.copy(source.parent / f"{hook.split(':')[0]}.py", folder)
-    allowed: dict[str, tuple[list[str] | None, list[str] | None]] = {}
-    shipped = source.parent / data.get("schemas", "schemas")
-    for stage, raw in (data.get("stages") or {}).items():
-        file = (raw or {}).get("schema", f"{stage}.json")
-        schema = json.loads((shipped / file).read_text("utf-8"))
-        updates = resolve_local_ref(schema, schema.get("properties", {}).get("updates", {}))
-        allowed[stage] = (list(updates.get("properties", {})),
-                          list(dict.fromkeys(t for _, t in action_types(schema))))
-    data = _yaml.load(text).data
-    _write_schemas(folder, data, allowed)
     (folder / "scenarios").mkdir()
     for scenario in _SCENARIOS[template]:
         body = (source.parent / template / "scenarios" / scenario).read_text("utf-8")
@@ -212,7 +104,10 @@ def _minimal(name: str, folder: Path, catalog: bool) -> None:
                             "presented_products\n\n")
         text = text.replace("  # CATALOG-ACTION\n", "  present_products: {builtin: "
                             "present_products}\n")
+        text = text.replace("[request_handoff]  # CATALOG-STAGE",
+                            "[present_products, request_handoff]")
         (folder / "catalog.yaml").write_text(_CATALOG, "utf-8")
+    text = text.replace("  # CATALOG-STAGE", "")
     text = re.sub(r"^.*# CATALOG.*\n", "", text, flags=re.M)
     (folder / "funnel.yaml").write_text(text, "utf-8")
     (folder / "prompts").mkdir()
@@ -220,7 +115,6 @@ def _minimal(name: str, folder: Path, catalog: bool) -> None:
         # The catalog does not change from turn to turn: it belongs to the static part.
         prompt = body.replace("CATALOG", _CATALOG_PROMPT if catalog else "")
         (folder / "prompts" / f"{stage}.j2").write_text(prompt, "utf-8")
-    _write_schemas(folder, _yaml.load(text).data, {})
     (folder / "scenarios").mkdir()
     for file, body in _MINIMAL_SCENARIOS.items():
         (folder / "scenarios" / file).write_text(body, "utf-8")
@@ -230,15 +124,14 @@ _MINIMAL = """\
 # NAME: a funnel created by `funnel new` (template: minimal). Change the stages, the
 # state and the prompts, then run:
 #   funnel validate --strict NAME/ && funnel test NAME/scenarios/
-# The output schemas in schemas/ were generated from this file: after changing the
-# state or the actions, create a new funnel and copy them, or edit them to match.
+# Each stage's output contract is derived from its `updates` and `actions` and their
+# declarations here: `funnel schema NAME/funnel.yaml --stage greeting` prints one.
 funnel: NAME
 version: 1
 table: NAME_sessions_state
 description: Find out what the customer needs, take their contacts, hand over to a person.
 initial: greeting
 prompts: prompts
-schemas: schemas
 # CATALOG
 
 state:
@@ -271,6 +164,9 @@ actions:
   request_handoff: {builtin: request_handoff, reasons: [explicit_request]}
   # CATALOG-ACTION
 
+output:                   # what the model may write and do (docs/funnel-format.md#output-contract)
+  actions: [request_handoff]   # the stages that list no `actions:` of their own
+
 global_transitions:
   - to: done
     when: handoff_requested == 'explicit_request'
@@ -280,12 +176,15 @@ stages:
   greeting:
     description: Say hello and ask what the customer needs.
     fallback: Hello! What can I help you with?
+    updates: [need]
     transitions:
       - to: discovery
 
   discovery:
     description: Understand the need well enough to pass it on.
     fallback: Could you tell me a little more about what you need?
+    updates: [need, customer]
+    actions: [request_handoff]  # CATALOG-STAGE
     max_iterations: {limit: 6, to: done, reason: stalled}
     transitions:
       - to: contact
@@ -294,6 +193,7 @@ stages:
   contact:
     description: Take the customer's name and phone number.
     fallback: May I have your name and phone number, so that a colleague can call you?
+    updates: [customer]
     transitions:
       - to: done
         when: score >= 100
@@ -301,6 +201,7 @@ stages:
 
   done:
     description: Thank the customer; a person takes over.
+    actions: []
     final: true
 """
 

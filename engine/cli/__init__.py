@@ -45,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("--dir", default=None, metavar="FOLDER",
                    help="where to write it (default: ./NAME; must not exist)")
 
+    sc = sub.add_parser("schema", help="print each stage's output contract (derived from the "
+                        "funnel), or write them to its schemas folder")
+    sc.add_argument("funnel", metavar="FUNNEL")
+    sc.add_argument("--stage", default=None, metavar="S", help="only this stage's")
+    sc.add_argument("--write", action="store_true", help="write <stage>.json files into the "
+                    "funnel's schemas folder (for review; the funnel stays the source)")
+
     g = sub.add_parser("graph", help="print the stage diagram")
     g.add_argument("funnel", metavar="FUNNEL")
     g.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
@@ -208,7 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         module, function = _COMMANDS[args.command]
         command = getattr(importlib.import_module(f"{__name__}.{module}"), function)
-        return int(command(args))
+        code = int(command(args))
+        sys.stdout.flush()  # a closed pipe shows here, not as Python's shutdown traceback
+        return code
     except FunnelInvalid as exc:
         print(render(exc.diagnostics, "text"), file=sys.stderr)
         return 1
@@ -217,6 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `funnel ... | head`: the reader left. Python would report the broken pipe again
+        # when it flushes stdout at exit; point stdout at /dev/null so that it does not.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 1
 
 
 # Each command's module is imported when the command runs, so that `funnel validate`
@@ -224,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 _COMMANDS = {
     "validate": ("validate", "cmd_validate"),
     "new": ("new", "cmd_new"),
+    "schema": ("schema", "cmd_schema"),
     "graph": ("show", "cmd_graph"),
     "sql": ("show", "cmd_sql"),
     "chat": ("conversation", "cmd_chat"),

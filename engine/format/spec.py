@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ._yaml import Located
+from .contract import is_derived
 from .settings import BASE_LANGUAGES as BASE_LANGUAGES  # the settings, re-exported
 from .settings import DURATION as DURATION
 from .settings import FallbackModel as FallbackModel
@@ -99,7 +100,9 @@ class StageSpec:
     name: str
     description: str
     prompt: Path
-    schema: Path
+    # The hand-written contract file (``schema:``, or ``<stage>.json`` by default), or for
+    # a derived contract (engine.format.contract) its ``schema_extension`` file, if any.
+    schema: Path | None
     fallback: str
     transitions: tuple[TransitionSpec, ...]
     max_iterations: MaxIterations | None
@@ -110,6 +113,7 @@ class StageSpec:
     memory: MemorySettings
     line: int = 0
     knowledge: StageKnowledge | None = None
+    derived: bool = False  # the contract is derived from the funnel (engine.format.contract)
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,8 @@ class FunnelSpec:
     pin: bool = True
     session_ttl: float | None = None
     migrations: tuple[MigrationStep, ...] = ()
+    # The `schemas:` folder: hand-written contracts and derived ones' extensions.
+    schemas_dir: Path | None = None
 
     @property
     def engine_owned(self) -> frozenset[str]:
@@ -295,11 +301,17 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
     for name, raw in (data.get("stages") or {}).items():
         raw = raw or {}
         mi = raw.get("max_iterations")
+        derived = is_derived(data, name)
+        if derived:
+            extension = raw.get("schema_extension")
+            contract_file = schemas_dir / extension if isinstance(extension, str) else None
+        else:
+            contract_file = schemas_dir / raw.get("schema", f"{name}.json")
         stages[name] = StageSpec(
             name=name,
             description=raw.get("description", ""),
             prompt=prompts_dir / raw.get("prompt", f"{name}.j2"),
-            schema=schemas_dir / raw.get("schema", f"{name}.json"),
+            schema=contract_file,
             fallback=raw.get("fallback", "Sorry, I did not quite get that. Could you say it again?"),
             transitions=tuple(
                 _transition(t, line_of("stages", name, "transitions", i))
@@ -313,6 +325,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             memory=memory.merged(raw.get("memory")),
             line=line_of("stages", name),
             knowledge=_stage_knowledge(raw.get("knowledge")),
+            derived=derived,
         )
 
     actions = {
@@ -404,6 +417,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
         session_ttl=parse_duration(data["session_ttl"]) if data.get("session_ttl") else None,
         migrations=migration_steps(data.get("migrations"),
                                    lambda i: line_of("migrations", i)),
+        schemas_dir=schemas_dir,
     )
 
 

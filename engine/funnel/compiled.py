@@ -16,12 +16,13 @@ import jsonschema_rs
 from jinja2 import Template
 
 from ..errors import ConfigError, FunnelInvalid
+from ..format import contract
 from ..format.catalog import Catalog, load_catalog
 from ..format.paths import confine, funnel_roots
 from ..format.spec import FunnelSpec, StageSpec
 from ..sandbox.expressions import compile_condition, make_environment
 from ..validation import check_file
-from ..validation.schemas import resolve_local_ref
+from ..validation.schemas import action_types, resolve_local_ref
 from .actions import ActionRunner
 from .machine import StageMachine
 from .state import StateRules, fast_validator
@@ -34,6 +35,9 @@ class CompiledStage:
     schema: dict[str, Any]
     validator: jsonschema.Draft202012Validator
     allowed_updates: frozenset[str]
+    # The action types the contract lets the model take here (engine.turn.output drops
+    # any other with a notice, keeping the rest of the answer).
+    allowed_actions: frozenset[str] = frozenset()
     # `validator`'s schema compiled by jsonschema-rs: a turn asks it first whether the
     # output is valid (well under a microsecond, against ~50 us for `validator`), and
     # `validator` stays the authority that explains a rejection (engine.turn.output). Derived,
@@ -93,7 +97,7 @@ class CompiledFunnel:
             confine(stage.prompt, roots, "template")
             env = make_environment(stage.prompt.parent, roots)
             template = env.get_template(stage.prompt.name)
-            schema = json.loads(confine(stage.schema, roots, "output schema").read_text("utf-8"))
+            schema = self._contract(stage, roots)
             updates = schema.get("properties", {}).get("updates", {})
             updates = resolve_local_ref(schema, updates if isinstance(updates, dict) else {})
             allowed = frozenset(updates.get("properties", {})) - spec.engine_owned
@@ -103,7 +107,23 @@ class CompiledFunnel:
                 schema=schema,
                 validator=jsonschema.Draft202012Validator(schema),
                 allowed_updates=allowed,
+                allowed_actions=frozenset(t for _, t in action_types(schema)),
             )
+
+    def _contract(self, stage: StageSpec, roots: tuple[Path, ...]) -> dict[str, Any]:
+        """The stage's output contract: its file, or derived from the funnel (and extended)."""
+        file: dict[str, Any] | None = None
+        if stage.schema is not None:
+            file = json.loads(confine(stage.schema, roots, "output schema").read_text("utf-8"))
+        if not stage.derived:
+            return file or {}
+        data = self.spec.located.data if self.spec.located is not None else None
+        if not isinstance(data, dict):  # pragma: no cover - specs come from check_file
+            raise ConfigError(f"funnel '{self.name}': the stage '{stage.name}' contract is "
+                              "derived from the funnel file, which this spec does not carry")
+        skus = [p.sku for p in self.catalog.products] if self.catalog else None
+        derived = contract.derive(data, stage.name, skus)
+        return contract.extend(derived, file) if file else derived
 
     def stage(self, name: str) -> CompiledStage:
         try:

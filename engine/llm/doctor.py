@@ -108,13 +108,17 @@ async def _probe(caller: Caller, model: str, api_base: str | None, strategy: str
     try:
         text = _strategy.answer_text(response.choices[0].message)
     except (AttributeError, IndexError):
-        return Probe(strategy, True, False, latency, "no message in the response")
+        return Probe(strategy, True, False, latency, 'expected a message holding {"ok": true}; '
+                     "the response had no message")
     try:
         data = json.loads(text.strip().removeprefix("```json").strip("`\n "))
     except ValueError:
-        return Probe(strategy, True, False, latency, f"not JSON: {text[:80]!r}")
+        return Probe(strategy, True, False, latency,
+                     f'expected the JSON object {{"ok": true}}, got text that is not JSON: '
+                     f"{text[:80]!r}")
     valid = isinstance(data, dict) and isinstance(data.get("ok"), bool)
-    return Probe(strategy, True, valid, latency, "" if valid else f"answered {text[:80]!r}")
+    return Probe(strategy, True, valid, latency, "" if valid else (
+        f'expected the JSON object {{"ok": true}} (a boolean "ok"), got {text[:80]!r}'))
 
 
 def render(report: Diagnosis) -> str:

@@ -85,7 +85,21 @@ class ScriptedModel:
         if not isinstance(data, dict):
             raise ConfigError("a script is a list of outputs or a mapping with `turns`, "
                               "`match` and `default`", file=str(path))
-        model = cls.from_data(data)
+        turns = data.get("turns")
+        if "scenario" in data or (isinstance(turns, list) and any(
+                isinstance(t, dict) and {"customer", "llm"} <= t.keys() for t in turns)):
+            # A scenario (`funnel test`) replays model outputs too: serve its `llm:` answers,
+            # the N-th to the N-th customer message.
+            data = {"turns": [t.get("llm") if isinstance(t, dict) else t
+                              for t in (turns if isinstance(turns, list) else [])]}
+        try:
+            model = cls.from_data(data)
+        except (TypeError, ValueError) as exc:  # serialized once, when the entry is built
+            raise ConfigError(
+                f"the script holds an output that cannot be sent as a model answer ({exc}): a "
+                "script is a list of model outputs (`{reply: ..., updates: ..., actions: "
+                "[...]}`, a raw string, `{output, repair}` or `{error}`), or a scenario file",
+                file=str(path)) from None
         model.name = f"scripted:{path.name}"
         return model
 
@@ -216,5 +230,10 @@ def make_model(name: str, *, api_base: str | None = None,
     if name.startswith("scripted:"):
         return ScriptedModel.from_file(name.removeprefix("scripted:"))
     if name == "scripted":
-        raise ConfigError("the scripted model needs a file: `scripted:PATH`")
+        raise ConfigError(
+            "no model to call: the funnel names none (`model.name`) and none was given. Give "
+            "`--model` a litellm model string (e.g. `gpt-4o-mini`, its API key in the "
+            "environment; or set $FUNNEL_MODEL), or `scripted:PATH` for the offline model (a "
+            "file of model outputs, or a scenario file); in the studio, answer as the model "
+            "yourself (\"I am the model\")")
     return LiteLLMModel(name, api_base=api_base, structured_output=structured_output)

@@ -81,9 +81,14 @@ def watched_files(spec: FunnelSpec) -> list[Path]:
         files.add(spec.catalog_path)
     folders: set[Path] = set()
     for stage in spec.stages.values():
-        files.update((stage.prompt, stage.schema))
+        files.add(stage.prompt)
         # Whole folders: an include, or a file an edit is about to name, is in them.
-        folders.update((stage.prompt.parent, stage.schema.parent))
+        folders.add(stage.prompt.parent)
+        if stage.schema is not None:  # a derived contract lives in the funnel file
+            files.add(stage.schema)
+            folders.add(stage.schema.parent)
+    if spec.schemas_dir is not None:  # where an edit's new schema extension would be
+        folders.add(spec.schemas_dir)
     if spec.knowledge is not None:
         folders.add(spec.knowledge.folder)
     for folder in folders:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema.exceptions import best_match
@@ -33,6 +33,9 @@ class Answer:
     fallback: bool = False
     error: str | None = None
     attempts: int = 0  # HTTP calls made, failed ones and retries included
+    # Action calls the stage does not allow, dropped from an otherwise valid answer: the
+    # reply and the allowed parts are kept, these are refused with a notice (steps.apply).
+    dropped: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def model(self) -> str | None:
@@ -64,9 +67,9 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
         return Answer(fallback, completions, fallback=True, error=str(exc),
                       attempts=exc.attempts)
     completions.append(first)
-    envelope, problem = _checked(parse_output(stage, first.text), reply_check)
+    envelope, problem, dropped = _checked(parse_kept(stage, first.text), reply_check)
     if envelope is not None:
-        return Answer(envelope, completions, attempts=first.attempts)
+        return Answer(envelope, completions, attempts=first.attempts, dropped=dropped)
     repair = ModelRequest(
         messages=[*messages, {"role": "assistant", "content": printable(first.text, 4000)},
                   {"role": "user", "content": (
@@ -83,21 +86,52 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
                       attempts=first.attempts + exc.attempts)
     completions.append(second)
     attempts = first.attempts + second.attempts
-    envelope, problem2 = _checked(parse_output(stage, second.text), reply_check)
+    envelope, problem2, dropped = _checked(parse_kept(stage, second.text), reply_check)
     if envelope is not None:
-        return Answer(envelope, completions, failures=1, attempts=attempts)
+        return Answer(envelope, completions, failures=1, attempts=attempts, dropped=dropped)
     return Answer(fallback, completions, failures=2, fallback=True,
                   error=f"{problem}; after repair: {problem2}", attempts=attempts)
 
 
-def _checked(parsed: tuple[dict[str, Any] | None, str],
-             check: Callable[[dict[str, Any]], str | None] | None
-             ) -> tuple[dict[str, Any] | None, str]:
-    envelope, problem = parsed
+Kept = tuple[dict[str, Any] | None, str, list[dict[str, Any]]]
+
+
+def _checked(parsed: Kept, check: Callable[[dict[str, Any]], str | None] | None) -> Kept:
+    envelope, problem, dropped = parsed
     if envelope is None or check is None:
         return parsed
     problem = check(envelope) or ""
-    return (None, problem) if problem else (envelope, "")
+    return (None, problem, []) if problem else (envelope, "", dropped)
+
+
+def parse_kept(stage: CompiledStage, text: str) -> Kept:
+    """:func:`parse_output`, keeping an answer whose only fault is an action the stage does
+    not allow: (envelope without those calls, "", the calls dropped).
+
+    Throwing the whole answer away for one refused action (a repair, then the
+    fallback) costs the customer the reply; the engine refuses the action instead.
+    """
+    envelope, problem = parse_output(stage, text)
+    if envelope is not None:
+        return envelope, problem, []
+    try:
+        data = model_json(text)
+    except Rejected:
+        return envelope, problem, []
+    calls = data.get("actions")
+    if not isinstance(calls, list):
+        return envelope, problem, []
+    dropped = [c for c in calls if isinstance(c, dict)
+               and c.get("type") not in stage.allowed_actions]
+    if not dropped:
+        return envelope, problem, []
+    kept = [c for c in calls if not any(c is d for d in dropped)]
+    data = {**data, "actions": kept}
+    if not kept and "actions" not in stage.schema.get("properties", {}):
+        data.pop("actions")
+    if stage.validator.is_valid(data):
+        return data, "", dropped
+    return envelope, problem, []
 
 
 def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None, str]:
@@ -120,7 +154,8 @@ def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None
     try:
         error = best_match(stage.validator.iter_errors(data))
     except (Unresolvable, RecursionError) as exc:
-        return None, (f"the output schema {stage.spec.schema.name} cannot be evaluated "
+        where = stage.spec.schema.name if stage.spec.schema else "(derived)"
+        return None, (f"the output schema {where} cannot be evaluated "
                       f"({type(exc).__name__}: {str(exc)[:200]}); fix the schema")
     if error is not None:
         return None, f"at {error.json_path}: {error.message[:300]}"

@@ -8,8 +8,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import knowledge
+from ..boundary.sanitize import excerpt
 from ..errors import MessageTooLong, PromptTooLarge
 from ..format.spec import FunnelSpec
+from ..funnel.actions import ActionOutcome
 from ..llm.models import Model
 from ..memory.summary import RollingSummary
 from ..store import Store
@@ -108,6 +110,12 @@ def apply(turn: Turn, answer: Answer) -> None:
         before = dict(state)
         turn.outcomes = [funnel.actions.run(call, state, scratch)
                          for call in env.get("actions") or []]
+        for call in answer.dropped:  # kept out of the answer by engine.turn.output
+            name = str(call.get("type"))[:64]
+            reason = f"not allowed in stage '{stage.spec.name}'"
+            scratch.notices.append(f"{excerpt(name)} refused: {reason}")
+            turn.outcomes.append(ActionOutcome(
+                name, {k: v for k, v in call.items() if k != "type"}, False, reason))
         funnel.rules.guard(state, before, scratch.notices)
         language.record(spec.language_policy, turn.lang, state, spec.language_detected,
                         spec.language_response, str(env.get("reply", "")),

@@ -13,12 +13,16 @@ from jinja2 import Environment, TemplateSyntaxError, meta, nodes
 
 from ..errors import CatalogError, did_you_mean
 from ..format.catalog import load_catalog
+from ..format.contract import is_derived
 from ..format.names import PROMPT_BLOCKS, STATE_BLOCK, STATIC_PROMPT_NAMES, TURN_BLOCK
 from ..format.paths import funnel_roots, is_confined
 from ..format.settings import MemorySettings
 from ..format.spec import PROMPT_NAMES
 from ..sandbox.expressions import attribute_paths, make_environment
+from .context import check_context
+from .contract import check_argument_paths, check_derived, check_override, check_paths_lists
 from .diagnostics import Report, as_dict
+from .layout import run_together_loops
 from .sandbox import refused
 from .schemas import check_output_schema
 from .semantics import check_paths, engine_owned_names
@@ -39,8 +43,10 @@ def stage_paths(data: dict[str, Any], base: Path, stage: str) -> tuple[Path, Pat
 
 def _outside(report: Report, keys: tuple[str | int, ...], what: str, path: Path) -> None:
     report.at(keys, "error", "F007", f"{what} {path} is outside the funnel's folder (or "
-              "hidden): a funnel may only read visible files inside its own project; move it "
-              "there", key=True)
+              "hidden): a funnel may only read visible files inside its own project (the "
+              "nearest folder above it with `.git` or `pyproject.toml`); move it there, or "
+              "list its folder in FUNNEL_ROOT (a copy without `.git`, e.g. a container image: "
+              "docs/deploy.md#container-layout)", key=True)
 
 
 def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Report) -> None:
@@ -58,7 +64,7 @@ def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Repor
     for key in sorted(folders_out):
         _outside(report, (key,), f"the {key} folder", base / str(data.get(key, key)))
     for stage in stages:
-        prompt, prompts_dir, schema, _ = stage_paths(data, base, stage)
+        prompt, prompts_dir, schema, schemas_dir = stage_paths(data, base, stage)
         raw = as_dict(stages.get(stage))
         if "prompts" in folders_out or not is_confined(prompt, roots):
             if "prompts" not in folders_out:
@@ -73,16 +79,25 @@ def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Repor
                             roots)
             _check_static_part(prompt, prompts_dir, roots, report, static_reported)
             _check_budget(data, stage, prompt, prompts_dir, report)
+        check_context(data, stage, report)
+        if is_derived(data, stage):
+            check_derived(data, stage, state, owned, schemas_dir, report)
+            continue
         if "schemas" in folders_out or not is_confined(schema, roots):
             if "schemas" not in folders_out:
                 _outside(report, ("stages", stage, "schema") if "schema" in raw else
                          ("stages", stage), f"stage '{stage}': output schema", schema)
         elif not schema.is_file():
             report.at(("stages", stage, "schema"), "error", "F301", f"stage '{stage}': output "
-                      f"schema {schema} does not exist; create it or set `schema:` for the stage",
+                      f"schema {schema} does not exist; declare the stage's `updates:` and "
+                      "`actions:` to derive its contract from the funnel "
+                      "(docs/funnel-format.md#output-contract), or create the file",
                       key=True)
         else:
             check_output_schema(schema, state, owned, declared_actions, report)
+            check_override(data, stage, schema, report)
+    check_paths_lists(data, state, owned, report)
+    check_argument_paths(data, state, report)
 
 
 def _check_template(
@@ -110,6 +125,8 @@ def _check_template(
     check_paths(tree, state, known, report, None, "template", "F203", file=path,
                 paths=_template_names(source, path.name, str(path)))
     lines = source.splitlines()
+    for line, message in run_together_loops(tree):
+        report.add(path, line, 1, "warning", "F208", message)
     for line, token, message in _refused(source, path.name, str(path)):
         report.add(path, line, column(lines, line, token), "error", "F205", message)
     for ref in meta.find_referenced_templates(tree):

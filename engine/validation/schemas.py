@@ -4,6 +4,7 @@ what it lets the model update and which actions it offers."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,18 @@ def check_output_schema(
         return
     if not isinstance(schema, dict):
         return
+    check_contract(schema, at, state, owned, declared_actions)
+
+
+Where = Callable[..., None]
+
+
+def check_contract(schema: dict[str, Any], at: Where, state: dict[str, Any], owned: set[str],
+                   declared_actions: set[str]) -> None:
+    """The envelope rules of a contract (hand-written, or derived and extended).
+
+    ``at(keys, code, message)`` reports a problem at a key path of the schema.
+    """
     for keys, ref, problem in _dangling_refs(schema, schema, ()):
         at(keys, "F306", f"`$ref` {ref!r} {problem}")
     props = as_dict(schema.get("properties"))

@@ -7,6 +7,7 @@ errors still gets every other problem reported in the same run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -229,7 +230,7 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
             tree = _parse_condition(source)
         except TemplateSyntaxError as exc:
             report.at(keys, "error", "F401", f"condition {source!r} does not parse: "
-                      f"{exc.message}; write a Jinja expression such as `pet.type and pet.breed`")
+                      f"{exc.message}; {_parse_hint(source)}")
             continue
         check_paths(tree, state, known, report, keys, "condition", "F402")
         for message in _refused_condition(source):
@@ -319,6 +320,20 @@ def _check_indexes(data: dict[str, Any], state: dict[str, Any], report: Report) 
         if isinstance(col, str) and col not in columns:
             report.at(("indexes", i, "column"), "error", "F601", f"index on unknown column "
                       f"'{col}'{did_you_mean(col, columns)}")
+
+
+# A lone `=` (not part of `==`, `!=`, `<=`, `>=`): the assignment an author meant as a test.
+_LONE_EQUALS = re.compile(r"(?<![=!<>])=(?!=)")
+
+
+def _parse_hint(source: str) -> str:
+    """What to write instead of a condition that does not parse."""
+    # Quoted text keeps its `=`: split it off, fix the rest.
+    parts = re.split(r"('[^']*'|\"[^\"]*\")", source)
+    fixed = "".join(p if i % 2 else _LONE_EQUALS.sub("==", p) for i, p in enumerate(parts))
+    if fixed != source:
+        return f"did you mean `==`? `=` does not compare: write `{fixed}`"
+    return "write a Jinja expression such as `pet.type and pet.breed`"
 
 
 def engine_owned_names(data: dict[str, Any], state: dict[str, Any]) -> set[str]:

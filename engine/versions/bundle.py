@@ -81,7 +81,8 @@ def bundle_of(spec: FunnelSpec) -> Bundle:
     templates: set[Path] = set()
     for stage in spec.stages.values():
         _includes(stage.prompt, templates)
-        paths.add(stage.schema)
+        if stage.schema is not None:  # a derived contract lives in the funnel file
+            paths.add(stage.schema)
     paths |= templates
     if spec.catalog_path is not None:
         paths.add(spec.catalog_path)
