@@ -174,6 +174,25 @@ def _parser() -> argparse.ArgumentParser:
                     "rate, its 95%% interval and the p-value against the control "
                     "(docs/experiments.md)")
     db_opts(rp)
+    rl = sub.add_parser("replay", help="replay recorded sessions against an edited funnel: "
+                        "what the edit changes, session by session and in all")
+    rl.add_argument("funnel", metavar="EDITED_FUNNEL")
+    rl.add_argument("--since", default=None, type=_period, metavar="PERIOD",
+                    help="sessions with a turn in this period, e.g. 30d (default: all)")
+    rl.add_argument("--sessions", nargs="+", default=(), metavar="ID",
+                    help="only these sessions")
+    rl.add_argument("--variant", default=None, help="only the sessions of this variant")
+    rl.add_argument("--base", default=None, metavar="FILE", help="the funnel the sessions ran "
+                    "on (default: each session's version, from the version store)")
+    rl.add_argument("--format", choices=["text", "json", "github", "html"], default="text")
+    rl.add_argument("--out", default=None, metavar="FILE", help="write to FILE, not stdout")
+    rl.add_argument("--fail-if", action="append", default=[], metavar="GATE",
+                    help="exit 1 when the change matches, e.g. 'handoff_rate < -5%%' "
+                    "(repeatable; docs/evidence.md)")
+    rl.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
+                    help="processes to replay in (default: 2, or 1 on one core)")
+    db_opts(rl)
+
     kn = sub.add_parser("knowledge", help="the funnel's knowledge base: reindex it, or search "
                         "it as a stage would")
     kn.add_argument("funnel", metavar="FUNNEL")
@@ -240,4 +259,5 @@ _COMMANDS = {
     "report": ("report", "cmd_report"),
     "check-state": ("check", "cmd_check_state"),
     "knowledge": ("knowledge", "cmd_knowledge"),
+    "replay": ("evidence", "cmd_replay"),
 }
