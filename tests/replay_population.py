@@ -98,9 +98,10 @@ def _add(rng: random.Random, memo: dict[str, Any]) -> dict[str, Any]:
 
 
 async def record(url: str, n: int = 40, seed: int = 7, turns: int = 10,
-                 orders: bool = True) -> list[str]:
+                 orders: bool = True, full: bool = False) -> list[str]:
     """Record the shipped scenarios and ``n`` synthetic sessions of up to ``turns`` turns
-    on the database at ``url`` (migrated here); return the session ids."""
+    (all ``turns`` with ``full``: no customer leaves early) on the database at ``url``
+    (migrated here); return the session ids."""
     store = await open_store(url)
     ids: list[str] = []
     try:
@@ -108,8 +109,8 @@ async def record(url: str, n: int = 40, seed: int = 7, turns: int = 10,
         for name in SCENARIOS:
             scenario, problems = load_scenario(ROOT / "funnels" / "puramur" / "scenarios" / name)
             assert scenario is not None, problems
-            result = await runner.run(scenario)
-            assert result.passed, result.failures
+            played = await runner.run(scenario)
+            assert played.passed, played.failures
             ids.append(f"scenario-pop-{runner.sessions}")
         model = ScenarioModel()
         engine = await Engine.open(load_funnel(PURAMUR), store=store, model=model)
@@ -123,7 +124,7 @@ async def record(url: str, n: int = 40, seed: int = 7, turns: int = 10,
                     result = await engine.handle(sid, text, channel="replay-test")
                     stage = result.stage_after
                     # Some customers leave on the way; most stop soon after the hand-off.
-                    if rng.random() < (0.6 if stage == "handoff" else 0.06):
+                    if not full and rng.random() < (0.6 if stage == "handoff" else 0.06):
                         break
                 state = await engine.state(sid)
                 assert state is not None

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from ..errors import InvalidInput
 from ..evidence import render
-from ..evidence.gates import Verdict, parse_gate
+from ..evidence.gates import Verdict, check_floor, parse_floor, parse_gate
+from ..evidence.personas import load_personas
 from ..evidence.records import read_bundle, read_population
 from ..evidence.replay import Replay, base_from, replay
+from ..evidence.simulate import against, simulate
 from ..funnel.compiled import CompiledFunnel, load_funnel
+from ..llm.models import make_model
 from ..versions.bundle import bundle_of
 
 
@@ -91,3 +95,45 @@ def _entry_of(files: dict[str, str], edited: CompiledFunnel) -> str:
         if rel.endswith((".yaml", ".yml")) and f"funnel: {edited.name}" in text:
             return rel
     return ""
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    funnel = load_funnel(args.funnel)
+    personas = load_personas(args.personas)
+    model = make_model(args.model or funnel.spec.model.name, api_base=args.api_base)
+    customer = make_model(args.customer_model, api_base=args.customer_api_base) \
+        if args.customer_model else None
+    try:
+        floors = [parse_floor(f, [*METRICS, *(f"reach.{s}" for s in funnel.spec.stages)])
+                  for f in args.fail_under]
+    except InvalidInput as exc:
+        print(f"funnel simulate: error: {exc}", file=sys.stderr)
+        return 2
+    earlier = None
+    if args.compare:
+        try:
+            earlier = json.loads(Path(args.compare).read_text("utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"--compare {args.compare}: not a `funnel simulate --format "
+                               f"json` output ({exc})") from None
+    run = simulate(funnel, personas, model, n=args.n, seed=args.seed, db=args.db,
+                   customer=customer, variant=args.variant)
+    metrics = run.metrics()
+    verdicts = [check_floor(m, v, metrics) for m, v in floors]
+    against_ = against(run, earlier) if isinstance(earlier, dict) else []
+    if args.format == "json":
+        text = render.simulation_json(run, against_, verdicts)
+    elif args.format == "github":
+        text = render.simulation_github(run, verdicts)
+    else:
+        text = render.simulation_text(run, against_, verdicts)
+    if args.out:
+        Path(args.out).write_text(text, "utf-8")
+    else:
+        sys.stdout.write(text)
+    return 1 if any(v.failed for v in verdicts) else 0
+
+
+# The metrics a simulated run gates on, besides reach.<stage>.
+METRICS = ["handoff_rate", "turns", "cart_total", "tokens", "cost", "fallback_rate",
+           "repair_rate"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidInput, did_you_mean
 
-__all__ = ["Gate", "Verdict", "parse_gate", "parse_floor"]
+__all__ = ["Gate", "Verdict", "check_floor", "parse_floor", "parse_gate"]
 
 _GATE = re.compile(r"^\s*([a-z_][a-z0-9_.]*)\s*(<=|>=|<|>|==|!=)\s*(-?\d+(?:\.\d+)?)\s*(%|pp)?\s*$")
 _FLOOR = re.compile(r"^\s*([a-z_][a-z0-9_.]*)\s*=\s*(-?\d+(?:\.\d+)?)\s*$")
@@ -104,6 +104,12 @@ def parse_floor(text: str, known: list[str]) -> tuple[str, float]:
                            "handoff_rate=0.4")
     _known(m.group(1), known, "--fail-under")
     return m.group(1), float(m.group(2))
+
+
+def check_floor(metric: str, floor: float, metrics: Mapping[str, float]) -> Verdict:
+    """Whether a simulated run's ``metric`` is below ``floor`` (a failure)."""
+    value = metrics[metric]
+    return Verdict(f"{metric}={floor:g}", value < floor, f"{value:.4g}")
 
 
 def _known(metric: str, known: list[str], option: str) -> None:

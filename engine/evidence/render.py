@@ -23,8 +23,10 @@ from ..report.html import CSS
 from .compare import SessionDiff
 from .gates import Verdict
 from .replay import Replay, sessions_behind
+from .simulate import Simulation
 
-__all__ = ["as_github", "as_html", "as_json", "as_text", "changed_lines"]
+__all__ = ["as_github", "as_html", "as_json", "as_text", "changed_lines", "simulation_github",
+           "simulation_json", "simulation_text"]
 
 _LABELS = {"handoff_rate": "hand-off rate", "handoffs": "hand-offs",
            "cart_total": "cart total (average)", "revenue": "revenue of recorded orders"}
@@ -265,3 +267,57 @@ def as_html(r: Replay, verdicts: Sequence[Verdict] = ()) -> str:
            if gates else "")
         + "<footer>funnel replay: the decided parts played again with the model outputs the "
           "sessions recorded (docs/evidence.md)</footer></main></body></html>\n")
+
+
+def simulation_text(run: Simulation, earlier: Sequence[Mapping[str, Any]] = (),
+                    verdicts: Sequence[Verdict] = ()) -> str:
+    """`funnel simulate`'s report: rates with their intervals, overall and per persona,
+    beside an earlier run's when given, then every conversation."""
+    lines = [f"funnel simulate: {run.funnel}, {len(run.conversations)} conversations, model "
+             f"{run.model}, customers {run.customer}, seed {run.seed}", ""]
+    rates = run.rates()
+    for group, row in rates.items():
+        lines.append(f"{'All' if group == 'all' else 'Persona ' + group} "
+                     f"({row['handoff_rate']['n']} conversations):")
+        for name, r in row.items():
+            if group != "all" and not r["k"] and name != "handoff_rate":
+                continue
+            lines.append(f"  {_label(name):28} {r['k']:>4}/{r['n']:<4} {r['rate'] * 100:5.1f}%"
+                         f"  [{r['low'] * 100:.1f}%, {r['high'] * 100:.1f}%]")
+    m = run.metrics()
+    lines += ["", f"Per conversation: {m['turns']:.1f} turns, cart {m['cart_total']:.2f}, "
+              f"{m['tokens']:.0f} tokens, cost {m['cost']:.4f}; fallbacks "
+              f"{m['fallback_rate'] * 100:.1f}% and repairs {m['repair_rate'] * 100:.1f}% of "
+              "turns"]
+    if earlier:
+        lines += ["", "Against the earlier run:"]
+        lines += [f"  {_label(e['metric']):28} {e['then'] * 100:5.1f}% -> {e['now'] * 100:5.1f}%"
+                  + (f"  (p = {e['p_value']:.3f})" if e["p_value"] is not None else "")
+                  for e in earlier]
+    lines += ["", "Conversations:"]
+    lines += [f"  {c.session_id}: {c.turns} turns, ended in {c.stage} ({c.ended}); cart "
+              f"{c.cart_total}, completeness {c.completeness}, hand-off "
+              f"{_yes(c.handoff)}{' (' + str(c.handoff_reason) + ')' if c.handoff else ''}, "
+              f"{c.fallbacks} fallback(s), {c.repairs} repair(s)" for c in run.conversations]
+    if verdicts:
+        lines += ["", "Gates:", *(f"  {v.line()}" for v in verdicts)]
+    return "\n".join(lines) + "\n"
+
+
+def simulation_json(run: Simulation, earlier: Sequence[Mapping[str, Any]] = (),
+                    verdicts: Sequence[Verdict] = ()) -> str:
+    data = run.as_json()
+    data["against"] = list(earlier)
+    data["gates"] = [{"gate": v.gate, "failed": v.failed, "measured": v.measured}
+                     for v in verdicts]
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+def simulation_github(run: Simulation, verdicts: Sequence[Verdict] = ()) -> str:
+    m = run.metrics()
+    summary = (f"{len(run.conversations)} simulated conversations: hand-off rate "
+               f"{m['handoff_rate'] * 100:.1f}%, {m['turns']:.1f} turns each")
+    out = [f"::notice title={_prop('funnel simulate')}::{_escape(summary)}"]
+    out += [f"::{'error' if v.failed else 'notice'} title={_prop('funnel simulate gate')}::"
+            f"{_escape(v.line())}" for v in verdicts]
+    return "\n".join(out) + "\n"
