@@ -247,3 +247,60 @@ def test_the_html_page_names_every_changed_session(population, edits, capsys) ->
     assert page.found.count("session") == json.loads(
         _replay(capsys, url, _edit(edits, "condition", CONDITION), "--format", "json")[1]
     )["counts"]["changed"]
+
+
+PERSONAS = Path(__file__).with_name("evidence") / "personas.yaml"
+FUNNEL_MODEL = Path(__file__).with_name("evidence") / "funnel_model.yaml"
+
+
+def _simulate(capsys: pytest.CaptureFixture[str], dsn: str, *extra: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["simulate", str(PURAMUR), "--personas", str(PERSONAS), "--model",
+                 f"scripted:{FUNNEL_MODEL}", "-n", "8", "--seed", "3", "--db", dsn, *extra])
+    return code, capsys.readouterr().out
+
+
+def test_a_scripted_simulation_is_the_same_on_every_run(server_dsn, capsys) -> None:
+    runs = []
+    for _ in range(2):
+        code, out = _simulate(capsys, server_dsn, "--format", "json")
+        assert code == 0
+        runs.append(json.loads(out))
+    assert runs[0] == runs[1]
+    run = runs[0]
+    by = {c["persona"]: c for c in run["conversations"]}
+    assert by["sphynx_owner"]["handoff"] and by["sphynx_owner"]["handoff_reason"] == \
+        "cart_confirmed"
+    assert by["sphynx_owner"]["cart_total"] == 277
+    assert by["wants_manager"]["handoff_reason"] == "explicit_request"
+    assert by["price_sensitive"]["stage"] == "objection_handling"
+    assert by["vague"]["ended"] == "patience" and not by["vague"]["handoff"]
+    assert run["rates"]["all"]["handoff_rate"]["k"] == sum(c["handoff"]
+                                                           for c in run["conversations"])
+    low, high = run["rates"]["all"]["handoff_rate"]["low"], run["rates"]["all"]["handoff_rate"]["high"]
+    assert 0 < low < run["metrics"]["handoff_rate"] < high < 1
+
+
+def test_the_simulation_gates_set_the_exit_code(server_dsn, capsys, tmp_path) -> None:
+    code, out = _simulate(capsys, server_dsn, "--fail-under", "handoff_rate=0.99")
+    assert code == 1 and "FAIL: handoff_rate=0.99" in out
+    earlier = tmp_path / "earlier.json"
+    code, _ = _simulate(capsys, server_dsn, "--fail-under", "handoff_rate=0.1",
+                        "--out", str(earlier), "--format", "json")
+    assert code == 0
+    code, out = _simulate(capsys, server_dsn, "--compare", str(earlier))
+    assert code == 0 and "Against the earlier run:" in out
+    capsys.readouterr()
+    assert main(["simulate", str(PURAMUR), "--personas", str(PERSONAS), "--model",
+                 f"scripted:{FUNNEL_MODEL}", "--db", server_dsn, "--fail-under",
+                 "handof_rate=1"]) == 2
+    assert "did you mean 'handoff_rate'" in capsys.readouterr().err
+
+
+def test_a_malformed_persona_is_named_with_its_field(tmp_path, capsys) -> None:
+    bad = tmp_path / "personas.yaml"
+    bad.write_text("personas:\n  - name: anna\n    patience: 0\n", "utf-8")
+    assert main(["simulate", str(PURAMUR), "--personas", str(bad), "--model",
+                 f"scripted:{FUNNEL_MODEL}"]) == 1
+    err = capsys.readouterr().err
+    assert "persona anna" in err and "`patience` must be a whole number of turns" in err
