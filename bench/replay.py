@@ -77,19 +77,22 @@ def main() -> None:
         copies = max(0, -(-args.sessions // recorded) - 1)
         multiply(url, copies)
 
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         population = read_population(url, "puramur")
-        read = time.perf_counter() - started
+        read, read_cpu = time.perf_counter() - started, time.process_time() - cpu
         sessions = len(population.sessions)
         turns = sum(len(s.turns) for s in population.sessions)
         resolve, loaded, _ = base_from(lambda v: read_bundle(url, "puramur", v), "puramur",
                                        None)
         print(f"population: {sessions} sessions, {turns} turns ({args.engine} + 3 played by "
               f"the engine in {engine_seconds:.1f} s, copied {copies} times)")
-        print(f"baseline, reading the records:       {read:6.2f} s")
+        print(f"baseline, reading the records:       {read:6.2f} s  (CPU {read_cpu:.2f} s "
+              "here, PostgreSQL's apart)")
+        print(f"machine load before the replays: {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} cores")
         unedited = replay(load_funnel(PURAMUR), population, resolve, jobs=args.jobs)
         print(f"replay, unedited funnel (jobs {args.jobs}):   {unedited.seconds:6.2f} s  "
-              f"({unedited.counts()['same']} same)")
+              f"(CPU {unedited.cpu_seconds:.2f} s; {unedited.counts()['same']} same)")
         with tempfile.TemporaryDirectory() as tmp:
             for folder in ("funnels", "prompts", "schemas"):
                 shutil.copytree(ROOT / folder, Path(tmp) / folder)
@@ -100,8 +103,8 @@ def main() -> None:
             edited = replay(load_funnel(edited_path), population, resolve, jobs=args.jobs)
         c = edited.counts()
         print(f"replay, threshold 60 -> 50 (jobs {args.jobs}): {edited.seconds:6.2f} s  "
-              f"({c['changed']} change: {c['different']} different, {c['needs_model']} "
-              "need the model)")
+              f"(CPU {edited.cpu_seconds:.2f} s; {c['changed']} change: {c['different']} "
+              f"different, {c['needs_model']} need the model)")
         total = read + edited.seconds
         print(f"read + replay of the edit: {total:.2f} s for {sessions} sessions "
               f"({turns / total:,.0f} turns/s); {turns / 2 / max(unedited.seconds, 1e-9):,.0f}"

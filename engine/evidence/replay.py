@@ -12,6 +12,7 @@ sessions behind each change.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class Replay:
     diffs: list[SessionDiff]
     versions: dict[int, str] = field(default_factory=dict)  # version -> where it came from
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time of the replay, its forked processes' included
     # condition (its text on either side) -> [sessions where it held at some turn then, now]
     conditions: dict[str, list[set[str]]] = field(default_factory=dict)
     stages: list[str] = field(default_factory=list)
@@ -106,7 +108,7 @@ def replay(edited: CompiledFunnel, population: Population,
         base: The funnel a version ran on, by version number, or why it cannot be had.
         jobs: Processes to play in (forked, each a share of the sessions); 1 plays here.
     """
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu()
     spec = edited.spec
     h = spec.handoff
     result = Replay(spec.name, str(spec.path), [], stages=list(spec.stages),
@@ -139,7 +141,14 @@ def replay(edited: CompiledFunnel, population: Population,
     else:
         result.diffs, result.conditions = _play_all(edited, bases, sessions)
     result.seconds = time.perf_counter() - started
+    result.cpu_seconds = _cpu() - cpu
     return result
+
+
+def _cpu() -> float:
+    """This process's CPU time and its waited-for children's (the forked plays)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 # What the forked processes play: set before the fork, read by _share in the children.
