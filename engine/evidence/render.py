@@ -74,12 +74,20 @@ def _rows(r: Replay) -> list[tuple[str, float, float, list[str]]]:
     return [(m, b, a, _behind(r, m)) for m, (b, a) in r.metrics().items()]
 
 
-def _conditions(r: Replay) -> list[tuple[str, int, int, list[str]]]:
-    """Conditions that hold on another set of sessions now: (condition, now, then, ids)."""
+def _conditions(r: Replay) -> list[tuple[str, int, int, list[str], int]]:
+    """Exit conditions that hold on another set of sessions now: (the condition in
+    backticks, with its text then when the edit rewrote it; sessions now; sessions then;
+    the sessions that differ; how many of them hold it at another turn)."""
     out = []
-    for when, (then, now) in sorted(r.conditions.items()):
-        if then != now:
-            out.append((when, len(now), len(then), sorted(now ^ then)))
+    for (stage, to, _), h in sorted(r.conditions.items()):
+        if h.then != h.now or h.moved:
+            text = f"`{h.when_now or h.when_then}`"
+            if h.when_now is None:
+                text += f" (gone now, {stage} -> {to})"
+            elif h.when_then not in (None, h.when_now):
+                text += f" (then `{h.when_then}`)"
+            out.append((text, len(h.now), len(h.then), sorted((h.now ^ h.then) | h.moved),
+                        len(h.moved)))
     return out
 
 
@@ -125,8 +133,9 @@ def as_text(r: Replay, verdicts: Sequence[Verdict] = (), limit: int = 20) -> str
     cond = _conditions(r)
     if cond:
         lines += ["", "Conditions that hold on other sessions now:"]
-        lines += [f"  `{w}` holds on {now} of {c['sessions']} sessions ({then} then): "
-                  f"{sessions_behind(ids, 5)}" for w, now, then, ids in cond]
+        lines += [f"  {w} holds on {now} of {c['sessions']} sessions ({then} then), at "
+                  f"another turn on {moved}: {sessions_behind(ids, 5)}"
+                  for w, now, then, ids, moved in cond]
     earlier = _earlier(r)
     if earlier:
         lines += ["", "Stages reached earlier now:"]
@@ -156,8 +165,9 @@ def as_json(r: Replay, verdicts: Sequence[Verdict] = ()) -> str:
         "funnel": r.funnel, "edited": r.edited, "versions": {str(k): v for k, v in r.versions.items()},
         "seconds": round(r.seconds, 3), "counts": r.counts(),
         "metrics": {m: {"before": b, "after": a, "sessions": ids} for m, b, a, ids in _rows(r)},
-        "conditions": [{"when": w, "sessions_now": now, "sessions_then": then, "changed": ids}
-                       for w, now, then, ids in _conditions(r)],
+        "conditions": [{"when": w, "sessions_now": now, "sessions_then": then,
+                        "another_turn": moved, "changed": ids}
+                       for w, now, then, ids, moved in _conditions(r)],
         "earlier": {s: ids for s, ids in _earlier(r)},
         "sessions": [d.as_json() for d in r.diffs],
         "gates": [{"gate": v.gate, "failed": v.failed, "measured": v.measured}
@@ -204,7 +214,8 @@ def as_github(r: Replay, files: Mapping[Path, tuple[str, str]],
         for number in changed_lines(then, now):
             text = lines[number - 1] if number <= len(lines) else ""
             specific = [f"this condition now holds on {n} of {c['sessions']} sessions "
-                        f"({t} then)" for w, n, t, _ in cond if w and w in text]
+                        f"({t} then), at another turn on {moved}"
+                        for w, n, t, _, moved in cond if w.split("`")[1] in text]
             message = "; ".join([*specific, summary, *earlier, *whole])
             out.append(f"::notice file={_prop(name)},line={number},title="
                        f"{_prop('funnel replay')}::{_escape(message)}")
@@ -239,9 +250,9 @@ def as_html(r: Replay, verdicts: Sequence[Verdict] = ()) -> str:
                    f'{e(_value(m, b))}</td><td class="n">{e(_value(m, a))}</td><td class="n">'
                    f'{e(_change(m, b, a))}</td><td>{e(sessions_behind(ids, 8))}</td></tr>'
                    for m, b, a, ids in _rows(r))
-    cond = "".join(f'<li data-testid="condition"><code>{e(w)}</code> holds on {now} of '
-                   f'{c["sessions"]} sessions ({then} then)</li>'
-                   for w, now, then, _ in _conditions(r))
+    cond = "".join(f'<li data-testid="condition">{e(w)} holds on {now} of '
+                   f'{c["sessions"]} sessions ({then} then), at another turn on {moved}</li>'
+                   for w, now, then, _, moved in _conditions(r))
     changed = "".join(f'<tr data-testid="session"><td><code>{e(d.session_id)}</code></td>'
                       f'<td>{e(d.status.replace("_", " "))}</td><td>{e(_first(d))}</td></tr>'
                       for d in r.of("different", "needs_model")[:500])

@@ -40,8 +40,8 @@ class Replay:
     versions: dict[int, str] = field(default_factory=dict)  # version -> where it came from
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # CPU time of the replay, its forked processes' included
-    # condition (its text on either side) -> [sessions where it held at some turn then, now]
-    conditions: dict[str, list[set[str]]] = field(default_factory=dict)
+    # each exit (stage, to, n-th there) -> the sessions where its condition held
+    conditions: dict[tuple[str, str, int], Held] = field(default_factory=dict)
     stages: list[str] = field(default_factory=list)
     handoff_stage: str | None = None
 
@@ -133,10 +133,9 @@ def replay(edited: CompiledFunnel, population: Population,
         order = {s.session_id: i for i, s in enumerate(sessions)}
         for diffs, conditions in parts:
             result.diffs += diffs
-            for when, (then, now) in conditions.items():
-                entry = result.conditions.setdefault(when, [set(), set()])
-                entry[0] |= then
-                entry[1] |= now
+            for key, found in conditions.items():
+                entry = result.conditions.setdefault(key, Held())
+                entry.merge(found)
         result.diffs.sort(key=lambda d: order[d.session_id])
     else:
         result.diffs, result.conditions = _play_all(edited, bases, sessions)
@@ -155,7 +154,7 @@ def _cpu() -> float:
 _WORK: tuple[CompiledFunnel, dict[int, CompiledFunnel | str], list[Session], int] | None = None
 
 
-def _share(index: int) -> tuple[list[SessionDiff], dict[str, list[set[str]]]]:
+def _share(index: int) -> tuple[list[SessionDiff], dict[tuple[str, str, int], Held]]:
     assert _WORK is not None
     edited, bases, sessions, jobs = _WORK
     return _play_all(edited, bases, sessions[index::jobs])
@@ -163,9 +162,9 @@ def _share(index: int) -> tuple[list[SessionDiff], dict[str, list[set[str]]]]:
 
 def _play_all(edited: CompiledFunnel, bases: dict[int, CompiledFunnel | str],
               sessions: Sequence[Session]
-              ) -> tuple[list[SessionDiff], dict[str, list[set[str]]]]:
+              ) -> tuple[list[SessionDiff], dict[tuple[str, str, int], Held]]:
     diffs: list[SessionDiff] = []
-    conditions: dict[str, list[set[str]]] = {}
+    conditions: dict[tuple[str, str, int], Held] = {}
     answerable: dict[int, Callable[[str], bool]] = {}
     for session in sessions:
         original = bases.get(session.version)
@@ -181,7 +180,7 @@ def _play_all(edited: CompiledFunnel, bases: dict[int, CompiledFunnel | str],
     return diffs, conditions
 
 
-def _one(conditions: dict[str, list[set[str]]], session: Session, original: CompiledFunnel,
+def _one(conditions: dict[tuple[str, str, int], Held], session: Session, original: CompiledFunnel,
          edited: CompiledFunnel, answerable: Callable[[str], bool]) -> SessionDiff:
     sid = session.session_id
     then = play(original, session.turns, sid)
@@ -207,16 +206,47 @@ def _outcome(funnel: CompiledFunnel, played: Playthrough) -> Outcome:
                    spec.cart.total if spec.cart and spec.cart.total else None)
 
 
-def _count_conditions(conditions: dict[str, list[set[str]]], sid: str, then: Playthrough,
-                      now: Playthrough) -> None:
-    for side, played in ((0, then), (1, now)):
-        for t in played.turns:
-            for when, verdict in held(t.explanation).values():
-                if when is None:
-                    continue
-                entry = conditions.setdefault(when, [set(), set()])
-                if verdict:
-                    entry[side].add(sid)
+@dataclass
+class Held:
+    """Where one exit's condition held, at some turn, on each side (its text on each)."""
+
+    then: set[str] = field(default_factory=set)
+    now: set[str] = field(default_factory=set)
+    moved: set[str] = field(default_factory=set)  # held at another turn now than then
+    when_then: str | None = None
+    when_now: str | None = None
+
+    def merge(self, other: Held) -> None:
+        self.then |= other.then
+        self.now |= other.now
+        self.moved |= other.moved
+        self.when_then = self.when_then or other.when_then
+        self.when_now = self.when_now or other.when_now
+
+
+def _count_conditions(conditions: dict[tuple[str, str, int], Held], sid: str,
+                      then: Playthrough, now: Playthrough) -> None:
+    """Over the turns both plays played: where each exit's condition held, and the
+    sessions where it held at another turn now than then."""
+    for x, y in zip(then.turns, now.turns, strict=False):
+        hx, hy = held(x.explanation), held(y.explanation)
+        for key in {*hx, *hy}:
+            when_then, was = hx.get(key, (None, None))
+            when_now, is_ = hy.get(key, (None, None))
+            if when_then is None and when_now is None:
+                continue
+            entry = conditions.get(key)
+            if entry is None:
+                entry = conditions[key] = Held()
+            entry.when_then = entry.when_then or when_then
+            entry.when_now = entry.when_now or when_now
+            if was:
+                entry.then.add(sid)
+            if is_:
+                entry.now.add(sid)
+            if key[0] in {k[0] for k in hx} & {k[0] for k in hy} and \
+                    (was is True) != (is_ is True):
+                entry.moved.add(sid)
 
 
 def _revenue_after(diff: SessionDiff, b: Outcome, a: Outcome) -> Decimal | None:
