@@ -181,6 +181,50 @@ def _parser() -> argparse.ArgumentParser:
                     "rate, its 95%% interval and the p-value against the control "
                     "(docs/experiments.md)")
     db_opts(rp)
+    rl = sub.add_parser("replay", help="replay recorded sessions against an edited funnel: "
+                        "what the edit changes, session by session and in all")
+    rl.add_argument("funnel", metavar="EDITED_FUNNEL")
+    rl.add_argument("--since", default=None, type=_period, metavar="PERIOD",
+                    help="sessions with a turn in this period, e.g. 30d (default: all)")
+    rl.add_argument("--sessions", nargs="+", default=(), metavar="ID",
+                    help="only these sessions")
+    rl.add_argument("--variant", default=None, help="only the sessions of this variant")
+    rl.add_argument("--base", default=None, metavar="FILE", help="the funnel the sessions ran "
+                    "on (default: each session's version, from the version store)")
+    rl.add_argument("--format", choices=["text", "json", "github", "html"], default="text")
+    rl.add_argument("--out", default=None, metavar="FILE", help="write to FILE, not stdout")
+    rl.add_argument("--fail-if", action="append", default=[], metavar="GATE",
+                    help="exit 1 when the change matches, e.g. 'handoff_rate < -5%%' "
+                    "(repeatable; docs/evidence.md)")
+    rl.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
+                    help="processes to replay in (default: 2, or 1 on one core)")
+    db_opts(rl)
+
+    sm = sub.add_parser("simulate", help="walk the funnel with simulated customers (personas) "
+                        "on a temporary schema, scored by the funnel's outcomes")
+    sm.add_argument("funnel", metavar="FUNNEL")
+    sm.add_argument("--personas", required=True, metavar="FILE", help="the personas (YAML; "
+                    "docs/evidence.md)")
+    sm.add_argument("-n", type=int, default=20, metavar="N", help="conversations (default 20)")
+    sm.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
+                    help="the funnel's model: litellm model string or scripted:PATH "
+                    "(default: $FUNNEL_MODEL, else the funnel's)")
+    sm.add_argument("--api-base", default=None, metavar="URL")
+    sm.add_argument("--customer-model", default=None, metavar="M", help="a litellm model "
+                    "that plays the personas (default: each persona's script)")
+    sm.add_argument("--customer-api-base", default=None, metavar="URL")
+    sm.add_argument("--seed", type=int, default=1, help="which personas come in which order")
+    sm.add_argument("--variant", default=None, metavar="NAME",
+                    help="run the conversations on this variant of the funnel's experiment")
+    sm.add_argument("--compare", default=None, metavar="FILE",
+                    help="an earlier run's --format json output, to compare the rates with")
+    sm.add_argument("--format", choices=["text", "json", "github"], default="text")
+    sm.add_argument("--out", default=None, metavar="FILE", help="write to FILE, not stdout")
+    sm.add_argument("--fail-under", action="append", default=[], metavar="METRIC=VALUE",
+                    help="exit 1 when the run's metric is below VALUE, e.g. handoff_rate=0.4 "
+                    "(repeatable)")
+    db_opts(sm)
+
     kn = sub.add_parser("knowledge", help="the funnel's knowledge base: reindex it, or search "
                         "it as a stage would")
     kn.add_argument("funnel", metavar="FUNNEL")
@@ -257,4 +301,6 @@ _COMMANDS = {
     "report": ("report", "cmd_report"),
     "check-state": ("check", "cmd_check_state"),
     "knowledge": ("knowledge", "cmd_knowledge"),
+    "replay": ("evidence", "cmd_replay"),
+    "simulate": ("evidence", "cmd_simulate"),
 }

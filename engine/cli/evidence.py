@@ -1,0 +1,139 @@
+"""`funnel replay` and `funnel simulate`: evidence for a change (docs/evidence.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import InvalidInput
+from ..evidence import render
+from ..evidence.gates import Verdict, check_floor, parse_floor, parse_gate
+from ..evidence.personas import load_personas
+from ..evidence.records import read_bundle, read_population
+from ..evidence.replay import Replay, base_from, replay
+from ..evidence.simulate import against, simulate
+from ..funnel.compiled import CompiledFunnel, load_funnel
+from ..llm.models import make_model
+from ..versions.bundle import bundle_of
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    edited = load_funnel(args.funnel)
+    fixed = load_funnel(args.base) if args.base else None
+    population = read_population(args.db, edited.name, since=args.since,
+                                 sessions=args.sessions, variant=args.variant)
+    resolve, loaded, where = base_from(lambda v: read_bundle(args.db, edited.name, v),
+                                       edited.name, fixed)
+    known: list[str] = []
+    try:
+        result = replay(edited, population, resolve, jobs=max(1, args.jobs))
+        result.versions = dict(where)
+        known = list(result.metrics())
+        try:
+            gates = [parse_gate(g, known) for g in args.fail_if]
+        except InvalidInput as exc:
+            print(f"funnel replay: error: {exc}", file=sys.stderr)
+            return 2
+        metrics, counts = result.metrics(), result.counts()
+        verdicts = [g.check(metrics, counts) for g in gates]
+        text = _render(args.format, result, verdicts, edited, fixed, args.db)
+    finally:
+        for version in loaded:
+            if version.folder is not None:
+                version.folder.cleanup()
+    if args.out:
+        Path(args.out).write_text(text, "utf-8")
+        print(f"{args.out}: {result.counts()['changed']} of {len(result.diffs)} sessions "
+              "change", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 1 if any(v.failed for v in verdicts) else 0
+
+
+def _render(fmt: str, result: Replay, verdicts: list[Verdict], edited: CompiledFunnel,
+            fixed: CompiledFunnel | None, db: str | None) -> str:
+    if fmt == "json":
+        return render.as_json(result, verdicts)
+    if fmt == "html":
+        return render.as_html(result, verdicts)
+    if fmt == "github":
+        return render.as_github(result, _edited_files(edited, fixed, db), verdicts)
+    return render.as_text(result, verdicts)
+
+
+def _edited_files(edited: CompiledFunnel, fixed: CompiledFunnel | None, db: str | None
+                  ) -> dict[Path, tuple[str, str]]:
+    """Each file of the edited funnel that differs from the version it is compared with:
+    path -> (text then, text now). Then is ``--base``'s files, else the newest recorded
+    version's bundle in the version store."""
+    now = bundle_of(edited.spec)
+    if fixed is not None:
+        then = bundle_of(fixed.spec).files
+    else:
+        found = read_bundle(db, edited.name, edited.spec.version)
+        then = found[2] if found else {}
+    root = Path(edited.spec.path).resolve().parents[len(Path(now.entry).parts) - 1]
+    names = {Path(k).name: k for k in then}
+    out: dict[Path, tuple[str, str]] = {}
+    for rel, text in now.files.items():
+        if rel.endswith("/"):
+            continue
+        # The same file, or the one of the same name (the bundles' bases may differ).
+        old = then.get(rel, then.get(names.get(Path(rel).name, ""), ""))
+        if rel == now.entry and rel not in then:
+            old = then.get(_entry_of(then, edited), old)
+        if old != text:
+            out[root / rel] = (old, text)
+    return out
+
+
+def _entry_of(files: dict[str, str], edited: CompiledFunnel) -> str:
+    """The funnel file of a bundle: the YAML file that declares ``funnel: NAME``."""
+    for rel, text in files.items():
+        if rel.endswith((".yaml", ".yml")) and f"funnel: {edited.name}" in text:
+            return rel
+    return ""
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    funnel = load_funnel(args.funnel)
+    personas = load_personas(args.personas)
+    model = make_model(args.model or funnel.spec.model.name, api_base=args.api_base)
+    customer = make_model(args.customer_model, api_base=args.customer_api_base) \
+        if args.customer_model else None
+    try:
+        floors = [parse_floor(f, [*METRICS, *(f"reach.{s}" for s in funnel.spec.stages)])
+                  for f in args.fail_under]
+    except InvalidInput as exc:
+        print(f"funnel simulate: error: {exc}", file=sys.stderr)
+        return 2
+    earlier = None
+    if args.compare:
+        try:
+            earlier = json.loads(Path(args.compare).read_text("utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"--compare {args.compare}: not a `funnel simulate --format "
+                               f"json` output ({exc})") from None
+    run = simulate(funnel, personas, model, n=args.n, seed=args.seed, db=args.db,
+                   customer=customer, variant=args.variant)
+    metrics = run.metrics()
+    verdicts = [check_floor(m, v, metrics) for m, v in floors]
+    against_ = against(run, earlier) if isinstance(earlier, dict) else []
+    if args.format == "json":
+        text = render.simulation_json(run, against_, verdicts)
+    elif args.format == "github":
+        text = render.simulation_github(run, verdicts)
+    else:
+        text = render.simulation_text(run, against_, verdicts)
+    if args.out:
+        Path(args.out).write_text(text, "utf-8")
+    else:
+        sys.stdout.write(text)
+    return 1 if any(v.failed for v in verdicts) else 0
+
+
+# The metrics a simulated run gates on, besides reach.<stage>.
+METRICS = ["handoff_rate", "turns", "cart_total", "tokens", "cost", "fallback_rate",
+           "repair_rate"]

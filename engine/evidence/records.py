@@ -1,0 +1,147 @@
+"""Reading the sessions to replay: their turn records, customer messages and orders.
+
+One read-only transaction (PostgreSQL refuses any write in it), three queries for the
+whole population, not one per session: the turns, the customers' messages, and the
+orders of the sessions selected. A turn's customer message is the last ``user``
+message of the session logged before its record, as :mod:`engine.store.turns` pairs
+them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+from psycopg.types.json import set_json_loads
+
+from ..errors import StoreUnavailable, first_line
+from ..format.names import CONVERSIONS, MESSAGES, TURNS, VERSIONS
+from ..store.connect import safe_url
+from ..store.embedded import embedded_url
+from .play import Recorded
+
+__all__ = ["Population", "Session", "read_population", "read_bundle"]
+
+ANONYMIZED = "[anonymized]"
+
+
+@dataclass
+class Session:
+    """One session's recorded turns, what it was sold, and why it cannot be replayed."""
+
+    session_id: str
+    version: int
+    variant: str | None
+    turns: list[Recorded] = field(default_factory=list)
+    revenue: Decimal = Decimal(0)  # its recorded orders (funnel_conversions)
+    orders: int = 0
+    tokens: int = 0
+    skipped: str | None = None  # why it is not replayed
+
+
+@dataclass
+class Population:
+    sessions: list[Session]
+    seconds_read: float = 0.0
+
+
+def _connect(url: str | None) -> psycopg.Connection[Any]:
+    url = url or embedded_url()
+    try:
+        conn = psycopg.connect(url, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise StoreUnavailable(f"cannot connect to PostgreSQL at {safe_url(url)}: "
+                               f"{first_line(exc)}; check --db / FUNNEL_DB") from None
+    # Replay reads; it never writes where the live sessions are.
+    conn.read_only = True
+    set_json_loads(orjson.loads, conn)
+    return conn
+
+
+def read_population(url: str | None, funnel: str, *, since: float | None = None,
+                    sessions: Sequence[str] = (), variant: str | None = None,
+                    now: datetime | None = None) -> Population:
+    """The sessions of ``funnel`` to replay: those with a turn in the last ``since``
+    seconds (all when None), or the ``sessions`` named; only ``variant``'s when given."""
+    conn = _connect(url)
+    with conn:
+        where: list[sql.Composable] = [sql.SQL("funnel = %s")]
+        params: list[Any] = [funnel]
+        if sessions:
+            where.append(sql.SQL("session_id = ANY(%s)"))
+            params.append(list(sessions))
+        if since is not None:
+            where.append(sql.SQL("session_id IN (SELECT session_id FROM {} WHERE funnel = %s "
+                                 "AND created_at >= %s)").format(sql.Identifier(TURNS)))
+            start = (now or datetime.now().astimezone()) - timedelta(seconds=since)
+            params += [funnel, start]
+        if variant is not None:
+            where.append(sql.SQL("variant = %s"))
+            params.append(variant)
+        cond = sql.SQL(" AND ").join(where)
+        turns = conn.execute(sql.SQL(
+            "SELECT session_id, funnel_version, variant, stage_before, stage_after, fallback, "
+            "error, raw_output, created_at, prompt_tokens + completion_tokens "
+            "FROM {} WHERE {} ORDER BY session_id, id").format(sql.Identifier(TURNS), cond),
+            params).fetchall()
+        ids = sorted({t[0] for t in turns})
+        messages = conn.execute(sql.SQL(
+            "SELECT session_id, content, created_at FROM {} WHERE funnel = %s AND role = 'user' "
+            "AND session_id = ANY(%s) ORDER BY session_id, id").format(sql.Identifier(MESSAGES)),
+            (funnel, ids)).fetchall()
+        orders = conn.execute(sql.SQL(
+            "SELECT session_id, count(*), sum(amount) FROM {} WHERE funnel = %s AND "
+            "session_id = ANY(%s) GROUP BY session_id").format(sql.Identifier(CONVERSIONS)),
+            (funnel, ids)).fetchall()
+    return Population(_sessions(turns, messages, {o[0]: (o[1], o[2]) for o in orders}))
+
+
+def _sessions(turns: list[Any], messages: list[Any], orders: dict[str, Any]
+              ) -> list[Session]:
+    by_session: dict[str, tuple[list[datetime], list[str]]] = {}
+    for sid, content, at in messages:
+        times, texts = by_session.setdefault(sid, ([], []))
+        times.append(at)
+        texts.append(content)
+    out: list[Session] = []
+    current: Session | None = None
+    for sid, version, variant, before, after, fallback, error, raw, at, tokens in turns:
+        if current is None or current.session_id != sid:
+            current = Session(sid, int(version), variant)
+            count, amount = orders.get(sid, (0, None))
+            current.orders, current.revenue = int(count), Decimal(amount or 0)
+            out.append(current)
+        current.tokens += int(tokens or 0)
+        if int(version) != current.version and current.skipped is None:
+            current.skipped = (f"it ran on versions {current.version} and {version}; replay "
+                               "plays one version against the edit")
+        times, texts = by_session.get(sid, ([], []))
+        i = bisect.bisect_right(times, at) - 1
+        customer = texts[i] if i >= 0 else ""
+        if (not customer or customer == ANONYMIZED) and current.skipped is None:
+            current.skipped = "a turn has no customer message (anonymized or purged)"
+        if raw is None and current.skipped is None:
+            current.skipped = ("a turn kept no model output (recorded before the engine kept "
+                               "them, seeded, or anonymized)")
+        current.turns.append(Recorded(customer, [str(x) for x in raw] if raw is not None
+                                      else None, at, before, after, bool(fallback), error))
+    return out
+
+
+def read_bundle(url: str | None, funnel: str, version: int
+                ) -> tuple[str, str, dict[str, str]] | None:
+    """(hash, entry, files) of the version's bundle deployed last, or None."""
+    conn = _connect(url)
+    with conn:
+        row = conn.execute(sql.SQL(
+            "SELECT hash, entry, files FROM {} WHERE funnel = %s AND version = %s "
+            "ORDER BY deployed_at DESC, created_at DESC LIMIT 1").format(
+                sql.Identifier(VERSIONS)), (funnel, version)).fetchone()
+    return (str(row[0]), str(row[1]), dict(row[2])) if row else None

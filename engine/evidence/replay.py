@@ -1,0 +1,308 @@
+"""`funnel replay`: the recorded sessions played on the version they ran on and on an edit.
+
+:func:`replay` plays each session twice in memory (:mod:`engine.evidence.play`): on the
+version its turns ran on (from the version store, or ``base``), which must reproduce
+the recording, and on the edited funnel; :func:`engine.evidence.compare.compare` says
+what changed. :class:`Replay` holds every session's :class:`SessionDiff` and the
+whole: stages reached, hand-offs, carts and revenue before and after, over the
+sessions whose replay is complete on both sides (the like-for-like set), and the
+sessions behind each change.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from ..funnel.compiled import CompiledFunnel
+from ..turn import language
+from ..versions.bundle import Bundle, LoadedVersion, compile_bundle
+from .compare import Outcome, SessionDiff, compare, outcome
+from .play import Playthrough, held, play, reproduced, stage_answerable
+from .records import Population, Session
+
+__all__ = ["Replay", "replay"]
+
+
+@dataclass
+class Replay:
+    """A replay's result: per session and for the whole."""
+
+    funnel: str
+    edited: str  # the edited funnel file
+    diffs: list[SessionDiff]
+    versions: dict[int, str] = field(default_factory=dict)  # version -> where it came from
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time of the replay, its forked processes' included
+    # each exit (stage, to, n-th there) -> the sessions where its condition held
+    conditions: dict[tuple[str, str, int], Held] = field(default_factory=dict)
+    stages: list[str] = field(default_factory=list)
+    handoff_stage: str | None = None
+
+    def of(self, *status: str) -> list[SessionDiff]:
+        return [d for d in self.diffs if d.status in status]
+
+    @property
+    def comparable(self) -> list[SessionDiff]:
+        """The sessions replayed completely on both sides: the whole's before and after."""
+        return self.of("same", "different")
+
+    def metrics(self) -> dict[str, tuple[float, float]]:
+        """``name -> (before, after)`` over :attr:`comparable` (rates as fractions)."""
+        rows = self.comparable
+        n = len(rows) or 1
+
+        def both(f: Callable[[Outcome], float]) -> tuple[float, float]:
+            return (sum(f(d.before) for d in rows if d.before) / n,
+                    sum(f(d.after) for d in rows if d.after) / n)
+
+        out = {"handoff_rate": both(lambda o: 1.0 if o.handoff else 0.0),
+               "cart_total": both(lambda o: float(o.cart_total or 0)),
+               "revenue": (float(sum(d.revenue for d in rows)),
+                           float(sum(d.revenue_after or 0 for d in rows))),
+               "handoffs": (float(sum(1 for d in rows if d.before and d.before.handoff)),
+                            float(sum(1 for d in rows if d.after and d.after.handoff)))}
+        for stage in self.stages:
+            out[f"reach.{stage}"] = both(_reaches(stage))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """How many sessions ended in each status, and in all."""
+        out = {s: len(self.of(s)) for s in ("same", "different", "needs_model",
+                                             "not_reproduced", "skipped")}
+        out["sessions"] = len(self.diffs)
+        out["changed"] = out["different"] + out["needs_model"]
+        return out
+
+    def reach(self, stage: str) -> tuple[list[str], list[str], list[str]]:
+        """Sessions (comparable) that reach ``stage`` only now, only then, and the
+        sessions (any played) that reach it earlier now."""
+        gained = [d.session_id for d in self.comparable if d.before and d.after
+                  and stage in d.after.reached and stage not in d.before.reached]
+        lost = [d.session_id for d in self.comparable if d.before and d.after
+                and stage in d.before.reached and stage not in d.after.reached]
+        earlier = [d.session_id for d in self.of("same", "different", "needs_model")
+                   if d.before and d.after and stage in d.after.first_turn
+                   and d.after.first_turn[stage] < d.before.first_turn.get(stage, 10**9)]
+        return gained, lost, earlier
+
+
+def _reaches(stage: str) -> Callable[[Outcome], float]:
+    return lambda o: 1.0 if stage in o.reached else 0.0
+
+
+def replay(edited: CompiledFunnel, population: Population,
+           base: Callable[[int], CompiledFunnel | str], *, jobs: int = 1) -> Replay:
+    """Replay ``population`` on ``edited``.
+
+    Args:
+        edited: The edited funnel.
+        population: The sessions, as :func:`engine.evidence.records.read_population`
+            read them.
+        base: The funnel a version ran on, by version number, or why it cannot be had.
+        jobs: Processes to play in (forked, each a share of the sessions); 1 plays here.
+    """
+    started, cpu = time.perf_counter(), _cpu()
+    spec = edited.spec
+    h = spec.handoff
+    result = Replay(spec.name, str(spec.path), [], stages=list(spec.stages),
+                    handoff_stage=h.stage if h else None)
+    bases = {v: base(v) for v in sorted({s.version for s in population.sessions})}
+    for b in bases.values():  # a stage the edit removed is still reached before it
+        if not isinstance(b, str):
+            result.stages += [s for s in b.spec.stages if s not in result.stages]
+    sessions = population.sessions
+    for funnel in (edited, *(b for b in bases.values() if not isinstance(b, str))):
+        if funnel.spec.language_policy.mode != "model":
+            # Before any fork: the detector's models load once, not in every process.
+            language.warm(funnel.spec.language_policy.candidates)
+    if jobs > 1 and len(sessions) >= 50 * jobs and "fork" in mp.get_all_start_methods():
+        global _WORK
+        _WORK = (edited, bases, sessions, jobs)
+        try:
+            with mp.get_context("fork").Pool(jobs) as pool:
+                parts = pool.map(_share, range(jobs))
+        finally:
+            _WORK = None
+        order = {s.session_id: i for i, s in enumerate(sessions)}
+        for diffs, conditions in parts:
+            result.diffs += diffs
+            for key, found in conditions.items():
+                entry = result.conditions.setdefault(key, Held())
+                entry.merge(found)
+        result.diffs.sort(key=lambda d: order[d.session_id])
+    else:
+        result.diffs, result.conditions = _play_all(edited, bases, sessions)
+    result.seconds = time.perf_counter() - started
+    result.cpu_seconds = _cpu() - cpu
+    return result
+
+
+def _cpu() -> float:
+    """This process's CPU time and its waited-for children's (the forked plays)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+# What the forked processes play: set before the fork, read by _share in the children.
+_WORK: tuple[CompiledFunnel, dict[int, CompiledFunnel | str], list[Session], int] | None = None
+
+
+def _share(index: int) -> tuple[list[SessionDiff], dict[tuple[str, str, int], Held]]:
+    assert _WORK is not None
+    edited, bases, sessions, jobs = _WORK
+    return _play_all(edited, bases, sessions[index::jobs])
+
+
+def _play_all(edited: CompiledFunnel, bases: dict[int, CompiledFunnel | str],
+              sessions: Sequence[Session]
+              ) -> tuple[list[SessionDiff], dict[tuple[str, str, int], Held]]:
+    diffs: list[SessionDiff] = []
+    conditions: dict[tuple[str, str, int], Held] = {}
+    answerable: dict[int, Callable[[str], bool]] = {}
+    for session in sessions:
+        original = bases.get(session.version)
+        if session.skipped or original is None or isinstance(original, str):
+            diffs.append(SessionDiff(session.session_id, "skipped", len(session.turns),
+                                     reason=session.skipped or str(original),
+                                     revenue=session.revenue))
+            continue
+        if session.version not in answerable:
+            answerable[session.version] = stage_answerable(original, edited)
+        diffs.append(_one(conditions, session, original, edited,
+                          answerable[session.version]))
+    return diffs, conditions
+
+
+def _one(conditions: dict[tuple[str, str, int], Held], session: Session, original: CompiledFunnel,
+         edited: CompiledFunnel, answerable: Callable[[str], bool]) -> SessionDiff:
+    sid = session.session_id
+    then = play(original, session.turns, sid)
+    problem = reproduced(then, session.turns)
+    if problem is not None:
+        return SessionDiff(sid, "not_reproduced", len(session.turns), reason=problem,
+                           revenue=session.revenue)
+    now = play(edited, session.turns, sid, stages=[t.stage_before for t in then.turns],
+               answerable=answerable)
+    _count_conditions(conditions, sid, then, now)
+    b = _outcome(original, then)
+    a = _outcome(edited, now)
+    diff = compare(sid, then, now, b, a)
+    diff.revenue = session.revenue
+    diff.revenue_after = _revenue_after(diff, b, a)
+    return diff
+
+
+def _outcome(funnel: CompiledFunnel, played: Playthrough) -> Outcome:
+    spec = funnel.spec
+    return outcome(played, spec.handoff.stage if spec.handoff else None,
+                   spec.handoff.reason if spec.handoff else None,
+                   spec.cart.total if spec.cart and spec.cart.total else None)
+
+
+@dataclass
+class Held:
+    """Where one exit's condition held, at some turn, on each side (its text on each)."""
+
+    then: set[str] = field(default_factory=set)
+    now: set[str] = field(default_factory=set)
+    moved: set[str] = field(default_factory=set)  # held at another turn now than then
+    when_then: str | None = None
+    when_now: str | None = None
+
+    def merge(self, other: Held) -> None:
+        self.then |= other.then
+        self.now |= other.now
+        self.moved |= other.moved
+        self.when_then = self.when_then or other.when_then
+        self.when_now = self.when_now or other.when_now
+
+
+def _count_conditions(conditions: dict[tuple[str, str, int], Held], sid: str,
+                      then: Playthrough, now: Playthrough) -> None:
+    """Over the turns both plays played: where each exit's condition held, and the
+    sessions where it held at another turn now than then."""
+    for x, y in zip(then.turns, now.turns, strict=False):
+        hx, hy = held(x.explanation), held(y.explanation)
+        for key in {*hx, *hy}:
+            when_then, was = hx.get(key, (None, None))
+            when_now, is_ = hy.get(key, (None, None))
+            if when_then is None and when_now is None:
+                continue
+            entry = conditions.get(key)
+            if entry is None:
+                entry = conditions[key] = Held()
+            entry.when_then = entry.when_then or when_then
+            entry.when_now = entry.when_now or when_now
+            if was:
+                entry.then.add(sid)
+            if is_:
+                entry.now.add(sid)
+            if key[0] in {k[0] for k in hx} & {k[0] for k in hy} and \
+                    (was is True) != (is_ is True):
+                entry.moved.add(sid)
+
+
+def _revenue_after(diff: SessionDiff, b: Outcome, a: Outcome) -> Decimal | None:
+    """What the session's recorded orders would come to after the edit: the same when
+    nothing changed; none when it no longer hands off (or, without a hand-off, no
+    longer ends where it did); scaled by the cart when the cart's total changed (a
+    price); unknown when the model is needed."""
+    if diff.status == "same" or diff.revenue == 0:
+        return diff.revenue if diff.status != "needs_model" else None
+    if diff.status != "different":
+        return None
+    kept = a.handoff if (b.handoff or a.handoff) else a.stage == b.stage
+    if not kept:
+        return Decimal(0)
+    try:
+        ratio = Decimal(str(a.cart_total)) / Decimal(str(b.cart_total))
+    except (ArithmeticError, ValueError, TypeError):
+        return diff.revenue
+    return (diff.revenue * ratio).quantize(Decimal("0.01"))
+
+
+def base_from(bundles: Callable[[int], tuple[str, str, dict[str, str]] | None], name: str,
+              fixed: CompiledFunnel | None) -> tuple[Callable[[int], CompiledFunnel | str],
+                                                     list[LoadedVersion], dict[int, str]]:
+    """The resolver :func:`replay` takes: ``fixed`` (``--base``) for every version, else
+    each version's bundle from the version store, compiled once. Also the loaded
+    versions (their folders live until the caller drops them) and where each came from."""
+    loaded: list[LoadedVersion] = []
+    where: dict[int, str] = {}
+
+    def resolve(version: int) -> CompiledFunnel | str:
+        if fixed is not None:
+            where[version] = str(fixed.spec.path)
+            return fixed
+        found = bundles(version)
+        if found is None:
+            return (f"version {version} of funnel '{name}' is not in the version store; "
+                    "give the funnel it ran on with --base FILE")
+        digest, entry, files = found
+        version_loaded = compile_bundle(Bundle(name, version, entry, files, digest))
+        loaded.append(version_loaded)
+        where[version] = f"version store, version {version} ({digest[:12]})"
+        return version_loaded.funnel
+
+    return resolve, loaded, where
+
+
+def funnel_text(funnel: CompiledFunnel) -> str:
+    return Path(funnel.spec.path).read_text("utf-8")
+
+
+def sessions_behind(ids: Sequence[str], limit: int = 10) -> str:
+    """A few of the sessions behind a change, and how many more."""
+    shown = ", ".join(ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def as_number(value: Any) -> Any:
+    return float(value) if isinstance(value, Decimal) else value

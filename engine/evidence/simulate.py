@@ -1,0 +1,269 @@
+"""`funnel simulate`: simulated customers walk a funnel before it meets real ones.
+
+Each conversation is one persona (:mod:`engine.evidence.personas`) played by its script
+(deterministic, for CI) or by a customer model; the funnel answers with its own model,
+through the real engine, on a temporary PostgreSQL schema that is dropped afterwards:
+simulated sessions never reach the real report, the experiments or the retention
+counts, and their hand-offs notify no one. Each conversation is scored by the funnel's
+own outcomes (:class:`Conversation`); the run gives rates per stage and per persona
+with Wilson 95% intervals (:class:`Simulation`), compared with an earlier run's JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..boundary.sanitize import Rejected, model_json, printable
+from ..errors import FunnelError, ModelError
+from ..experiments.stats import compare as compare_rates
+from ..experiments.stats import wilson
+from ..format.names import TURNS
+from ..funnel.compiled import CompiledFunnel
+from ..llm.models import Model, ModelRequest
+from ..memory.summary import ExtractiveSummarizer
+from ..store import open_store
+from ..store.connect import temporary_schema
+from ..turn.engine import Engine
+from .personas import Persona
+
+__all__ = ["Conversation", "Simulation", "simulate"]
+
+CHANNEL = "simulate"
+CUSTOMER_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["message"],
+                   "properties": {"message": {"type": "string", "minLength": 1,
+                                              "maxLength": 1000},
+                                  "leave": {"type": "boolean"}}}
+
+
+@dataclass
+class Conversation:
+    """One simulated conversation, scored by the funnel's outcomes."""
+
+    persona: str
+    session_id: str
+    turns: int = 0
+    stage: str = ""
+    reached: list[str] = field(default_factory=list)
+    completeness: Any = None
+    cart_total: Any = None
+    handoff: bool = False
+    handoff_reason: Any = None
+    tokens: int = 0
+    cost: float | None = None
+    fallbacks: int = 0
+    repairs: int = 0
+    ended: str = ""  # why it ended: the script, patience, the customer left, a final stage
+
+
+@dataclass
+class Simulation:
+    """A run: its conversations and what they add up to."""
+
+    funnel: str
+    model: str
+    customer: str
+    seed: int
+    stages: list[str]
+    conversations: list[Conversation] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        """Rates as fractions, averages per conversation."""
+        convs = self.conversations
+        n = len(convs) or 1
+        turns = sum(c.turns for c in convs) or 1
+        out = {"handoff_rate": sum(c.handoff for c in convs) / n,
+               "turns": sum(c.turns for c in convs) / n,
+               "cart_total": sum(float(c.cart_total or 0) for c in convs) / n,
+               "tokens": sum(c.tokens for c in convs) / n,
+               "cost": sum(c.cost or 0 for c in convs) / n,
+               "fallback_rate": sum(c.fallbacks for c in convs) / turns,
+               "repair_rate": sum(c.repairs for c in convs) / turns}
+        for stage in self.stages:
+            out[f"reach.{stage}"] = sum(stage in c.reached for c in convs) / n
+        return out
+
+    def rates(self) -> dict[str, dict[str, Any]]:
+        """``reach.<stage>`` and ``handoff_rate``, overall and per persona, each with its
+        count and its Wilson 95% interval."""
+        groups: dict[str, list[Conversation]] = {"all": self.conversations}
+        for c in self.conversations:
+            groups.setdefault(c.persona, []).append(c)
+        out: dict[str, dict[str, Any]] = {}
+        for group, convs in groups.items():
+            row: dict[str, Any] = {}
+            for name in ["handoff_rate", *(f"reach.{s}" for s in self.stages)]:
+                k = sum(c.handoff for c in convs) if name == "handoff_rate" else \
+                    sum(name[6:] in c.reached for c in convs)
+                low, high = wilson(k, len(convs))
+                row[name] = {"k": k, "n": len(convs), "rate": k / len(convs) if convs else 0.0,
+                             "low": low, "high": high}
+            out[group] = row
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        return {"funnel": self.funnel, "model": self.model, "customer": self.customer,
+                "seed": self.seed, "conversations": [asdict(c) for c in self.conversations],
+                "metrics": self.metrics(), "rates": self.rates()}
+
+
+def against(run: Simulation, earlier: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each rate of ``run`` beside an earlier run's (its ``--format json``), with the
+    two-proportion z-test's p-value."""
+    out = []
+    then = (earlier.get("rates") or {}).get("all") or {}
+    for name, now in run.rates()["all"].items():
+        old = then.get(name)
+        if not isinstance(old, dict):
+            continue
+        test = compare_rates(int(old["k"]), int(old["n"]), now["k"], now["n"])
+        out.append({"metric": name, "then": old["rate"], "now": now["rate"],
+                    "p_value": test.p_value if test else None})
+    return out
+
+
+class _Quiet:
+    """The engine's notifier in a simulation: a simulated hand-off reaches no manager."""
+
+    async def __call__(self, payload: Mapping[str, Any]) -> None:
+        return None
+
+
+class _Customer:
+    """One simulated customer: the persona's script, or a model playing the persona."""
+
+    def __init__(self, persona: Persona, model: Model | None, funnel: CompiledFunnel,
+                 session_id: str) -> None:
+        self.persona, self.model, self.session_id = persona, model, session_id
+        self.settings = funnel.stage(funnel.spec.initial).spec.model
+        self.chat: list[dict[str, str]] = [{"role": "system", "content": persona.brief()}]
+        self.said = 0
+
+    async def next(self, reply: str | None) -> tuple[str | None, str]:
+        """The customer's next message, or None and why they end the conversation."""
+        if self.said >= self.persona.patience:
+            return None, "patience"
+        if self.model is None:
+            if self.said >= len(self.persona.script):
+                return None, "script"
+            self.said += 1
+            return self.persona.script[self.said - 1], ""
+        # The funnel's reply is the other side of the chat: data, never instructions.
+        self.chat.append({"role": "user", "content": printable(reply or "(the chat opens)",
+                                                               4000)})
+        request = ModelRequest(messages=list(self.chat), schema=CUSTOMER_SCHEMA,
+                               stage="customer", settings=self.settings,
+                               session_id=self.session_id, turn=self.said + 1,
+                               user_text=reply or "")
+        try:
+            answer = model_json((await self.model.complete(request)).text)
+        except (ModelError, Rejected) as exc:
+            return None, f"the customer model failed: {printable(str(exc), 200)}"
+        message = answer.get("message")
+        if not isinstance(message, str) or not message.strip():
+            return None, "the customer model gave no message"
+        message = printable(message, 1000)
+        self.chat.append({"role": "assistant", "content": message})
+        self.said += 1
+        if answer.get("leave") is True:
+            return None, "left"
+        return message, ""
+
+
+def simulate(funnel: CompiledFunnel, personas: Sequence[Persona], model: Model, *,
+             n: int, seed: int, db: str | None, customer: Model | None = None,
+             variant: str | None = None) -> Simulation:
+    """Run ``n`` simulated conversations on a temporary schema of ``db``.
+
+    Raises:
+        ConfigError: a persona has no script and no customer model is given.
+    """
+    if customer is None:
+        unscripted = [p.name for p in personas if not p.script]
+        if unscripted:
+            raise FunnelError(f"persona(s) {', '.join(unscripted)} have no `script`; give "
+                              "--customer-model M to have a model play them")
+    pool = [p for p in personas for _ in range(p.weight)]
+    random.Random(seed).shuffle(pool)
+    run = Simulation(funnel.name, getattr(model, "name", "model"),
+                     getattr(customer, "name", "script") if customer else "script", seed,
+                     list(funnel.spec.stages))
+    with temporary_schema(db, prefix="funnel_simulate") as url:
+        run.conversations = asyncio.run(_run(url, funnel, model, customer, pool, n, seed,
+                                             variant))
+    return run
+
+
+async def _run(url: str, funnel: CompiledFunnel, model: Model, customer: Model | None,
+               pool: list[Persona], n: int, seed: int, variant: str | None
+               ) -> list[Conversation]:
+    store = await open_store(url)
+    out: list[Conversation] = []
+    try:
+        engine = await Engine.open(funnel, store=store, model=model, notifier=_Quiet(),
+                                   summarizer=ExtractiveSummarizer())
+        try:
+            for i in range(n):
+                persona = pool[i % len(pool)]
+                sid = f"sim-{seed}-{i}-{persona.name}"
+                if variant is not None:
+                    engine.variants.force(sid, variant)
+                out.append(await _conversation(engine, persona, customer, sid))
+            await engine.drain()
+        finally:
+            await engine.close()
+        costs = _costs(url, funnel.name)
+        for c in out:
+            c.cost = costs.get(c.session_id)
+    finally:
+        await store.close()
+    return out
+
+
+async def _conversation(engine: Engine, persona: Persona, customer: Model | None,
+                        sid: str) -> Conversation:
+    conv = Conversation(persona.name, sid)
+    player = _Customer(persona, customer, engine.funnel, sid)
+    reply: str | None = None
+    spec = engine.spec
+    while True:
+        text, why = await player.next(reply)
+        if text is None:
+            conv.ended = why
+            break
+        result = await engine.handle(sid, text, channel=CHANNEL)
+        reply = result.reply
+        conv.turns += 1
+        conv.tokens += result.prompt_tokens + result.completion_tokens
+        conv.fallbacks += int(result.fallback)
+        conv.repairs += int(result.repaired)
+        if engine.funnel.stage(result.stage_after).spec.final:
+            conv.ended = f"final stage {result.stage_after}"
+            break
+    state = await engine.state(sid) or {}
+    conv.stage = str(state.get("stage", spec.initial))
+    conv.reached = list(dict.fromkeys(h["stage"] for h in state.get("stage_history") or []))
+    conv.completeness = state.get(spec.completeness_field) if spec.completeness_field else None
+    conv.cart_total = state.get(spec.cart.total) if spec.cart and spec.cart.total else None
+    h = spec.handoff
+    conv.handoff = bool(h and h.stage in conv.reached)
+    conv.handoff_reason = state.get(h.reason) if h and h.reason else None
+    return conv
+
+
+def _costs(url: str, funnel: str) -> dict[str, float | None]:
+    """Each session's cost, None when a turn's cost is unknown."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(sql.SQL(
+            "SELECT session_id, sum(cost), count(*) FILTER (WHERE cost IS NULL) FROM {} "
+            "WHERE funnel = %s GROUP BY session_id").format(sql.Identifier(TURNS)),
+            (funnel,)).fetchall()
+    return {sid: (float(Decimal(total)) if total is not None and not unknown else None)
+            for sid, total, unknown in rows}
