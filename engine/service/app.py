@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import StoreUnavailable
-from . import inbound, orders
+from . import inbound, manager, orders
 from .auth import WidgetSession
 from .config import ServiceConfig
 from .core import Service
@@ -170,7 +170,7 @@ async def widget_messages(request: Request, service: Service, funnel: str) -> Re
     return _json({"messages": [
         {"role": r["role"], "content": r["content"],
          "created_at": r["created_at"].isoformat() if r.get("created_at") else None}
-        for r in rows if r["role"] in ("user", "assistant")]})
+        for r in rows if r["role"] in ("user", "assistant", "manager")]})
 
 
 async def telegram(request: Request, service: Service, funnel: str) -> Response:
@@ -203,7 +203,8 @@ async def metrics(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return _json(document(list(_service(request).funnels), __version__))
+    return _json(document(list(_service(request).funnels), __version__, manager.paths,
+                          {"Control": manager.CONTROL_SCHEMA}))
 
 
 def _static(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
@@ -313,6 +314,8 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
         Route(f"{f}/sessions/{{session}}/conversions", _endpoint(post_conversion),
               methods=["POST"]),
         Route(f"{f}/sessions/{{session}}", _endpoint(get_session), methods=["GET"]),
+        *(Route(f"{f}/sessions/{{session}}/{path}", _endpoint(handler), methods=[method])
+          for path, method, handler in manager.ROUTES),
         Route(f"{f}/widget/session", _endpoint(widget_session), methods=["POST"]),
         Route(f"{f}/widget/messages", _endpoint(widget_messages), methods=["GET", "POST"]),
         Route(f"{f}/telegram", _endpoint(telegram), methods=["POST"]),

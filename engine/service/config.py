@@ -55,7 +55,7 @@ from ..llm.models import Model
 from ..llm.strategy import CHOICES
 
 _TRUE = ("1", "true", "yes")
-SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "admin"})
+SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "manage", "admin"})
 DEFAULT_TELEGRAM_API = "https://api.telegram.org"
 
 

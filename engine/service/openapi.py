@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..records.orders import (
@@ -33,9 +34,11 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "No valid credential (API key, widget token or webhook secret).",
         403: "The API key lacks the scope, or the browser origin is not allowed.",
         404: "No such funnel or session.",
-        409: "The Idempotency-Key's message is gone (purged by retention): use a new key.",
+        409: "The Idempotency-Key's message is gone (purged by retention): use a new key; "
+             "or, for the manager API, no manager holds the session (take it over first).",
         413: f"The message is over {MAX_MESSAGE_CHARS} characters (or the body too large).",
-        422: "A field of the order is out of bounds (amount, currency, a line, the time).",
+        422: "A field of the order is out of bounds (amount, currency, a line, the time); "
+             "or a release's stage or field updates were refused (nothing was written).",
         429: "Too many requests from this client; retry after `Retry-After` seconds.",
         503: "The database is unreachable, the table is behind the funnel, or this session "
              "has too many messages in flight; retry after `Retry-After` seconds. A message "
@@ -50,8 +53,11 @@ def _errors(*codes: int) -> dict[str, Any]:
     return out
 
 
-def document(funnels: list[str], version: str) -> dict[str, Any]:
-    """The document for a service that serves ``funnels``."""
+def document(funnels: list[str], version: str,
+             extra: Callable[..., dict[str, Any]] | None = None,
+             schemas: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The document for a service that serves ``funnels``; ``extra(funnel, session,
+    errors, ref, security)`` adds paths (the manager API's), ``schemas`` their schemas."""
     funnel = {"name": "funnel", "in": "path", "required": True,
               "schema": {"type": "string", "enum": sorted(funnels)}}
     session = {"name": "session", "in": "path", "required": True,
@@ -64,11 +70,12 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                    "schema": {"type": "string", "minLength": 1, "maxLength": 200,
                               "pattern": "^[!-~]+$"}}
     api_key: list[dict[str, list[str]]] = [{"apiKey": []}, {"apiKeyHeader": []}]
+    more = extra(funnel, session, _errors, _ref, api_key) if extra else {}
     return {
         "openapi": "3.0.3",
         "info": {"title": "funnel", "version": version, "description": (
             "Run LLM sales conversations as finite-state machines. Server-to-server clients "
-            "use an API key (scopes: converse, read_state, conversions, metrics, admin); the "
+            "use an API key (scopes: converse, read_state, conversions, metrics, manage, admin); the "
             "web widget "
             "uses a signed session token that the service issues.")},
         "paths": {
@@ -144,6 +151,7 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                 "responses": {"200": {"description": "Metrics.", "content": {
                     "text/plain": {"schema": {"type": "string"}}}},
                     **_errors(401, 403)}}},
+            **more,
         },
         "components": {
             "securitySchemes": {
@@ -155,6 +163,7 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                                    "name": "X-Telegram-Bot-Api-Secret-Token"},
             },
             "schemas": {
+                **(schemas or {}),
                 "Message": {"type": "object", "required": ["text"], "properties": {
                     "text": {"type": "string", "minLength": 1, "maxLength": MAX_MESSAGE_CHARS,
                              "pattern": TEXT_PATTERN},
@@ -166,7 +175,11 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                                         "handoff": {"type": "boolean"},
                                         "fallback": {"type": "boolean"},
                                         "replayed": {"type": "boolean"},
-                                        "turn_id": {"type": "integer"}}},
+                                        "turn_id": {"type": "integer"},
+                                        "held": {"type": "boolean", "description":
+                                                 "A manager holds the session: the bot did "
+                                                 "not answer (`reply` is the holding reply "
+                                                 "or empty)."}}},
                 "Order": {"type": "object", "additionalProperties": False,
                           "required": ["order_id", "amount", "currency"], "properties": {
                     "order_id": {"type": "string", "pattern": ORDER_ID_PATTERN},
@@ -200,7 +213,8 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                 "History": {"type": "object", "required": ["messages"], "properties": {
                     "messages": {"type": "array", "items": {
                         "type": "object", "required": ["role", "content"], "properties": {
-                            "role": {"type": "string", "enum": ["user", "assistant"]},
+                            "role": {"type": "string",
+                                     "enum": ["user", "assistant", "manager"]},
                             "content": {"type": "string"},
                             "created_at": {"type": "string", "nullable": True}}}}}},
                 "TelegramUpdate": {"type": "object", "required": ["update_id"],
