@@ -204,7 +204,7 @@ async def metrics(request: Request) -> Response:
 
 async def openapi(request: Request) -> Response:
     return _json(document(list(_service(request).funnels), __version__, manager.paths,
-                          {"Control": manager.CONTROL_SCHEMA}))
+                          manager.SCHEMAS))
 
 
 def _static(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:

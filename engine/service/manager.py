@@ -30,8 +30,8 @@ from ..errors import (
     UnknownSession,
 )
 from ..turn import manager
-from .limits import RequestRefused, message_text, read_json
-from .openapi import SESSION_PATTERN
+from .limits import MAX_MESSAGE_CHARS, RequestRefused, message_text, read_json
+from .openapi import SESSION_PATTERN, TEXT_PATTERN
 
 if TYPE_CHECKING:
     from .core import Service
@@ -48,13 +48,18 @@ def _session(request: Request) -> str:
     return session
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    """The JSON object of the request; an empty body is ``{}``."""
-    if request.headers.get("content-length") == "0":
+async def _body(request: Request, fields: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON object of the request, of ``fields`` only; an empty body is ``{}``."""
+    declared = request.headers.get("content-length")
+    if declared == "0" or (declared is None and "transfer-encoding" not in request.headers):
         return {}
     data = await read_json(request, MAX_BODY)
     if not isinstance(data, dict):
         raise RequestRefused(400, "bad_request", "the body must be a JSON object")
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise RequestRefused(400, "bad_request", f"unknown field(s) {sorted(unknown)[:5]}; "
+                             f"this request takes {', '.join(f'`{f}`' for f in fields)}")
     return data
 
 
@@ -90,13 +95,13 @@ def _who(request: Request, service: Service, data: dict[str, Any]) -> str:
 
 async def takeover(request: Request, service: Service, funnel: str) -> Response:
     session = _session(request)
-    who = _who(request, service, await _body(request))
+    who = _who(request, service, await _body(request, ("manager",)))
     return await _call(service, funnel, lambda e: manager.take_over(e, session, who))
 
 
 async def manager_message(request: Request, service: Service, funnel: str) -> Response:
     session = _session(request)
-    data = await _body(request)
+    data = await _body(request, ("manager", "text"))
     who = _who(request, service, data)
     text = message_text(data)
     response = await _call(service, funnel, lambda e: manager.send(e, session, who, text))
@@ -107,12 +112,8 @@ async def manager_message(request: Request, service: Service, funnel: str) -> Re
 
 async def release(request: Request, service: Service, funnel: str) -> Response:
     session = _session(request)
-    data = await _body(request)
+    data = await _body(request, ("manager", "stage", "updates"))
     who = _who(request, service, data)
-    unknown = set(data) - {"manager", "stage", "updates"}
-    if unknown:
-        raise RequestRefused(400, "bad_request", f"unknown field(s) {sorted(unknown)}; a "
-                             "release takes `manager`, `stage` and `updates`")
     return await _call(service, funnel, lambda e: manager.release(
         e, session, who, stage=data.get("stage"), updates=data.get("updates")))
 
@@ -135,43 +136,67 @@ ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
 def paths(funnel: dict[str, Any], session: dict[str, Any], error: Callable[..., Any],
           ref: Callable[[str], Any], security: list[dict[str, list[str]]]
           ) -> dict[str, Any]:
-    """The manager API's part of the OpenAPI document."""
-    def body(schema: dict[str, Any]) -> dict[str, Any]:
-        return {"required": False, "content": {"application/json": {"schema": schema}}}
-
+    """The manager API's part of the OpenAPI document (its schemas: :data:`SCHEMAS`)."""
     name = {"manager": {"type": "string", "minLength": 1, "maxLength": manager.MAX_MANAGER_NAME,
+                        "pattern": manager.NAME_PATTERN,
                         "description": "Who acts (logged); default: the API key's client."}}
-    ok = {"description": "Done.", "content": {"application/json": {"schema": ref("Control")}}}
+    operations = (
+        ("takeover", "takeOver", "Take the session over: the bot stops answering it.",
+         {"properties": name}, "Control", (400, 401, 403, 404, 413, 429, 503)),
+        ("manager-messages", "managerMessage",
+         "Send a manager's message to the session's customer (through its channel).",
+         {"required": ["text"], "properties": {**name, "text": {
+             "type": "string", "minLength": 1, "maxLength": MAX_MESSAGE_CHARS,
+             "pattern": TEXT_PATTERN}}}, "ManagerMessage",
+         (400, 401, 403, 404, 409, 413, 429, 503)),
+        ("release", "release",
+         "Hand the session back to the bot, at a stage, with field updates (validated as "
+         "any update: 422 and nothing written when one is refused).",
+         {"properties": {**name, "stage": {"type": "string", "minLength": 1, "nullable": True,
+                                           "description": "None: where it is."},
+                         "updates": {"type": "object", "additionalProperties": True,
+                                     "nullable": True}}},
+         "Released", (400, 401, 403, 404, 409, 413, 422, 429, 503)))
     out: dict[str, Any] = {}
-    for route, summary, schema, codes in (
-            ("takeover", "Take the session over: the bot stops answering it.",
-             {"type": "object", "properties": name}, (400, 401, 403, 404, 429, 503)),
-            ("manager-messages", "Send a manager's message to the session's customer.",
-             {"type": "object", "required": ["text"], "properties": {
-                 **name, "text": {"type": "string", "minLength": 1}}},
-             (400, 401, 403, 404, 409, 413, 429, 503)),
-            ("release", "Hand the session back to the bot, at a stage, with field updates.",
-             {"type": "object", "additionalProperties": False, "properties": {
-                 **name, "stage": {"type": "string"},
-                 "updates": {"type": "object", "additionalProperties": True}}},
-             (400, 401, 403, 404, 409, 422, 429, 503))):
+    for route, operation, summary, schema, answer, codes in operations:
         out[f"/v1/funnels/{{funnel}}/sessions/{{session}}/{route}"] = {"post": {
-            "operationId": {"takeover": "takeOver", "manager-messages": "managerMessage",
-                            "release": "release"}[route],
-            "summary": summary, "description": f"Needs the `{SCOPE}` scope.",
+            "operationId": operation, "summary": summary,
+            "description": f"Needs the `{SCOPE}` scope.",
             "parameters": [funnel, session], "security": security,
-            "requestBody": body(schema), "responses": {"200": ok, **error(*codes)}}}
+            "requestBody": {"required": route == "manager-messages", "content": {
+                "application/json": {"schema": {
+                    "type": "object", "additionalProperties": False, **schema}}}},
+            "responses": {"200": {"description": "Done.", "content": {
+                "application/json": {"schema": ref(answer)}}}, **error(*codes)}}}
     out["/v1/funnels/{funnel}/sessions/{session}/control"] = {"get": {
         "operationId": "getControl", "summary": "Who answers the session: bot or manager.",
         "description": f"Needs the `{SCOPE}` scope.", "parameters": [funnel, session],
-        "security": security, "responses": {"200": ok, **error(400, 401, 403, 429, 503)}}}
+        "security": security, "responses": {"200": {"description": "Who answers.", "content": {
+            "application/json": {"schema": ref("Control")}}},
+            **error(400, 401, 403, 404, 429, 503)}}}
     return out
 
 
-CONTROL_SCHEMA = {"type": "object", "required": ["session_id", "control"], "properties": {
-    "session_id": {"type": "string"}, "control": {"type": "string", "enum": ["bot", "manager"]},
-    "manager": {"type": "string", "nullable": True},
-    "since": {"type": "string", "nullable": True}, "stage": {"type": "string"},
-    "message_id": {"type": "integer"}, "delivery": {"type": "string"},
-    "updated": {"type": "array", "items": {"type": "string"}},
-    "state": {"type": "object", "additionalProperties": True}}}
+_NULLABLE = {"type": "string", "nullable": True}
+SCHEMAS: dict[str, Any] = {
+    "Control": {"type": "object", "required": ["session_id", "control", "manager", "since"],
+                "properties": {"session_id": {"type": "string"},
+                               "control": {"type": "string", "enum": ["bot", "manager"]},
+                               "manager": _NULLABLE, "since": _NULLABLE,
+                               "stage": {"type": "string"}}},
+    "ManagerMessage": {"type": "object", "required": ["session_id", "message_id", "manager",
+                                                      "delivery"],
+                       "properties": {"session_id": {"type": "string"},
+                                      "message_id": {"type": "integer"},
+                                      "manager": {"type": "string"},
+                                      "delivery": {"type": "string", "description":
+                                                   "`telegram`: sent through the outbox; "
+                                                   "`messages`: the client reads the log."}}},
+    "Released": {"type": "object", "required": ["session_id", "control", "stage", "updated",
+                                                "state"],
+                 "properties": {"session_id": {"type": "string"},
+                                "control": {"type": "string", "enum": ["bot"]},
+                                "stage": {"type": "string"},
+                                "updated": {"type": "array", "items": {"type": "string"}},
+                                "state": {"type": "object", "additionalProperties": True}}},
+}

@@ -18,6 +18,7 @@ first) or by nobody automatic (the take-over did), never both.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -36,15 +37,21 @@ MAX_MANAGER_NAME = 80
 DELIVERING_CHANNELS = ("telegram",)
 
 
+# 1 to 80 characters, not blank, no control character (what the API's schema says too).
+NAME_PATTERN = "^[^\\u0000-\\u001f\\u007f]*[^\\s\\u0000-\\u001f\\u007f][^\\u0000-\\u001f\\u007f]*$"
+_NAME = re.compile(NAME_PATTERN)
+
+
 def manager_name(name: Any) -> str:
-    """A manager's name as logged: 1 to 80 printable characters, trimmed.
+    """A manager's name as logged: 1 to 80 characters, not blank, no control character;
+    trimmed.
 
     Raises:
         InvalidInput: anything else.
     """
-    if not isinstance(name, str) or not name.strip() or len(name.strip()) > MAX_MANAGER_NAME \
-            or not name.strip().isprintable():
-        raise InvalidInput(f"a manager's name is 1 to {MAX_MANAGER_NAME} printable characters")
+    if not isinstance(name, str) or len(name) > MAX_MANAGER_NAME or not _NAME.fullmatch(name):
+        raise InvalidInput(f"a manager's name is 1 to {MAX_MANAGER_NAME} characters, not "
+                           "blank, without control characters")
     return name.strip()
 
 
