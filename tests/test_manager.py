@@ -27,8 +27,11 @@ BOT_TOKEN = "123456:TEST-bot-token"
 HOOK_SECRET = "hook-secret-4c8e1b"
 BASE = "/v1/funnels/puramur"
 HOLDING = "A manager is on it and will answer you here shortly."
-SCRIPT = {"match": [{"pattern": "cat", "output": {
-    "reply": "A cat!", "updates": {"pet": {"type": "cat"}}}}], "default": {"reply": "ok"}}
+SCRIPT = {"match": [
+    {"pattern": "cat", "output": {"reply": "A cat!", "updates": {"pet": {"type": "cat"}}}},
+    {"pattern": "complain", "output": {"reply": "Sorry! A manager will help.", "actions": [
+        {"type": "request_handoff", "reason": "complaint"}]}}], "default": {"reply": "ok"}}
+MANAGERS = -100555
 
 pytestmark = pytest.mark.postgres
 
@@ -256,5 +259,55 @@ def test_telegram_customer_gets_the_manager_and_one_holding_reply(
             assert len(fake.wait_sent(4)) == 4
         pending = sql("SELECT count(*) FROM funnel_inbound WHERE response IS NULL")
         assert pending == [(0,)]
+    finally:
+        fake.stop()
+
+
+def test_the_managers_chat_takes_over_and_releases_with_the_alerts_buttons(
+        db_url: str, funnel: Path, model: CountingModel, sql: Any) -> None:
+    fake = FakeTelegram().start()
+    try:
+        bot = TelegramBot(BOT_TOKEN, HOOK_SECRET, manager_chat=MANAGERS)
+        app = create_app(_config(db_url, funnel, model, telegram_api=fake.url,
+                                 telegram={"PURAMUR": bot}, dispatch_interval=0.2))
+        hook = f"{BASE}/telegram"
+        secret = {"X-Telegram-Bot-Api-Secret-Token": HOOK_SECRET}
+
+        def press(n: int, data: str, chat: int = MANAGERS) -> None:
+            r = client.post(hook, headers=secret, json={"update_id": n, "callback_query": {
+                "id": f"cb{n}", "from": {"id": 9, "is_bot": False, "first_name": "Olena"},
+                "data": data, "message": {"message_id": 1, "date": 1700000000,
+                                          "chat": {"id": chat, "type": "supergroup"}}}})
+            assert r.status_code == 200
+
+        def answered(n: int) -> dict[str, Any]:
+            calls = fake.wait_sent(n, method="answerCallbackQuery")
+            assert len(calls) >= n
+            return calls[n - 1]
+
+        with TestClient(app) as client:
+            client.post(hook, headers=secret, json={"update_id": 1, "message": {
+                "message_id": 1, "date": 1700000000, "chat": {"id": 777, "type": "private"},
+                "from": {"id": 777, "is_bot": False, "first_name": "Anna"},
+                "text": "I want to complain"}})
+            sent = fake.wait_sent(2)
+            alert = next(m for m in sent if m["chat_id"] == MANAGERS)
+            assert "tg-777" in alert["text"] and "complaint" in alert["text"]
+            keyboard = alert["reply_markup"]["inline_keyboard"][0]
+            assert [b["callback_data"] for b in keyboard] == ["takeover:tg-777",
+                                                              "release:tg-777"]
+            press(2, "takeover:tg-777", chat=4242)  # not the managers' chat: nothing runs
+            assert "text" not in answered(1)
+            assert sql("SELECT count(*) FROM funnel_control") == [(0,)]
+
+            press(3, "takeover:tg-777")
+            assert "Olena took over tg-777" in answered(2)["text"]
+            assert sql("SELECT mode, manager FROM funnel_control") == [("manager", "Olena")]
+            press(4, "release:tg-777")
+            assert "back with the bot" in answered(3)["text"]
+            assert sql("SELECT count(*) FROM funnel_control") == [(0,)]
+            press(5, "release:tg-777")  # twice: the button says why nothing happened
+            assert "take it over first" in answered(4)["text"]
+        assert fake.violations == []
     finally:
         fake.stop()
