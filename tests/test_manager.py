@@ -274,7 +274,7 @@ def test_the_managers_chat_takes_over_and_releases_with_the_alerts_buttons(
         secret = {"X-Telegram-Bot-Api-Secret-Token": HOOK_SECRET}
 
         def press(n: int, data: str, chat: int = MANAGERS) -> None:
-            r = client.post(hook, headers=secret, json={"update_id": n, "callback_query": {
+            r = tg.post(hook, headers=secret, json={"update_id": n, "callback_query": {
                 "id": f"cb{n}", "from": {"id": 9, "is_bot": False, "first_name": "Olena"},
                 "data": data, "message": {"message_id": 1, "date": 1700000000,
                                           "chat": {"id": chat, "type": "supergroup"}}}})
@@ -285,8 +285,8 @@ def test_the_managers_chat_takes_over_and_releases_with_the_alerts_buttons(
             assert len(calls) >= n
             return calls[n - 1]
 
-        with TestClient(app) as client:
-            client.post(hook, headers=secret, json={"update_id": 1, "message": {
+        with TestClient(app) as tg:
+            tg.post(hook, headers=secret, json={"update_id": 1, "message": {
                 "message_id": 1, "date": 1700000000, "chat": {"id": 777, "type": "private"},
                 "from": {"id": 777, "is_bot": False, "first_name": "Anna"},
                 "text": "I want to complain"}})
@@ -311,3 +311,15 @@ def test_the_managers_chat_takes_over_and_releases_with_the_alerts_buttons(
         assert fake.violations == []
     finally:
         fake.stop()
+
+
+async def test_check_state_reports_a_control_row_without_its_session(
+        client: TestClient, sql: Any, db_url: str, funnel: Path) -> None:
+    say(client, "s9", "Hello")
+    assert manage(client, "s9", "takeover", manager="Olena").status_code == 200
+    say(client, "s9", "Anyone?")  # held: no turn, and that is no "unanswered message"
+    assert await violations(db_url, funnel) == []
+    sql("DELETE FROM puramur_sessions_state WHERE session_id = 's9'")
+    assert [v for v in await violations(db_url, funnel) if "control without session" in v] \
+        == ["error: session 's9': control without session: a manager holds a session the "
+            "funnel's table lacks"]
