@@ -8,7 +8,9 @@ path or session), what was expected, and what to do about it::
     ├── InvalidInput            a caller's input was refused (session id, message): nothing ran
     │   ├── OrderRejected       an order's field is missing or out of bounds (engine.records.orders)
     │   ├── OrderConflict       an order id recorded before with other content
-    │   └── UnknownSession      no such session (an order names one the funnel never saw)
+    │   ├── UnknownSession      no such session (an order names one the funnel never saw)
+    │   ├── ReleaseRejected     a release's stage or field updates were refused: nothing written
+    │   └── NotTakenOver        a manager acted on a session no manager holds (take it over)
     ├── ConfigError             a funnel, template, schema or catalog is wrong
     │   ├── FunnelInvalid       `funnel validate` found errors (carries them all)
     │   ├── CatalogError        the catalog file is wrong (names file and line)
@@ -51,7 +53,9 @@ __all__ = [
     "ModelError",
     "OrderConflict",
     "OrderRejected",
+    "NotTakenOver",
     "PromptTooLarge",
+    "ReleaseRejected",
     "SchemaOutdated",
     "StoreError",
     "StoreUnavailable",
@@ -143,6 +147,28 @@ class OrderConflict(InvalidInput):
 
 class UnknownSession(InvalidInput):
     """The session named is not in the funnel's table (HTTP 404)."""
+
+
+class ReleaseRejected(InvalidInput):
+    """A release's stage or field updates were refused (HTTP 422); nothing was written.
+
+    ``problems`` lists each refusal: an undeclared stage, a field that is not declared
+    or is the engine's, a value its schema refuses.
+    """
+
+    def __init__(self, session_id: str, problems: list[str]) -> None:
+        super().__init__(f"session {session_id!r} was not released: {'; '.join(problems)}; "
+                         "fix them and release again")
+        self.problems = problems
+
+
+class NotTakenOver(InvalidInput):
+    """A manager wrote to or released a session no manager holds (HTTP 409)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} is answered by the bot, not by a manager: "
+                         "take it over first (POST .../sessions/{id}/takeover)")
+        self.session_id = session_id
 
 
 class ConfigError(FunnelError):

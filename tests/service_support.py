@@ -51,7 +51,8 @@ def running(app: Any, **options: Any) -> Iterator[str]:
 BOT_API: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]]]] = {
     "sendMessage": ({"chat_id": (int, str), "text": (str,)},
                     {"message_thread_id": (int,), "reply_parameters": (dict,),
-                     "parse_mode": (str,), "disable_notification": (bool,)}),
+                     "parse_mode": (str,), "disable_notification": (bool,),
+                     "reply_markup": (dict,)}),
     "answerCallbackQuery": ({"callback_query_id": (str,)},
                             {"text": (str,), "show_alert": (bool,), "cache_time": (int,)}),
     "getMe": ({}, {}),

@@ -69,6 +69,8 @@ CONVERSIONS = "funnel_conversions"
 VERSIONS = "funnel_versions"
 JOBS = "funnel_jobs"
 EXITS = "funnel_exits"
+CONTROL = "funnel_control"
+CONTROL_EVENTS = "funnel_control_events"
 SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
                                   UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS,
-                                  CONVERSIONS, VERSIONS, JOBS, EXITS)
+                                  CONVERSIONS, VERSIONS, JOBS, EXITS, CONTROL, CONTROL_EVENTS)

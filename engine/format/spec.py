@@ -153,6 +153,8 @@ class HandoffSpec:
     reason: str | None
     channel: str | None
     notify: dict[str, Any]
+    # Sent once per take-over, to the first customer message a manager holds (none: silence).
+    holding_reply: str | None = None
 
 
 @dataclass(frozen=True)
@@ -379,6 +381,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             reason=handoff_data.get("reason"),
             channel=handoff_data.get("channel"),
             notify=dict(handoff_data.get("notify") or {"log": True}),
+            holding_reply=handoff_data.get("holding_reply"),
         )
     presented = data.get("presented") or {}
     language = data.get("language") or {}

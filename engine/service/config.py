@@ -55,7 +55,7 @@ from ..llm.models import Model
 from ..llm.strategy import CHOICES
 
 _TRUE = ("1", "true", "yes")
-SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "admin"})
+SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "manage", "admin"})
 DEFAULT_TELEGRAM_API = "https://api.telegram.org"
 
 
@@ -66,6 +66,8 @@ class TelegramBot:
     groups: bool = False  # answer in groups and supergroups (only when addressed)
     username: str | None = None  # without "@"; None: asked with getMe when needed
     start_field: str | None = "source"  # where `/start PAYLOAD` is kept, if declared
+    # The managers' chat: hand-off alerts go there with take over / release buttons.
+    manager_chat: int | None = None
 
 
 @dataclass
@@ -143,7 +145,9 @@ class ServiceConfig:
                     groups=env.get(f"FUNNEL_TELEGRAM_GROUPS_{suffix}", "0") in _TRUE,
                     username=env.get(f"FUNNEL_TELEGRAM_USERNAME_{suffix}", "").lstrip("@")
                     or None,
-                    start_field=env.get(f"FUNNEL_TELEGRAM_START_FIELD_{suffix}") or "source")
+                    start_field=env.get(f"FUNNEL_TELEGRAM_START_FIELD_{suffix}") or "source",
+                    manager_chat=_chat_id(env.get(f"FUNNEL_TELEGRAM_MANAGER_CHAT_{suffix}"),
+                                          f"FUNNEL_TELEGRAM_MANAGER_CHAT_{suffix}"))
         secret = env.get("FUNNEL_SECRET", "")
         hooks_prefix = "FUNNEL_HANDOFF_WEBHOOK_"
         hooks = {name.removeprefix(hooks_prefix): url for name, url in env.items()
@@ -188,6 +192,16 @@ class ServiceConfig:
     def webhook(self, funnel: str) -> str | None:
         """The manager URL of ``funnel``'s handoff alerts, when configured here."""
         return self.handoff_webhooks.get(env_suffix(funnel)) or self.handoff_webhook
+
+
+def _chat_id(value: str | None, name: str) -> int | None:
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a Telegram chat id (an integer such as "
+                          f"-1001234567890), not {value[:40]!r}") from None
 
 
 def env_suffix(funnel: str) -> str:

@@ -13,21 +13,27 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import StoreUnavailable
-from . import inbound, orders
+from . import inbound, manager, orders
 from .auth import WidgetSession as Token
 from .core import Service
 from .inbound import REPLAY_HEADER, delivery_key
 from .limits import RequestRefused, read_json
 from .models import (
     KEY_PATTERN,
+    Control,
     Conversion,
     Health,
     History,
     HistoryMessage,
+    ManagerMessage,
+    ManagerMessageIn,
     MessageIn,
     OrderIn,
     Ready,
+    Released,
+    ReleaseIn,
     SessionState,
+    TakeoverIn,
     TelegramAck,
     TelegramUpdate,
     Turn,
@@ -151,7 +157,7 @@ async def widget_history(request: Request, service: Service, funnel: str) -> Res
     return json_response(History(messages=[
         HistoryMessage(role=r["role"], content=r["content"],
                        created_at=r["created_at"].isoformat() if r.get("created_at") else None)
-        for r in rows if r["role"] in ("user", "assistant")]))
+        for r in rows if r["role"] in ("user", "assistant", "manager")]))
 
 
 async def telegram(request: Request, service: Service, funnel: str) -> Response:
@@ -212,6 +218,27 @@ OPERATIONS: list[Operation] = [
               {200: (SessionState, "The state row.")}, errors=(400, 401, 403, 404, 429, 503),
               params=(_EXPLAIN,), security=_API_KEY,
               description="Needs the `read_state` scope."),
+    # The manager API (engine.service.manager), scope `manage`.
+    Operation("POST", f"{_S}/takeover", "takeOver",
+              "Take the session over: the bot stops answering it.", _endpoint(manager.takeover),
+              {200: (Control, "Taken over.")}, body=TakeoverIn,
+              errors=(400, 401, 403, 404, 413, 429, 503), security=_API_KEY,
+              description="Needs the `manage` scope."),
+    Operation("POST", f"{_S}/manager-messages", "managerMessage",
+              "Send a manager's message to the session's customer (through its channel).",
+              _endpoint(manager.manager_message), {200: (ManagerMessage, "Sent.")},
+              body=ManagerMessageIn, errors=(400, 401, 403, 404, 409, 413, 429, 503),
+              security=_API_KEY, description="Needs the `manage` scope."),
+    Operation("POST", f"{_S}/release", "release",
+              "Hand the session back to the bot, at a stage, with field updates.",
+              _endpoint(manager.release), {200: (Released, "Back to the bot.")}, body=ReleaseIn,
+              errors=(400, 401, 403, 404, 409, 413, 422, 429, 503), security=_API_KEY,
+              description="Needs the `manage` scope. The updates are validated as any update "
+              "is: a refusal answers 422 and nothing is written."),
+    Operation("GET", f"{_S}/control", "getControl", "Who answers the session: bot or manager.",
+              _endpoint(manager.control), {200: (Control, "Who answers.")},
+              errors=(400, 401, 403, 404, 429, 503), security=_API_KEY,
+              description="Needs the `manage` scope."),
     Operation("POST", f"{_F}/widget/session", "widgetSession",
               "Issue a widget session token (or renew the one presented).",
               _endpoint(widget_session), {200: (WidgetSession, "A signed session token.")},

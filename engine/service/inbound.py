@@ -61,8 +61,11 @@ def delivery_key(request: Request, body: Any) -> str | None:
 
 def body(result: TurnResult, turn_id: int | None, replayed: bool = False) -> dict[str, Any]:
     """The API's ``Turn``."""
-    return {"reply": result.reply, "stage": result.stage_after, "handoff": result.handoff,
-            "fallback": result.fallback, "turn_id": turn_id, "replayed": replayed}
+    out = {"reply": result.reply, "stage": result.stage_after, "handoff": result.handoff,
+           "fallback": result.fallback, "turn_id": turn_id, "replayed": replayed}
+    if result.held:  # a manager holds the session (engine.turn.manager)
+        out["held"] = True
+    return out
 
 
 async def turn(service: Service, funnel: str, session_id: str, text: str, *, channel: str,

@@ -57,6 +57,20 @@ class _Out(BaseModel):
 # -- requests ----------------------------------------------------------------------------
 
 
+def checked_text(text: str) -> str:
+    """The checks of engine.boundary's customer text, with their statuses: too long is 413
+    (split it), blank or NUL is 400. Python's str.strip decides "blank", as everywhere
+    else in the engine (not a regex engine's idea of \\s)."""
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise PydanticCustomError("too_large", "the message has {n} characters, over the "
+                                  "limit of {limit}; split it",
+                                  {"n": len(text), "limit": MAX_MESSAGE_CHARS})
+    if not text.strip() or "\x00" in text:
+        raise PydanticCustomError("blank", "the message must be non-blank text without "
+                                  "NUL characters")
+    return text
+
+
 class MessageIn(_In):
     """One customer message."""
 
@@ -69,17 +83,7 @@ class MessageIn(_In):
     @field_validator("text")
     @classmethod
     def _text(cls, text: str) -> str:
-        # The checks of engine.boundary's customer text, with their statuses: too long is
-        # 413 (split it), blank or NUL is 400. Python's str.strip decides "blank", as
-        # everywhere else in the engine (not a regex engine's idea of \s).
-        if len(text) > MAX_MESSAGE_CHARS:
-            raise PydanticCustomError("too_large", "the message has {n} characters, over the "
-                                      "limit of {limit}; split it",
-                                      {"n": len(text), "limit": MAX_MESSAGE_CHARS})
-        if not text.strip() or "\x00" in text:
-            raise PydanticCustomError("blank", "the message must be non-blank text without "
-                                      "NUL characters")
-        return text
+        return checked_text(text)
 
 
 _MONEY: dict[str, JsonValue] = {"pattern": AMOUNT_PATTERN}
@@ -142,6 +146,8 @@ class Turn(_Out):
     fallback: bool = Field(description="The reply is the stage's fallback (the model failed).")
     replayed: bool = Field(description="A retry with the same key: the first turn's answer.")
     turn_id: int | None = Field(description="The customer message's id.")
+    held: bool | None = Field(None, description="A manager holds the session: the bot did "
+                              "not answer (`reply` is the holding reply or empty).")
 
 
 class ExplainExit(BaseModel):
@@ -209,7 +215,7 @@ class WidgetSession(_Out):
 
 
 class HistoryMessage(_Out):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "manager"]
     content: str
     created_at: str | None
 
@@ -246,6 +252,64 @@ class Ready(_Out):
     funnels: dict[str, str]
     versions: dict[str, VersionsOf]
     notes: dict[str, str] | None = None
+
+
+# -- the manager API (engine.service.manager) --------------------------------------------
+
+_MANAGER_NAME: dict[str, JsonValue] = {"minLength": 1, "maxLength": 80}
+
+
+class TakeoverIn(_In):
+    """Who takes the session over (logged); default: the API key's client."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    manager: str | None = Field(None, json_schema_extra=_MANAGER_NAME)
+
+
+class ManagerMessageIn(TakeoverIn):
+    """A manager's message to the session's customer."""
+
+    text: str = Field(json_schema_extra={"minLength": 1, "maxLength": MAX_MESSAGE_CHARS,
+                                         "pattern": TEXT_PATTERN})
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, text: str) -> str:
+        return checked_text(text)
+
+
+class ReleaseIn(TakeoverIn):
+    """Back to the bot: at a stage (None: where it is), with field updates validated as any
+    update (422 and nothing written when one is refused)."""
+
+    stage: str | None = Field(None, json_schema_extra={"minLength": 1})
+    updates: dict[str, Any] | None = None
+
+
+class Control(_Out):
+    """Who answers the session now."""
+
+    session_id: str
+    control: Literal["bot", "manager"]
+    manager: str | None
+    since: str | None
+    stage: str | None = None
+
+
+class ManagerMessage(_Out):
+    session_id: str
+    message_id: int
+    manager: str
+    delivery: str = Field(description="`telegram`: sent through the outbox; `messages`: the "
+                          "client reads the message log.")
+
+
+class Released(_Out):
+    session_id: str
+    control: Literal["bot"]
+    stage: str
+    updated: list[str]
+    state: dict[str, Any]
 
 
 # -- parsing and answering -------------------------------------------------------------------

@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..records.messages import Message
-from .base import Inbound, OutboxItem, SessionAccess, Store, TurnWrite
+from .base import Control, Held, Inbound, OutboxItem, SessionAccess, Store, TurnWrite
 
-__all__ = ["Inbound", "Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite",
+__all__ = ["Control", "Held", "Inbound", "Message", "OutboxItem", "SessionAccess", "Store", "TurnWrite",
            "open_store"]
 
 

@@ -6,7 +6,7 @@ module imports psycopg, so the core's types load without a database driver.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,7 +20,7 @@ from ..records.orders import Conversion, Order
 if TYPE_CHECKING:
     from .idempotency import Pending
 
-__all__ = ["Inbound", "OutboxItem", "SessionAccess", "Store", "TurnWrite"]
+__all__ = ["Control", "Held", "Inbound", "OutboxItem", "SessionAccess", "Store", "TurnWrite"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,30 @@ class OutboxItem:
     key: str  # idempotency key: one delivery per key, ever
     kind: str
     payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Control:
+    """Who answers a session besides the bot (``funnel_control``): ``mode`` is ``manager``
+    (a manager took it over) or ``approval`` (it waits for a manager's approval)."""
+
+    mode: str
+    manager: str | None
+    since: datetime
+    holding_sent: bool = False
+
+
+@dataclass
+class Held:
+    """A customer message the bot lets pass while a manager holds the session: the
+    message is marked held, the funnel's holding reply (once per take-over) logged and
+    put in the outbox, the delivery key answered, the lease given back."""
+
+    message_id: int
+    stage: str
+    response: dict[str, Any]  # what a second delivery of the message's key replays
+    holding: str | None = None
+    outbox: list[OutboxItem] = field(default_factory=list)
 
 
 @dataclass
@@ -82,6 +106,10 @@ class SessionAccess(Protocol):
         """
 
     async def save(self, write: TurnWrite) -> int: ...
+
+    async def hold(self, held: Held) -> None:
+        """End the turn without the bot: the message held (see :class:`Held`), no state
+        written, the lease given back."""
 
 
 class Store(Protocol):
@@ -194,6 +222,28 @@ class Store(Protocol):
 
     async def add_outbox(self, funnel: str, session_id: str, items: list[OutboxItem]) -> int:
         """Add outbox rows outside a turn; a key taken adds nothing. How many were added."""
+
+    async def control(self, funnel: str, session_id: str) -> Control | None:
+        """The session's control row (engine.store.control); None while the bot answers."""
+
+    async def take_over(self, funnel: str, session_id: str, manager: str,
+                        mode: str = "manager", detail: Mapping[str, Any] | None = None
+                        ) -> Control:
+        """Hand the session to ``manager``; call it holding the session's lease."""
+
+    async def manager_message(self, funnel: FunnelSpec, session_id: str, manager: str,
+                              text: str, stage: str, delivery: OutboxItem | None) -> int:
+        """Log a manager's message and its outbox delivery; the message's id."""
+
+    async def reply_target(self, funnel: str, session_id: str, channel: str
+                           ) -> dict[str, Any] | None:
+        """Where ``channel`` reaches the session's customer, or None."""
+
+    async def release_control(self, funnel: FunnelSpec, session_id: str, manager: str,
+                              values: dict[str, Any] | None, expected_version: int,
+                              detail: Mapping[str, Any] | None = None) -> Control | None:
+        """Give the session back to the bot (writing ``values`` when given); the control
+        row it had, or None. Call it holding the session's lease."""
 
     async def knowledge_digest(self, funnel: str) -> str | None:
         """The digest of the funnel's indexed knowledge folder, or None when none is."""

@@ -6,6 +6,8 @@ import json
 
 from psycopg import sql
 
+from ..format.names import CONTROL as CONTROL
+from ..format.names import CONTROL_EVENTS as CONTROL_EVENTS
 from ..format.names import CONVERSIONS as CONVERSIONS
 from ..format.names import EXITS as EXITS
 from ..format.names import INBOUND as INBOUND  # the shared tables' names, re-exported
@@ -316,4 +318,38 @@ SHARED_MIGRATIONS: list[str] = [
     # Of prompt_tokens, those the provider wrote to its prompt cache (Anthropic's
     # cache_creation_input_tokens, Bedrock's cacheWriteInputTokens: billed at 1.25x input).
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS cache_write_tokens INT NOT NULL DEFAULT 0",
+    # A manager in the session (engine.turn.manager): who wrote a message that is not the
+    # bot's (a manager's name), and the messages the bot let pass while a manager held
+    # the session (a customer's message it did not answer, its one holding reply).
+    f"ALTER TABLE {MESSAGES} ADD COLUMN IF NOT EXISTS author TEXT",
+    f"ALTER TABLE {MESSAGES} ADD COLUMN IF NOT EXISTS held BOOLEAN NOT NULL DEFAULT FALSE",
+    f"ALTER TABLE {MESSAGES} DROP CONSTRAINT IF EXISTS {MESSAGES}_role_check",
+    # NOT VALID: every row logged so far is valid already; no scan of the whole log.
+    f"ALTER TABLE {MESSAGES} ADD CONSTRAINT {MESSAGES}_role_check CHECK (role IN "
+    "('user', 'assistant', 'system', 'manager')) NOT VALID",
+    # Who answers a session besides the bot: no row, the bot; `manager`, a manager took it
+    # over (the bot logs and holds every customer message); `approval`, the session waits
+    # for a manager's approval until `deadline`. One row per session at most.
+    f"""CREATE TABLE IF NOT EXISTS {CONTROL} (
+        funnel TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        mode TEXT NOT NULL CHECK (mode IN ('manager', 'approval')),
+        manager TEXT,
+        since TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        holding_sent BOOLEAN NOT NULL DEFAULT FALSE,
+        PRIMARY KEY (funnel, session_id)
+    )""",
+    # Every take-over, manager message and release, in order: the report's time under a
+    # manager, and who did what.
+    f"""CREATE TABLE IF NOT EXISTS {CONTROL_EVENTS} (
+        id BIGSERIAL PRIMARY KEY,
+        funnel TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        event TEXT NOT NULL,
+        manager TEXT,
+        detail JSONB NOT NULL DEFAULT '{{}}',
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{CONTROL_EVENTS}_session ON {CONTROL_EVENTS} "
+    "(funnel, session_id, id)",
 ]

@@ -29,6 +29,7 @@ from . import conversions, ddl, jobs, retention, turns
 from . import knowledge as knowledge_sql
 from .base import TurnWrite
 from .connect import safe_url
+from .control import ControlMixin
 from .delivery import DeliveryMixin
 from .heartbeat import Heartbeat
 from .migrate import (
@@ -167,7 +168,7 @@ class _Turn:
             store._turns.release()
 
 
-class PostgresStore(DeliveryMixin, VersionsMixin):
+class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
     """A :class:`engine.store.Store` on PostgreSQL."""
 
     def __init__(self, url: str, pool: AsyncConnectionPool, timeout: float,

@@ -61,7 +61,7 @@ async def _delete_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpe
     if not ids:
         return 0
     for table, key in ((ddl.MESSAGES, "messages"), (ddl.TURNS, "turns"), (ddl.OUTBOX, None),
-                       (ddl.INBOUND, None)):
+                       (ddl.INBOUND, None), (ddl.CONTROL, None), (ddl.CONTROL_EVENTS, None)):
         cur = await conn.execute(sql.SQL(
             "DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)").format(
                 sql.Identifier(table)), (funnel.name, ids))

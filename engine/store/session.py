@@ -29,8 +29,8 @@ import psycopg
 from ..errors import ConcurrentUpdate, DuplicateDelivery, StoreUnavailable
 from ..format.spec import FunnelSpec
 from ..records.messages import Message
-from . import wire
-from .base import Inbound, TurnWrite
+from . import control, wire
+from .base import Held, Inbound, TurnWrite
 from .statements import RELEASE, Statements
 
 Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
@@ -147,7 +147,9 @@ class SessionHandle:
         logged = int(message_id) if text is not None and message_id is not None else None
         if not self.locked:
             return logged, None, []
-        messages = [Message(r[0], r[1], r[2]) for r in orjson.loads(recent or b"[]")]
+        # A manager's message reads as the business's side of the chat (engine.turn.manager).
+        messages = [Message("assistant" if r[0] == "manager" else r[0], r[1], r[2])
+                    for r in orjson.loads(recent or b"[]")]
         return logged, (table.plain_row(orjson.loads(state)) if state is not None else None), \
             messages
 
@@ -166,6 +168,16 @@ class SessionHandle:
                 raise
             self.locked = False
             return version
+
+    async def hold(self, held: Held) -> None:
+        """End the turn without the bot (a manager holds the session): the message is
+        marked held, the holding reply logged, the delivery key answered and the lease
+        given back, in one transaction (engine.store.control)."""
+        inbound = self.inbound
+        async with self.connect() as conn:
+            await control.hold(conn, self.table.spec, self.session_id, held, self.key,
+                               self.holder, (inbound.channel, inbound.key) if inbound else None)
+        self.locked = False
 
     async def release(self) -> bool:
         """Give the lease back without saving (the turn failed); False if that failed too."""

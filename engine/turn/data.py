@@ -54,6 +54,9 @@ class TurnResult:
     message_id: int = 0  # the customer's message in the log: the turn's id in the API
     model_seconds: float = 0.0  # time in model calls (first call, repair)
     explain: list[dict[str, Any]] = field(default_factory=list)  # engine.turn.explain, per stage
+    # A manager holds the session (engine.turn.manager): the bot logged the message and
+    # called no model; ``reply`` is the funnel's holding reply, or empty.
+    held: bool = False
 
 
 @dataclass

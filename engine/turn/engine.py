@@ -49,7 +49,7 @@ from ..memory.summary import RollingSummary, Summarizer
 from ..records.messages import Message
 from ..records.orders import Conversion, make_order
 from ..store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
-from . import language, steps
+from . import held, language, steps
 from .advance import Mover, Position, handoff_payload, record_current, start_position
 from .budget import bound_notices
 from .data import Incoming, Turn, TurnResult, turn_record
@@ -253,6 +253,12 @@ class Engine:
             try:
                 async with self.store.session(self.spec, session_id) as access:
                     turn = await self._load(access, inbound)
+                    # Under the lease: a take-over is either before this (the turn is
+                    # held) or after it (the bot answers first), never both.
+                    control = await self.store.control(self.spec.name, session_id)
+                    if control is not None:
+                        result = await held.hold(access, turn, control)
+                        break
                     try:
                         result = await self._run(access, turn)
                     except (ConcurrentUpdate, StoreUnavailable):

@@ -6,7 +6,9 @@ Used by the fault, concurrency and hostile-input tests after they run, and by
 - every state row is valid: each declared field against its schema (and its
   column), a known stage, notices within their caps (count and length);
 - every reply has its turn record (assistant messages = turn records), and no
-  turn record lacks its customer message;
+  turn record lacks its customer message; messages ``held`` while a manager held the
+  session (engine.turn.manager) have no turn, by design, and are not counted;
+- a session a manager holds (``funnel_control``) exists in the funnel's table;
 - a customer message with no turn (the database went away mid-turn, the
   session stayed busy) is reported as a warning: the message is kept, the
   customer got an error to retry, nothing else was written;
@@ -24,7 +26,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from ..errors import StoreUnavailable
-from ..format.names import MESSAGES, TURNS
+from ..format.names import CONTROL, MESSAGES, TURNS
 from ..funnel.compiled import CompiledFunnel
 from ..funnel.state import plain
 from ..store.connect import safe_url
@@ -70,8 +72,8 @@ def check_row(funnel: CompiledFunnel, row: dict[str, Any]) -> list[Violation]:
 
 _PAIRS = """
 WITH m AS (
-    SELECT session_id, count(*) FILTER (WHERE role = 'user') AS users,
-           count(*) FILTER (WHERE role = 'assistant') AS replies
+    SELECT session_id, count(*) FILTER (WHERE role = 'user' AND NOT held) AS users,
+           count(*) FILTER (WHERE role = 'assistant' AND NOT held) AS replies
     FROM {messages} WHERE funnel = %(funnel)s GROUP BY session_id),
 t AS (
     SELECT session_id, count(*) AS turns,
@@ -127,4 +129,17 @@ async def check_funnel(funnel: CompiledFunnel, url: str | None = None) -> list[V
         pairs = await conn.execute(query, {"funnel": funnel.spec.name})
         for session_id, users, replies, turns, bugs in await pairs.fetchall():
             out.extend(check_pairs(session_id, users, replies, turns, bugs))
+        orphans = await conn.execute(sql.SQL(_CONTROL_ORPHANS).format(
+            control=sql.Identifier(CONTROL), table=sql.Identifier(funnel.spec.table)),
+            {"funnel": funnel.spec.name})
+        for session_id, mode in await orphans.fetchall():
+            out.append(Violation("error", session_id, "control without session",
+                                 f"a {mode} holds a session the funnel's table lacks"))
     return out
+
+
+# A take-over names a session the table has (the API refuses others; a purge deletes both).
+_CONTROL_ORPHANS = """
+SELECT c.session_id, c.mode FROM {control} c WHERE c.funnel = %(funnel)s
+AND NOT EXISTS (SELECT 1 FROM {table} s WHERE s.session_id = c.session_id)
+"""

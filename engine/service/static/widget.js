@@ -176,7 +176,8 @@
     }).then(function (r) {
       if (r.ok) {
         unsent = null;
-        return r.json().then(function (body) { bubble("bot", body.reply); });
+        // A manager holds the session: no bubble unless the funnel has a holding reply.
+        return r.json().then(function (body) { if (body.reply) bubble("bot", body.reply); });
       }
       var wait = r.headers.get("Retry-After");
       if (r.status === 429 || r.status === 503) {

@@ -25,9 +25,10 @@ from starlette.responses import JSONResponse, Response
 
 from ...errors import DuplicateDelivery, StoreUnavailable
 from ...store import Inbound, OutboxItem
-from ...turn.notify import Outcome, dispatch
+from ...turn.notify import Outcome, Targets, dispatch
 from ..config import TelegramBot
 from ..limits import MAX_UPDATE_BYTES, RequestRefused, error, read_json
+from . import managers
 from .botapi import MAX_TEXT, BotApi, backoff
 from .updates import Incoming, parse
 
@@ -64,6 +65,12 @@ class TelegramChannel:
         # session -> (lock, turns holding or awaiting it): its turns run in arrival order
         self._order: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._usernames: dict[str, str] = {}
+        # Hand-off alerts also go to a funnel's managers' chat, when it has one.
+        for name, notifier in service.notifiers.items():
+            bot = service.config.telegram_bot(name)
+            if bot is not None and bot.manager_chat is not None and isinstance(
+                    notifier, Targets):
+                notifier.targets["telegram"] = managers.alert(self.api, bot)
 
     async def start(self) -> None:
         await self.api.start()
@@ -103,9 +110,9 @@ class TelegramChannel:
                                    kind=incoming.kind)
         key = f"{bot_id(bot) or 0}:{update['update_id']}"
         if incoming.kind == "callback":
-            if incoming.callback_id:  # stops the button's spinner; nothing else to do
-                self._background(self.api.call(bot.token, "answerCallbackQuery",
-                                               {"callback_query_id": incoming.callback_id}))
+            if incoming.callback_id:  # a managers' button runs; any other stops spinning
+                self._background(managers.pressed(self.service, self.api, funnel, bot,
+                                                  incoming))
             return JSONResponse({"ok": True})
         if incoming.kind in POLITE:
             return await self._note(funnel, incoming, key, POLITE[incoming.kind])

@@ -43,6 +43,7 @@ class Incoming:
     message_id: int | None = None
     start_payload: str | None = None
     callback_id: str | None = None
+    sender_name: str | None = None  # who pressed a button: the name Telegram shows
 
     @property
     def group(self) -> bool:
@@ -88,8 +89,13 @@ def parse(update: dict[str, Any], *, bot_id: int | None, username: str | None,
         message = callback.get("message")
         chat, chat_type, _ = _message_parts(message) if isinstance(message, dict) else (
             None, None, None)
-        return Incoming("callback", chat, chat_type,
-                        callback_id=cid if isinstance(cid, str) and cid else None)
+        sender = callback.get("from")
+        sender = sender if isinstance(sender, dict) else {}
+        data, name = callback.get("data"), sender.get("username") or sender.get("first_name")
+        return Incoming("callback", chat, chat_type, user_id=_int(sender.get("id")),
+                        text=data if isinstance(data, str) and len(data) <= 64 else None,
+                        callback_id=cid if isinstance(cid, str) and cid else None,
+                        sender_name=name[:80] if isinstance(name, str) else None)
     if isinstance(update.get("my_chat_member"), dict):
         return Incoming("member")
     edited = update.get("edited_message")

@@ -1,0 +1,179 @@
+"""A manager in the session: take over, write to the customer, hand back to the bot.
+
+While a manager holds a session (its control row, ``engine.store.control``) the
+bot answers nothing: each customer message is still logged, marked ``held``, and
+no model is called; the customer gets nothing automatic except the funnel's
+``handoff.holding_reply``, once per take-over. The manager's messages go to the
+customer through the session's channel (a Telegram chat, via the outbox) and are
+logged with the role ``manager`` and the manager's name. A release gives the
+session back to the bot, at a stage the manager names and with field updates,
+validated as any update is: declared fields the engine does not own, each value
+against its schema; any refusal refuses the whole release.
+
+Take-over and release run under the session's lease (engine.store.session), as a
+turn does: a customer message that arrives meanwhile waits for the lease, then
+finds who holds the session. So it is answered by the bot (its turn held the lease
+first) or by nobody automatic (the take-over did), never both.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..boundary.customer import check_input
+from ..errors import InvalidInput, NotTakenOver, ReleaseRejected, UnknownSession
+from ..funnel.state import plain
+from ..store import Control, OutboxItem
+from .advance import enter
+from .data import Incoming
+from .engine import Engine
+
+MAX_MANAGER_NAME = 80
+# The channels whose customer a manager's message reaches through the outbox; the
+# others (the API, the widget) read it from the session's messages.
+DELIVERING_CHANNELS = ("telegram",)
+
+
+# 1 to 80 characters, not blank, no control character (what the API's schema says too).
+NAME_PATTERN = "^[^\\u0000-\\u001f\\u007f]*[^\\s\\u0000-\\u001f\\u007f][^\\u0000-\\u001f\\u007f]*$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+def manager_name(name: Any) -> str:
+    """A manager's name as logged: 1 to 80 characters, not blank, no control character;
+    trimmed.
+
+    Raises:
+        InvalidInput: anything else.
+    """
+    if not isinstance(name, str) or len(name) > MAX_MANAGER_NAME or not _NAME.fullmatch(name):
+        raise InvalidInput(f"a manager's name is 1 to {MAX_MANAGER_NAME} characters, not "
+                           "blank, without control characters")
+    return name.strip()
+
+
+async def take_over(engine: Engine, session_id: str, manager: str) -> dict[str, Any]:
+    """Hand the session to ``manager``: the bot stops answering it.
+
+    Waits for a turn in flight to end (the session's lease). Taking over a session
+    a manager holds already hands it to ``manager`` and keeps its start.
+
+    Raises:
+        UnknownSession: the funnel has no such session.
+    """
+    check_input(session_id, "takeover")
+    store, spec = engine.store, engine.spec
+    async with store.session(spec, session_id) as access:
+        _, row, _ = await access.load(0)
+        if row is None:
+            raise UnknownSession(f"no session {session_id!r} in funnel '{spec.name}'")
+        control = await store.take_over(spec.name, session_id, manager,
+                                        detail={"stage": row["stage"]})
+    return _body(session_id, control, row["stage"])
+
+
+async def send(engine: Engine, session_id: str, manager: str, text: str) -> dict[str, Any]:
+    """Send ``text`` from ``manager`` to the session's customer (the session must be held).
+
+    Raises:
+        InvalidInput: the text is empty or too long.
+        UnknownSession: the funnel has no such session.
+        NotTakenOver: no manager holds the session.
+    """
+    check_input(session_id, text)
+    store, spec = engine.store, engine.spec
+    control = await store.control(spec.name, session_id)
+    row = await store.load(spec, session_id)
+    if row is None:
+        raise UnknownSession(f"no session {session_id!r} in funnel '{spec.name}'")
+    if control is None or control.mode != "manager":
+        raise NotTakenOver(session_id)
+    delivery, via = None, "messages"
+    for channel in DELIVERING_CHANNELS:
+        target = await store.reply_target(spec.name, session_id, channel)
+        if target is not None:
+            delivery = OutboxItem(key=f"{spec.name}:{session_id}:manager", kind="reply",
+                                  payload={**target, "text": text})
+            via = channel
+            break
+    message_id = await store.manager_message(spec, session_id, manager, text,
+                                             str(row["stage"]), delivery)
+    return {"session_id": session_id, "message_id": message_id, "manager": manager,
+            "delivery": via}
+
+
+def _checked(session_id: str, stage: Any, updates: Any) -> tuple[str | None, dict[str, Any]]:
+    problems = []
+    if stage is not None and not isinstance(stage, str):
+        problems.append("`stage` must be a stage's name")
+    if updates is not None and not isinstance(updates, Mapping):
+        problems.append("`updates` must be an object of field: value")
+    if problems:
+        raise ReleaseRejected(session_id, problems)
+    return stage, dict(updates or {})
+
+
+async def release(engine: Engine, session_id: str, manager: str, *, stage: Any = None,
+                  updates: Any = None) -> dict[str, Any]:
+    """Give the session back to the bot, at ``stage`` (else where it is) and with
+    ``updates`` to its fields; the session's state after.
+
+    No on_enter action runs on the stage named: the manager moved the session, not
+    the customer. Derived fields are recomputed.
+
+    Raises:
+        ReleaseRejected: the stage is not declared, or an update is refused.
+        UnknownSession: the funnel has no such session.
+        NotTakenOver: no manager holds the session.
+    """
+    check_input(session_id, "release")
+    stage, updates = _checked(session_id, stage, updates)
+    store, spec = engine.store, engine.spec
+    async with store.session(spec, session_id) as access:
+        _, row, _ = await access.load(0)
+        if row is None:
+            raise UnknownSession(f"no session {session_id!r} in funnel '{spec.name}'")
+        await engine.routing.prepare(row)  # the session's own version
+        turn = engine._start(Incoming(session_id, "", "manager", time.perf_counter()),
+                             engine.clock(), row, [])
+        funnel, state, pos = turn.funnel, turn.state, turn.pos
+        problems: list[str] = []
+        if stage is not None and stage not in funnel.stages:
+            problems.append(f"no stage {stage!r} in funnel '{funnel.name}' (its stages: "
+                            f"{', '.join(funnel.stages)})")
+        allowed = frozenset(funnel.spec.state) - funnel.spec.engine_owned
+        changed = funnel.rules.apply_updates(state, updates, allowed, problems)
+        if problems:
+            raise ReleaseRejected(session_id, problems)
+        values = None
+        if changed or (stage is not None and stage != pos["stage"]):
+            if stage is not None and stage != pos["stage"]:
+                enter(pos, stage, turn.now)
+            funnel.rules.recompute(state, turn.mover.context(state), turn.now.isoformat())
+            values = {**state, **pos, "session_id": session_id}
+        control = await store.release_control(
+            funnel.spec, session_id, manager, values, turn.expected,
+            detail={"stage": pos["stage"], "updated": changed})
+        if control is None:
+            raise NotTakenOver(session_id)
+    return {"session_id": session_id, "control": "bot", "stage": pos["stage"],
+            "updated": changed, "state": plain({**state, **pos})}
+
+
+async def status(engine: Engine, session_id: str) -> dict[str, Any]:
+    """Who answers the session now: ``bot`` or ``manager`` (with the manager and since)."""
+    control = await engine.store.control(engine.spec.name, session_id)
+    return _body(session_id, control, None)
+
+
+def _body(session_id: str, control: Control | None, stage: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"session_id": session_id,
+                           "control": control.mode if control else "bot",
+                           "manager": control.manager if control else None,
+                           "since": control.since.isoformat() if control else None}
+    if stage is not None:
+        out["stage"] = stage
+    return out
