@@ -299,6 +299,11 @@ async def test_deploy_stores_each_content_once_and_says_when_a_version_is_replac
     prompt.write_text(prompt.read_text("utf-8") + "Be brief.\n", "utf-8")
     replaced = deploy(v1, db_url).stdout
     assert "replaced v1" in replaced and "bump `version:`" in replaced
+    assert "changed: prompts/greeting.j2)" in replaced  # what the edit changed
+    # Each stored edit of v1 has its own name in `funnel versions`.
+    listed = cli("versions", str(v1), "--db", db_url).stdout.splitlines()
+    assert [line.split()[0] for line in listed] == ["v1", "v1.2"]
+    assert "(replaced)" in listed[0] and "without a `version:` bump" in listed[1]
     rows = sql(f"SELECT version, files->>'prompts/greeting.j2' FROM {ddl.VERSIONS} "
                "ORDER BY deployed_at")
     assert len(rows) == 2 and rows[-1][1].endswith("Be brief.\n")

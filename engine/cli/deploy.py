@@ -37,9 +37,18 @@ def cmd_versions(args: argparse.Namespace) -> int:
               f"{args.funnel}`")
         return 0
     current = {row["version"]: row["hash"] for row in stored}  # the last deployed wins
+    # An edit stored without a `version:` bump is a second bundle of the same version: each
+    # gets its own name, v1, v1.2, v1.3 in the order they were first stored.
+    edits: dict[int, list[str]] = {}
+    for row in sorted(stored, key=lambda r: (r["version"], r["created_at"])):
+        edits.setdefault(row["version"], []).append(row["hash"])
     for row in stored:
         mark = "" if current[row["version"]] == row["hash"] else "  (replaced)"
-        print(f"v{row['version']}  {row['hash'][:12]}  deployed "
+        n = edits[row["version"]].index(row["hash"]) + 1
+        name = f"v{row['version']}" + (f".{n}" if n > 1 else "")
+        if n > 1 and not mark:
+            mark = "  (files edited without a `version:` bump)"
+        print(f"{name:<6}{row['hash'][:12]}  deployed "
               f"{row['deployed_at']:%Y-%m-%d %H:%M}  "
               f"{sessions.get(row['version'], 0)} session(s){mark}")
     for version in sorted(set(sessions) - set(current)):

@@ -10,7 +10,7 @@ from ..store import Store
 from .bundle import bundle_of
 from .pinning import Versions
 
-__all__ = ["move_sessions", "store_version"]
+__all__ = ["changed_files", "move_sessions", "store_version"]
 
 
 async def store_version(store: Store, funnel: CompiledFunnel) -> str | None:
@@ -26,9 +26,16 @@ async def store_version(store: Store, funnel: CompiledFunnel) -> str | None:
         return f"stored v{spec.version} in the version store ({short})"
     if before[0] == bundle.digest:
         return None
-    return (f"replaced v{spec.version} in the version store ({before[0][:12]} -> {short}): "
-            "its files changed without a `version:` bump, so sessions on it get the new "
-            "files at their next turn; bump `version:` to keep them on the old ones")
+    changed = changed_files(before[2], bundle.files)
+    return (f"replaced v{spec.version} in the version store ({before[0][:12]} -> {short}; "
+            f"changed: {', '.join(changed) or 'nothing readable'}): its files changed without "
+            "a `version:` bump, so sessions on it get the new files at their next turn; bump "
+            "`version:` to keep them on the old ones")
+
+
+def changed_files(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """The files of a bundle that differ between two stored bundles (added, removed, edited)."""
+    return sorted(f for f in old.keys() | new.keys() if old.get(f) != new.get(f))
 
 
 async def move_sessions(store: Store, funnel: CompiledFunnel) -> list[str]:
