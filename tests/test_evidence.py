@@ -304,3 +304,27 @@ def test_a_malformed_persona_is_named_with_its_field(tmp_path, capsys) -> None:
                  f"scripted:{FUNNEL_MODEL}"]) == 1
     err = capsys.readouterr().err
     assert "persona anna" in err and "`patience` must be a whole number of turns" in err
+
+
+def test_a_model_plays_the_customers_through_litellm(server_dsn, fake_llm, capsys) -> None:
+    """--customer-model: the persona goes to the model as the system message, the funnel's
+    replies as the other side of the chat; the model's answer is the customer's message."""
+    said = iter(["Hi!", "I want to talk to a manager"])
+
+    def customer(body: dict[str, Any]) -> str:
+        return json.dumps({"message": next(said), "leave": False})
+
+    fake_llm.respond_with(customer)
+    capsys.readouterr()
+    code = main(["simulate", str(PURAMUR), "--personas", str(PERSONAS), "--model",
+                 f"scripted:{FUNNEL_MODEL}", "--customer-model", "openai/customer",
+                 "--customer-api-base", fake_llm.api_base, "-n", "1", "--seed", "3",
+                 "--db", server_dsn, "--format", "json"])
+    assert code == 0
+    run = json.loads(capsys.readouterr().out)
+    (conv,) = run["conversations"]
+    assert conv["handoff_reason"] == "explicit_request" and conv["turns"] == 2, conv["ended"]
+    first, second = fake_llm.requests[0]["messages"], fake_llm.requests[1]["messages"]
+    assert first[0]["role"] == "system" and "You are a customer" in first[0]["content"]
+    assert second[-1]["role"] == "user" and "Puramur consultant" in second[-1]["content"]
+    assert all(m["role"] != "system" for m in second[1:])

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..boundary.sanitize import Rejected, model_json, printable
+from ..boundary.sanitize import Rejected, loads_bounded, printable
 from ..errors import FunnelError, ModelError
 from ..experiments.stats import compare as compare_rates
 from ..experiments.stats import wilson
@@ -163,9 +163,11 @@ class _Customer:
                                session_id=self.session_id, turn=self.said + 1,
                                user_text=reply or "")
         try:
-            answer = model_json((await self.model.complete(request)).text)
+            answer = loads_bounded(_unfenced((await self.model.complete(request)).text))
         except (ModelError, Rejected) as exc:
             return None, f"the customer model failed: {printable(str(exc), 200)}"
+        if not isinstance(answer, dict):
+            return None, "the customer model did not answer with a JSON object"
         message = answer.get("message")
         if not isinstance(message, str) or not message.strip():
             return None, "the customer model gave no message"
@@ -175,6 +177,14 @@ class _Customer:
         if answer.get("leave") is True:
             return None, "left"
         return message, ""
+
+
+def _unfenced(text: str) -> str:
+    """A small model wraps its JSON in a fenced block: the block's content."""
+    body = text.strip()
+    if body.startswith("```") and body.endswith("```"):
+        body = body[3:-3].removeprefix("json").strip()
+    return body
 
 
 def simulate(funnel: CompiledFunnel, personas: Sequence[Persona], model: Model, *,
