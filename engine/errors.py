@@ -239,11 +239,13 @@ class ConcurrentUpdate(StoreError):
     Attributes:
         session_id: the session whose save lost.
         expected: the row version the turn loaded.
+        found: the version found instead; None when the row is gone (purged meanwhile).
     """
 
     def __init__(self, session_id: str, expected: int, found: Any) -> None:
         self.session_id = session_id
         self.expected = expected
+        self.found = found
         super().__init__(
             f"session {session_id!r} changed while this turn ran (loaded version {expected}, "
             f"found {found}); the turn was not saved and will be retried"

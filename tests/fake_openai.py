@@ -7,6 +7,7 @@ the next behaviour from a queue the test fills:
     server.reply('{"reply": "Hi"}', prompt_tokens=120, completion_tokens=9)
     server.fail(500)                  # an OpenAI-style error body
     server.sleep(5, then='{"reply": "late"}')   # for timeouts
+    gate = server.hold('{"reply": "Hi"}')       # waits until gate.release()
 
 With the queue empty it asks the responder, if one is set
 (``server.respond_with(lambda body: ...)``: the content to answer, or ``None``),
@@ -34,7 +35,7 @@ PATHS = ("/v1/chat/completions", "/chat/completions")
 
 @dataclass(frozen=True)
 class Behaviour:
-    kind: str  # "reply" | "fail" | "sleep"
+    kind: str  # "reply" | "fail" | "sleep" | "hold"
     content: str | None = None
     status: int = 200
     message: str = ""
@@ -42,6 +43,23 @@ class Behaviour:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     then: Behaviour | None = None
+    gate: Gate | None = None
+
+
+class Gate:
+    """A held request: ``arrived`` is set when it reaches the server, and it is
+    answered once the test calls :meth:`release` (or the server stops)."""
+
+    def __init__(self) -> None:
+        self.arrived = threading.Event()
+        self.released = threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def wait_arrived(self, timeout: float = 30.0) -> None:
+        if not self.arrived.wait(timeout):
+            raise AssertionError(f"no request reached the held behaviour in {timeout} s")
 
 
 class FakeOpenAI(LoopbackServer):
@@ -76,6 +94,16 @@ class FakeOpenAI(LoopbackServer):
                              then=Behaviour("reply", content=then, prompt_tokens=1,
                                             completion_tokens=1)))
         return self
+
+    def hold(self, content: str, *, prompt_tokens: int = 120,
+             completion_tokens: int = 30) -> Gate:
+        """Hold the next request until the returned gate is released, then reply with
+        ``content``: the test decides what happens while the model "thinks"."""
+        gate = Gate()
+        self._push(Behaviour("hold", gate=gate, then=Behaviour(
+            "reply", content=content, prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens)))
+        return gate
 
     def respond_with(self, responder: Callable[[dict[str, Any]], str | None]) -> FakeOpenAI:
         """Answer requests the queue has nothing for with ``responder(body)`` (a model
@@ -140,6 +168,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(500, _error("fake server: no behaviour queued for this request",
                                    "server_error", 500))
             return
+        if behaviour.kind == "hold":
+            assert behaviour.gate is not None and behaviour.then is not None
+            behaviour.gate.arrived.set()
+            while not behaviour.gate.released.wait(0.05):
+                if self.fake._stopping.is_set():
+                    return
+            behaviour = behaviour.then
         if behaviour.kind == "sleep":
             if self.fake._stopping.wait(behaviour.seconds):
                 return

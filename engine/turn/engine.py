@@ -256,8 +256,11 @@ class Engine:
                     except Exception as exc:  # every failure after the log ends in a reply
                         result = await self._fail(access, turn, exc)
                 break
-            except ConcurrentUpdate:
-                if attempt == 2:
+            except ConcurrentUpdate as exc:
+                # A session deleted under the turn (a retention purge took it after this
+                # turn lost its lease) is not started again from here: its message went
+                # with it, and a reply must not stand without it. The customer resends.
+                if attempt == 2 or (exc.found is None and exc.expected > 0):
                     raise
             except StoreUnavailable:
                 if inbound.message_id is None and inbound.delivery is None:
