@@ -205,10 +205,16 @@ class ModelError(FunnelError):
 
     Attributes:
         attempts: the HTTP calls made before giving up (retries and fallback models included).
+        spent_ms: the time those calls took, waits between them left out.
+        prompt_tokens: the prompt tokens they sent, as far as counted (a call cut at the
+            deadline was sent, and a provider bills what it read).
     """
 
-    def __init__(self, message: str, *, attempts: int = 1) -> None:
+    def __init__(self, message: str, *, attempts: int = 1, spent_ms: float = 0.0,
+                 prompt_tokens: int = 0) -> None:
         self.attempts = attempts
+        self.spent_ms = spent_ms
+        self.prompt_tokens = prompt_tokens
         super().__init__(message)
 
 

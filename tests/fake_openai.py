@@ -8,6 +8,7 @@ the next behaviour from a queue the test fills:
     server.fail(500)                  # an OpenAI-style error body
     server.sleep(5, then='{"reply": "late"}')   # for timeouts
     gate = server.hold('{"reply": "Hi"}')       # waits until gate.release()
+    server.trickle(60)                 # a 200 whose body comes a space at a time
 
 With the queue empty it asks the responder, if one is set
 (``server.respond_with(lambda body: ...)``: the content to answer, or ``None``),
@@ -35,7 +36,7 @@ PATHS = ("/v1/chat/completions", "/chat/completions")
 
 @dataclass(frozen=True)
 class Behaviour:
-    kind: str  # "reply" | "fail" | "sleep" | "hold"
+    kind: str  # "reply" | "fail" | "sleep" | "hold" | "trickle"
     content: str | None = None
     status: int = 200
     message: str = ""
@@ -73,6 +74,8 @@ class FakeOpenAI(LoopbackServer):
         self._queue: deque[Behaviour] = deque()
         self._lock = threading.Lock()
         self._responder: Callable[[dict[str, Any]], str | None] | None = None
+        # Set when a client closed a trickling response before its end.
+        self.client_closed = threading.Event()
 
     # -- programming -------------------------------------------------------------------
     def reply(self, content: str, *, prompt_tokens: int = 120,
@@ -104,6 +107,13 @@ class FakeOpenAI(LoopbackServer):
             "reply", content=content, prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens)))
         return gate
+
+    def trickle(self, seconds: float) -> FakeOpenAI:
+        """Answer 200 at once, then one byte of the body (JSON's leading whitespace) every
+        0.1 s for ``seconds``, as a server still generating does: no read ever times out.
+        A client that gives up and closes the connection sets :attr:`client_closed`."""
+        self._push(Behaviour("trickle", seconds=seconds))
+        return self
 
     def respond_with(self, responder: Callable[[dict[str, Any]], str | None]) -> FakeOpenAI:
         """Answer requests the queue has nothing for with ``responder(body)`` (a model
@@ -175,6 +185,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if self.fake._stopping.is_set():
                     return
             behaviour = behaviour.then
+        if behaviour.kind == "trickle":
+            self._trickle(behaviour.seconds)
+            return
         if behaviour.kind == "sleep":
             if self.fake._stopping.wait(behaviour.seconds):
                 return
@@ -203,6 +216,22 @@ class _Handler(BaseHTTPRequestHandler):
                 "total_tokens": behaviour.prompt_tokens + behaviour.completion_tokens,
             },
         })
+
+    def _trickle(self, seconds: float) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end and not self.fake._stopping.is_set():
+                self.wfile.write(b"1\r\n \r\n")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except (BrokenPipeError, ConnectionResetError):
+            self.fake.client_closed.set()  # the client closed the request: stop generating
+            return
+        self.close_connection = True
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()

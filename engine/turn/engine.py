@@ -354,7 +354,10 @@ class Engine:
         for fact, value in inbound.facts.items():  # kept, never overwritten
             if fact in spec.state and not state.get(fact):
                 state[fact] = value
-        scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now)
+        # The customer's own words (never the replies): what grounded facts must cite.
+        words = (*(m.content for m in recent if m.role == "user"), inbound.text)
+        scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now,
+                              words=words)
         return Turn(inbound, now, read, recent, state, pos, expected, last_seen,
                     stage_before=pos["stage"], mover=Mover(funnel, pos, now, scratch),
                     funnel=funnel, migration=migration)

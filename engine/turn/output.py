@@ -33,6 +33,9 @@ class Answer:
     fallback: bool = False
     error: str | None = None
     attempts: int = 0  # HTTP calls made, failed ones and retries included
+    # What calls that gave no answer spent (a call cut at the deadline): recorded too.
+    spent_ms: float = 0.0
+    spent_prompt_tokens: int = 0
 
     @property
     def model(self) -> str | None:
@@ -62,7 +65,8 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
         first = await model.complete(request)
     except ModelError as exc:
         return Answer(fallback, completions, fallback=True, error=str(exc),
-                      attempts=exc.attempts)
+                      attempts=exc.attempts, spent_ms=exc.spent_ms,
+                      spent_prompt_tokens=exc.prompt_tokens)
     completions.append(first)
     envelope, problem = _checked(parse_output(stage, first.text), reply_check)
     if envelope is not None:
@@ -80,7 +84,8 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     except ModelError as exc:
         return Answer(fallback, completions, failures=1, fallback=True,
                       error=f"{problem}; repair call failed: {exc}",
-                      attempts=first.attempts + exc.attempts)
+                      attempts=first.attempts + exc.attempts, spent_ms=exc.spent_ms,
+                      spent_prompt_tokens=exc.prompt_tokens)
     completions.append(second)
     attempts = first.attempts + second.attempts
     envelope, problem2 = _checked(parse_output(stage, second.text), reply_check)
