@@ -55,10 +55,12 @@ def pg_dump_for(server_version: int) -> str:
 
 def dump(db_url: str) -> str:
     with psycopg.connect(db_url) as conn:
-        schema, version = conn.execute(
+        row = conn.execute(
             "SELECT current_schema(), current_setting('server_version_num')::int").fetchone()
-    info = psycopg.conninfo.conninfo_to_dict(db_url)
-    info.pop("options", None)
+    assert row is not None
+    schema, version = row
+    info = {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(db_url).items()
+            if v is not None and k != "options"}
     binary = pg_dump_for(version)
     done = subprocess.run([binary, "--dbname", psycopg.conninfo.make_conninfo(**info),
                            "-n", schema, "--data-only", "--no-owner"],
