@@ -231,10 +231,16 @@ class ModelError(FunnelError):
 
     Attributes:
         attempts: the HTTP calls made before giving up (retries and fallback models included).
+        spent_ms: the time those calls took, waits between them left out.
+        prompt_tokens: the prompt tokens they sent, as far as counted (a call cut at the
+            deadline was sent, and a provider bills what it read).
     """
 
-    def __init__(self, message: str, *, attempts: int = 1) -> None:
+    def __init__(self, message: str, *, attempts: int = 1, spent_ms: float = 0.0,
+                 prompt_tokens: int = 0) -> None:
         self.attempts = attempts
+        self.spent_ms = spent_ms
+        self.prompt_tokens = prompt_tokens
         super().__init__(message)
 
 
@@ -265,11 +271,13 @@ class ConcurrentUpdate(StoreError):
     Attributes:
         session_id: the session whose save lost.
         expected: the row version the turn loaded.
+        found: the version found instead; None when the row is gone (purged meanwhile).
     """
 
     def __init__(self, session_id: str, expected: int, found: Any) -> None:
         self.session_id = session_id
         self.expected = expected
+        self.found = found
         super().__init__(
             f"session {session_id!r} changed while this turn ran (loaded version {expected}, "
             f"found {found}); the turn was not saved and will be retried"

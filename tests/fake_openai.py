@@ -7,6 +7,8 @@ the next behaviour from a queue the test fills:
     server.reply('{"reply": "Hi"}', prompt_tokens=120, completion_tokens=9)
     server.fail(500)                  # an OpenAI-style error body
     server.sleep(5, then='{"reply": "late"}')   # for timeouts
+    gate = server.hold('{"reply": "Hi"}')       # waits until gate.release()
+    server.trickle(60)                 # a 200 whose body comes a space at a time
 
 With the queue empty it asks the responder, if one is set
 (``server.respond_with(lambda body: ...)``: the content to answer, or ``None``),
@@ -34,7 +36,7 @@ PATHS = ("/v1/chat/completions", "/chat/completions")
 
 @dataclass(frozen=True)
 class Behaviour:
-    kind: str  # "reply" | "fail" | "sleep"
+    kind: str  # "reply" | "fail" | "sleep" | "hold" | "trickle"
     content: str | None = None
     status: int = 200
     message: str = ""
@@ -42,6 +44,23 @@ class Behaviour:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     then: Behaviour | None = None
+    gate: Gate | None = None
+
+
+class Gate:
+    """A held request: ``arrived`` is set when it reaches the server, and it is
+    answered once the test calls :meth:`release` (or the server stops)."""
+
+    def __init__(self) -> None:
+        self.arrived = threading.Event()
+        self.released = threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def wait_arrived(self, timeout: float = 30.0) -> None:
+        if not self.arrived.wait(timeout):
+            raise AssertionError(f"no request reached the held behaviour in {timeout} s")
 
 
 class FakeOpenAI(LoopbackServer):
@@ -55,6 +74,8 @@ class FakeOpenAI(LoopbackServer):
         self._queue: deque[Behaviour] = deque()
         self._lock = threading.Lock()
         self._responder: Callable[[dict[str, Any]], str | None] | None = None
+        # Set when a client closed a trickling response before its end.
+        self.client_closed = threading.Event()
 
     # -- programming -------------------------------------------------------------------
     def reply(self, content: str, *, prompt_tokens: int = 120,
@@ -75,6 +96,23 @@ class FakeOpenAI(LoopbackServer):
         self._push(Behaviour("sleep", seconds=seconds,
                              then=Behaviour("reply", content=then, prompt_tokens=1,
                                             completion_tokens=1)))
+        return self
+
+    def hold(self, content: str, *, prompt_tokens: int = 120,
+             completion_tokens: int = 30) -> Gate:
+        """Hold the next request until the returned gate is released, then reply with
+        ``content``: the test decides what happens while the model "thinks"."""
+        gate = Gate()
+        self._push(Behaviour("hold", gate=gate, then=Behaviour(
+            "reply", content=content, prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens)))
+        return gate
+
+    def trickle(self, seconds: float) -> FakeOpenAI:
+        """Answer 200 at once, then one byte of the body (JSON's leading whitespace) every
+        0.1 s for ``seconds``, as a server still generating does: no read ever times out.
+        A client that gives up and closes the connection sets :attr:`client_closed`."""
+        self._push(Behaviour("trickle", seconds=seconds))
         return self
 
     def respond_with(self, responder: Callable[[dict[str, Any]], str | None]) -> FakeOpenAI:
@@ -140,6 +178,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(500, _error("fake server: no behaviour queued for this request",
                                    "server_error", 500))
             return
+        if behaviour.kind == "hold":
+            assert behaviour.gate is not None and behaviour.then is not None
+            behaviour.gate.arrived.set()
+            while not behaviour.gate.released.wait(0.05):
+                if self.fake._stopping.is_set():
+                    return
+            behaviour = behaviour.then
+        if behaviour.kind == "trickle":
+            self._trickle(behaviour.seconds)
+            return
         if behaviour.kind == "sleep":
             if self.fake._stopping.wait(behaviour.seconds):
                 return
@@ -168,6 +216,22 @@ class _Handler(BaseHTTPRequestHandler):
                 "total_tokens": behaviour.prompt_tokens + behaviour.completion_tokens,
             },
         })
+
+    def _trickle(self, seconds: float) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end and not self.fake._stopping.is_set():
+                self.wfile.write(b"1\r\n \r\n")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except (BrokenPipeError, ConnectionResetError):
+            self.fake.client_closed.set()  # the client closed the request: stop generating
+            return
+        self.close_connection = True
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()

@@ -265,7 +265,7 @@ async def test_new_session_starts_with_defaults_in_greeting(make: Factory, sql: 
 async def test_completeness_follows_the_seed_formula(make: Factory, updates: dict[str, Any],
                                                      stage: str) -> None:
     h = await make([GREET, {"reply": "Noted.", "updates": updates}])
-    _, result = await h.say("s1", "Hi", "Facts")
+    _, result = await h.say("s1", "Hi", "Facts: Murka, Anna, Rex, Ann")  # grounded names
     expected = seed_score(updates.get("pet", {}), updates.get("customer", {}))
     state = await h.state("s1")
     assert state["discovery_completeness"] == expected
@@ -354,7 +354,7 @@ async def test_the_engine_ignores_fields_a_stage_may_not_update(make: Factory,
     presentation_update = {"reply": "Noted.", "updates": {"customer": {"name": "Bob"},
                                                           "pet": {"name": "Rex"}}}
     h = await make([GREET, sneaky, PROFILE, presentation_update, OK], funnel=permissive)
-    _, result = await h.say("s1", "Hi", "Hack")
+    _, result = await h.say("s1", "Hi", "Hack. I am Anna")  # a grounded name
     assert not result.fallback and result.updated == ["customer", "pet"]
     for name in ("stage", "stage_iteration", "cart_total", "cart", "discovery_completeness",
                  "handoff_reason", "handoff_triggered_at", "presented_products", "undeclared"):

@@ -15,6 +15,7 @@ name) anywhere but the loopback.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -433,3 +434,26 @@ print(json.dumps({"before": before, "seen": seen}))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"before": False, "seen": ["True"]}
+
+
+async def test_a_call_cut_at_the_deadline_is_recorded_and_its_request_closed(
+        db_url: str, fake_llm: Any, sql: Any, tmp_path: Path) -> None:
+    """A server that keeps generating (its body trickles: no read ever times out) is
+    stopped by the turn's deadline: the connection is closed, so a server that honours
+    it stops, and the turn record counts the time and the prompt tokens spent."""
+    data = puramur_data()
+    data["model"].update(timeout=30, retries=0, deadline=2)
+    path = tmp_path / "puramur_deadline.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
+    fake_llm.trickle(120)
+    engine = await open_engine(path, db_url, fake_llm)
+    try:
+        result = await engine.handle(SESSION, "Hello")
+    finally:
+        await engine.close()
+    assert result.fallback and "deadline" in (result.error or "")
+    # The server notices the client went away (a write fails) long before its 120 s.
+    assert await asyncio.to_thread(fake_llm.client_closed.wait, 60)
+    [record] = turns(sql)
+    assert record["fallback"] and record["llm_ms"] > 0  # the time until the deadline, spent
+    assert record["prompt_tokens"] > 0 and record["cost"] is None  # sent, billed, unpriced

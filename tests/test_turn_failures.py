@@ -131,7 +131,7 @@ async def test_a_save_postgresql_refuses_ends_in_the_fallback(tmp_path: Path, db
         data["actions"]["tag_pet"] = {"hook": "pet_hooks:tag",
                                      "writes": ["objections_raised"]}
 
-    hook = "def tag(call):\n    return {'objections_raised': ['Rex\\x00']}\n"
+    hook = "def tag(call):\n    return {'objections_raised': [{'detail': 'Rex\\x00'}]}\n"
     path = funnel_copy(tmp_path, funnel=add_hook, files={"pet_hooks.py": hook})
     second = {"reply": "Tagged.", "actions": [{"type": "tag_pet"}]}
     result, _, _ = await two_turns(loose(load_funnel(path)), db_url, second, sql)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from ._yaml import Located
 from .contract import is_derived
+from .personal import marks, remove_path
 from .settings import BASE_LANGUAGES as BASE_LANGUAGES  # the settings, re-exported
 from .settings import DURATION as DURATION
 from .settings import FallbackModel as FallbackModel
@@ -72,11 +73,23 @@ class FieldSpec:
     column_type: str
     schema: dict[str, Any]
     line: int = 0
-    personal: bool = False  # cleared by `funnel purge --anonymize`
+    personal: bool = False  # the whole field is personal data (`retention: personal`)
+    # Paths (engine.format.personal) of the field's personal data, () the whole field,
+    # and of the customer's own facts (kept only when the customer's messages hold them).
+    personal_paths: tuple[tuple[str, ...], ...] = ()
+    grounded_paths: tuple[tuple[str, ...], ...] = ()
 
     @property
     def is_json(self) -> bool:
         return self.type in ("object", "array")
+
+    def scrubbed(self, value: Any) -> Any:
+        """``value`` with its personal data removed (the default for the whole field)."""
+        if self.personal:
+            return self.default
+        for path in self.personal_paths:
+            value = remove_path(value, path)
+        return value
 
 
 @dataclass(frozen=True)
@@ -280,6 +293,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             default = raw["default"]
         else:
             default = None if nullable else zero_value(ftype)
+        raw, personal_paths, grounded_paths = marks(raw)
         schema = {k: v for k, v in raw.items() if k not in _STORAGE_KEYS}
         state[name] = FieldSpec(
             name=name,
@@ -291,7 +305,9 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             column_type=(raw.get("column") or default_column_type(ftype, raw.get("format"))).lower(),
             schema=schema,
             line=line_of("state", name),
-            personal=raw.get("retention") == "personal",
+            personal=() in personal_paths,
+            personal_paths=personal_paths,
+            grounded_paths=grounded_paths,
         )
 
     model = ModelSettings().merged(data.get("model"))

@@ -23,6 +23,7 @@ from ..boundary.sanitize import excerpt
 from ..errors import ActionRefused, ConfigError
 from ..format.catalog import Catalog
 from ..format.spec import ActionSpec, FunnelSpec
+from .grounding import confirmed
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ class TurnScratch:
     now: datetime
     notices: list[str] = field(default_factory=list)
     handoff_requested: str | None = None
+    # The customer's own words this turn can cite (their recent messages and this one):
+    # what grounded facts and confirmed actions are checked against (engine.funnel.grounding).
+    words: tuple[str, ...] = ()
+    # What the model wrote that the customer's words do not support: (what, value).
+    ungrounded: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def now_iso(self) -> str:
@@ -84,6 +90,12 @@ class ActionRunner:
         action = self.spec.actions.get(name)
         if action is None:
             return self._refuse(name, args, f"{excerpt(name)} is not an action of this funnel", turn)
+        confirm = action.options.get("confirm")
+        if isinstance(confirm, Mapping) and confirmed(confirm, args, turn.words) is False:
+            # Alerting a person on the model's word alone: only when the customer said so.
+            turn.ungrounded.append((f"action {name}", str(args.get("reason") or "")))
+            return self._refuse(name, args, "unconfirmed: the customer's messages do not ask "
+                                "for it; ask the customer whether they want it", turn)
         try:
             if action.hook:
                 self._run_hook(action, args, state, turn)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -24,6 +24,7 @@ from ..format.catalog import Catalog
 from ..format.phones import example, normalize_phone, region_of
 from ..format.spec import FunnelSpec
 from ..sandbox.expressions import compile_condition_list
+from .grounding import unground
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 
@@ -174,13 +175,16 @@ class StateRules:
 
     def apply_updates(
         self, state: dict[str, Any], updates: Mapping[str, Any], allowed: frozenset[str],
-        notices: list[str],
+        notices: list[str], words: Sequence[str] | None = None,
+        ungrounded: list[tuple[str, str]] | None = None,
     ) -> list[str]:
         """Merge the model's ``updates`` into ``state``; return the fields that changed.
 
         A field outside ``allowed`` (undeclared, engine-owned, or not in the
         stage's schema) is ignored with a notice; a merged value that breaks the
-        field's declared schema is not kept.
+        field's declared schema is not kept. With the customer's ``words``, a value
+        for a part marked ``grounded`` that they do not hold is dropped with a
+        notice and listed in ``ungrounded``.
         """
         changed: list[str] = []
         for name, patch in updates.items():
@@ -189,6 +193,16 @@ class StateRules:
                 notices.append(f"the field {excerpt(name)} cannot be updated at this stage")
                 continue
             patch = normalize_formats(patch, field.schema, name, notices)
+            if field.grounded_paths and words is not None:
+                # The customer's own facts: kept only when their messages hold them.
+                patch, dropped = unground(patch, field.grounded_paths, field.schema, words)
+                for where, value in dropped:
+                    notices.append(f"{name}{where}: {excerpt(value)} is not in the customer's "
+                                   "messages; ask the customer, the value was not saved")
+                    if ungrounded is not None:
+                        ungrounded.append((f"{name}{where}", value))
+                if patch is None:
+                    continue
             merged = merge_patch(state.get(name), patch) if field.type == "object" else patch
             problem = self.invalid(name, merged)
             if problem is not None:

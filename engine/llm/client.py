@@ -34,6 +34,8 @@ _KEYLESS_OK = frozenset({"openai", "hosted_vllm", "lm_studio", "llamafile", "ope
 @dataclass
 class _Count:
     attempts: int = 0
+    spent_ms: float = 0.0  # the failed calls' time
+    prompt_tokens: int = 0  # what the failed calls sent, as far as counted
 
 
 class _Failed(Exception):
@@ -79,7 +81,8 @@ class Caller:
                 problems.append(str(exc))
                 continue
             return replace(completion, attempts=count.attempts)
-        raise ModelError("; then ".join(problems), attempts=count.attempts)
+        raise ModelError("; then ".join(problems), attempts=count.attempts,
+                         spent_ms=count.spent_ms, prompt_tokens=count.prompt_tokens)
 
     def describe(self, model: str, api_base: str | None, setting: str) -> tuple[str, ...]:
         """The strategy chain ``setting`` means for ``model`` (for ``funnel doctor``)."""
@@ -107,6 +110,7 @@ class Caller:
                 response = await asyncio.wait_for(self._litellm.acompletion(**kwargs),
                                                   timeout=remaining)
             except Exception as exc:
+                self._spent(count, started, model, kwargs, exc)
                 status = _retry.status_of(exc)
                 if len(chain) > 1 and _strategy.is_refusal(exc, status):
                     if _strategy.step_down(model, api_base, chain, strategy, error_detail(exc)):
@@ -120,6 +124,19 @@ class Caller:
                 raise _Failed(self._explain(model, api_base, exc, retries)) from None
             latency = (time.perf_counter() - started) * 1000
             return self._completion(model, response, strategy, latency)
+
+    def _spent(self, count: _Count, started: float, model: str, kwargs: dict[str, Any],
+               exc: BaseException) -> None:
+        """Count a failed call's time, and for one cut at the deadline (sent, and read by
+        the server) its prompt tokens as litellm counts them."""
+        count.spent_ms += (time.perf_counter() - started) * 1000
+        if isinstance(exc, asyncio.TimeoutError | TimeoutError) or "Timeout" in type(
+                exc).__name__:
+            try:
+                count.prompt_tokens += int(self._litellm.token_counter(
+                    model=model, messages=kwargs["messages"]))
+            except Exception:  # a model litellm cannot count for: unknown, not invented
+                return
 
     def request_kwargs(self, model: str, api_base: str | None, request: ModelRequest,
                        strategy: str, schema: dict[str, Any], timeout: float

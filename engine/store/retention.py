@@ -17,49 +17,116 @@ from psycopg import sql
 
 from ..format.spec import FunnelSpec
 from . import ddl, idempotency
+from .anonymize import ANONYMIZED, anonymize_sessions
 from .session import Connect
-from .statements import default_literal
 
-ANONYMIZED = "[anonymized]"
+__all__ = ["ANONYMIZED", "anonymize_sessions", "delete_sessions", "give_back", "preview",
+           "purge", "take_leases"]
 
 
 async def purge(connect: Connect, funnel: FunnelSpec, older_than: float, *,
                 anonymize: bool = False, batch: int = 1000) -> dict[str, int]:
     """Delete (or anonymize) sessions idle for more than ``older_than`` seconds, with
     their messages, turn records, outbox rows and delivery keys; return what was done,
-    counted."""
+    counted.
+
+    A session whose turn is in flight is not idle: it is left alone (and not counted).
+    Each batch holds its sessions' leases until it commits, so a turn that arrives
+    meanwhile waits and then reads what the purge left (docs/persistence.md).
+    """
     counts = {"sessions": 0, "messages": 0, "turns": 0}
+    skipped: list[str] = []  # taken by a turn between the pick and the lease
+    act = anonymize_sessions if anonymize else delete_sessions
     while True:
         async with connect() as conn, conn.transaction():
-            done = await (_anonymize_sessions if anonymize else _delete_sessions)(
-                conn, funnel, older_than, batch, counts)
-        if not done:
-            break
-        counts["sessions"] += done
+            ids = await _pick(conn, funnel, older_than, batch, anonymize, skipped)
+            if not ids:
+                break
+            held = await take_leases(conn, funnel, ids)
+            skipped += [i for i in ids if i not in held]
+            # Still idle once leased (a turn may have saved in between), and locked.
+            locked = await _lock(conn, funnel, older_than, held)
+            skipped += [i for i in held if i not in locked]
+            if locked:
+                counts["sessions"] += await act(conn, funnel, locked, counts)
+            await give_back(conn, funnel, held)
     while True:
         async with connect() as conn, conn.transaction():
-            done = await _orphan_messages(conn, funnel, older_than, batch, anonymize)
-        if not done:
-            break
+            done, picked = await _orphan_messages(conn, funnel, older_than, batch,
+                                                  anonymize, skipped)
         counts["messages"] += done
+        if not picked:
+            break
     async with connect() as conn:  # delivery keys expire with the retention period
         await idempotency.expire(conn, funnel.name, older_than)
     return counts
 
 
-def _pick(funnel: FunnelSpec, extra: sql.Composable | None = None) -> sql.Composed:
-    return sql.SQL(
-        "SELECT session_id FROM {t} WHERE last_message_at < NOW() - %s * INTERVAL '1 s' "
-        "{extra} ORDER BY session_id LIMIT %s FOR UPDATE SKIP LOCKED"
-    ).format(t=sql.Identifier(funnel.table), extra=extra or sql.SQL(""))
+# Who holds a session's lease while a purge works on it (inside the purge's
+# transaction only: it commits with the lease given back, or the session deleted).
+PURGE_HOLDER = "retention purge"
+_IN_FLIGHT = sql.SQL(
+    "EXISTS (SELECT 1 FROM {l} l WHERE l.lock_key = %(f)s || '/' || {sid} "
+    "AND l.holder <> '' AND l.expires_at > NOW())")
 
 
-async def _delete_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
-                           older_than: float, batch: int, counts: dict[str, int]) -> int:
-    ids = [r[0] for r in await (await conn.execute(_pick(funnel), (older_than, batch))
-                                ).fetchall()]
+async def _pick(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec, older_than: float,
+                batch: int, anonymize: bool, skipped: list[str]) -> list[str]:
+    """The next batch of idle sessions, leaving out those a turn holds now."""
+    done = sql.SQL("AND NOT (notices @> '[\"anonymized\"]')" if anonymize else "")
+    query = sql.SQL(
+        "SELECT session_id FROM {t} s WHERE last_message_at < NOW() - %(s)s * INTERVAL '1 s' "
+        "{done} AND session_id <> ALL(%(skip)s) AND NOT {flight} ORDER BY session_id "
+        "LIMIT %(n)s"
+    ).format(t=sql.Identifier(funnel.table), done=done,
+             flight=_IN_FLIGHT.format(l=sql.Identifier(ddl.LEASES),
+                                      sid=sql.SQL("s.session_id")))
+    rows = await (await conn.execute(query, {"s": older_than, "skip": skipped, "n": batch,
+                                             "f": funnel.name})).fetchall()
+    return [r[0] for r in rows]
+
+
+async def take_leases(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
+                      ids: list[str]) -> list[str]:
+    """Take the leases of the sessions ``ids`` that no turn holds, inside the caller's
+    transaction; the sessions taken. A turn that asks for one meanwhile waits on the
+    lease's row until the transaction ends."""
+    rows = await (await conn.execute(sql.SQL(
+        "INSERT INTO {l} AS l (lock_key, holder, expires_at) "
+        "SELECT %(f)s || '/' || s, %(h)s, NOW() + INTERVAL '1 hour' FROM unnest(%(ids)s::text[]) s "
+        "ON CONFLICT (lock_key) DO UPDATE SET holder = EXCLUDED.holder, "
+        "expires_at = EXCLUDED.expires_at WHERE l.holder = '' OR l.expires_at < NOW() "
+        "RETURNING lock_key").format(l=sql.Identifier(ddl.LEASES)),
+        {"f": funnel.name, "h": PURGE_HOLDER, "ids": ids})).fetchall()
+    prefix = len(funnel.name) + 1
+    taken = {r[0][prefix:] for r in rows}
+    return [i for i in ids if i in taken]
+
+
+async def give_back(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
+                    ids: list[str]) -> None:
+    """Free the leases :func:`take_leases` took (a deleted session's row goes)."""
+    await conn.execute(sql.SQL(
+        "UPDATE {} SET holder = '', expires_at = '-infinity' WHERE lock_key = ANY(%s) "
+        "AND holder = %s").format(sql.Identifier(ddl.LEASES)),
+        ([f"{funnel.name}/{i}" for i in ids], PURGE_HOLDER))
+
+
+async def _lock(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec, older_than: float,
+                ids: list[str]) -> list[str]:
     if not ids:
-        return 0
+        return []
+    rows = await (await conn.execute(sql.SQL(
+        "SELECT session_id FROM {} WHERE session_id = ANY(%s) AND last_message_at < NOW() - "
+        "%s * INTERVAL '1 s' ORDER BY session_id FOR UPDATE SKIP LOCKED").format(
+            sql.Identifier(funnel.table)), (ids, older_than))).fetchall()
+    return [r[0] for r in rows]
+
+
+async def delete_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
+                          ids: list[str], counts: dict[str, int]) -> int:
+    """Delete the sessions ``ids`` (leased and locked by the caller) with every row
+    they left; how many."""
     for table, key in ((ddl.MESSAGES, "messages"), (ddl.TURNS, "turns"), (ddl.OUTBOX, None),
                        (ddl.INBOUND, None), (ddl.CONTROL, None), (ddl.CONTROL_EVENTS, None)):
         cur = await conn.execute(sql.SQL(
@@ -75,77 +142,49 @@ async def _delete_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpe
 
 async def _free_leases(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
                        ids: list[str]) -> None:
-    # Only a session's free lease row is left once it is purged.
+    # Only a purged session's free lease row (or the purge's own) is left once it is purged.
     await conn.execute(
-        sql.SQL("DELETE FROM {} WHERE lock_key = ANY(%s) AND holder = ''")
-        .format(sql.Identifier(ddl.LEASES)), ([f"{funnel.name}/{i}" for i in ids],))
-
-
-async def _anonymize_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
-                              older_than: float, batch: int, counts: dict[str, int]) -> int:
-    extra = sql.SQL("AND NOT (notices @> '[\"anonymized\"]')")
-    ids = [r[0] for r in await (await conn.execute(_pick(funnel, extra), (older_than, batch))
-                                ).fetchall()]
-    if not ids:
-        return 0
-    personal = [f for f in funnel.state.values() if f.personal]
-    sets: list[sql.Composable] = [
-        sql.SQL("{} = {}").format(sql.Identifier(f.name), default_literal(f)) for f in personal]
-    # The rolling summary retells the messages whose text is cleared below.
-    summary = funnel.state.get(funnel.memory.summary or "")
-    if summary is not None and not summary.personal:
-        sets.append(sql.SQL("{} = {}").format(sql.Identifier(summary.name),
-                                              default_literal(summary)))
-    sets.append(sql.SQL("notices = '[\"anonymized\"]'::jsonb"))
-    await conn.execute(sql.SQL("UPDATE {} SET {} WHERE session_id = ANY(%s)").format(
-        sql.Identifier(funnel.table), sql.SQL(", ").join(sets)), (ids,))
-    # Outbox payloads (the handoff alert) carry a copy of the state.
-    payload: sql.Composable = sql.SQL("payload")
-    for f in personal:
-        payload = sql.SQL("({} #- ARRAY['state', {}]) - {}").format(
-            payload, sql.Literal(f.name), sql.Literal(f.name))
-    if personal:
-        await conn.execute(sql.SQL(
-            "UPDATE {} SET payload = {} WHERE funnel = %s AND session_id = ANY(%s)").format(
-                sql.Identifier(ddl.OUTBOX), payload), (funnel.name, ids))
-    cur = await conn.execute(sql.SQL(
-        "UPDATE {} SET content = %s WHERE funnel = %s AND session_id = ANY(%s)").format(
-            sql.Identifier(ddl.MESSAGES)), (ANONYMIZED, funnel.name, ids))
-    counts["messages"] += cur.rowcount
-    # Delivery keys keep the answer they replay.
-    await conn.execute(sql.SQL("DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)")
-                       .format(sql.Identifier(ddl.INBOUND)), (funnel.name, ids))
-    # A turn's error and raw output may quote the model's output, and so the customer;
-    # its explanation, the values of the fields its conditions read.
-    await conn.execute(sql.SQL(
-        "UPDATE {} SET error = CASE WHEN error IS NULL THEN NULL ELSE %s END, "
-        "explain = NULL, raw_output = NULL WHERE funnel = %s AND session_id = ANY(%s)"
-    ).format(sql.Identifier(ddl.TURNS)), (ANONYMIZED, funnel.name, ids))
-    return len(ids)
+        sql.SQL("DELETE FROM {} WHERE lock_key = ANY(%s) AND holder IN ('', %s)")
+        .format(sql.Identifier(ddl.LEASES)), ([f"{funnel.name}/{i}" for i in ids],
+                                              PURGE_HOLDER))
 
 
 async def _orphan_messages(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
-                           older_than: float, batch: int, anonymize: bool) -> int:
+                           older_than: float, batch: int, anonymize: bool,
+                           skipped: list[str]) -> tuple[int, bool]:
     """One batch of messages of sessions with no state row, whose last message is older
-    than ``older_than`` seconds: deleted, or their text anonymized."""
+    than ``older_than`` seconds: deleted, or their text anonymized; sessions a turn
+    holds (a first turn in flight) are left alone, as in :func:`purge`. (Messages
+    changed, whether the batch picked any session.)"""
     orphans = sql.SQL(
         "SELECT m.session_id FROM {m} m WHERE m.funnel = %(f)s AND NOT EXISTS "
-        "(SELECT 1 FROM {t} s WHERE s.session_id = m.session_id) GROUP BY m.session_id "
+        "(SELECT 1 FROM {t} s WHERE s.session_id = m.session_id) AND m.session_id <> "
+        "ALL(%(skip)s) AND NOT {flight} GROUP BY m.session_id "
         "HAVING max(m.created_at) < NOW() - %(s)s * INTERVAL '1 s' {left} LIMIT %(n)s"
     ).format(m=sql.Identifier(ddl.MESSAGES), t=sql.Identifier(funnel.table),
+             flight=_IN_FLIGHT.format(l=sql.Identifier(ddl.LEASES),
+                                      sid=sql.SQL("m.session_id")),
              left=sql.SQL("AND bool_or(m.content <> %(a)s)") if anonymize else sql.SQL(""))
+    params = {"f": funnel.name, "s": older_than, "n": batch, "a": ANONYMIZED,
+              "skip": skipped}
+    ids = [r[0] for r in await (await conn.execute(orphans, params)).fetchall()]
+    if not ids:
+        return 0, False
+    held = await take_leases(conn, funnel, ids)
+    skipped += [i for i in ids if i not in held]
     if anonymize:
         change = sql.SQL("UPDATE {m} SET content = %(a)s WHERE funnel = %(f)s AND "
-                         "content <> %(a)s AND session_id IN ({orphans}) RETURNING session_id")
+                         "content <> %(a)s AND session_id = ANY(%(ids)s) RETURNING session_id")
     else:
-        change = sql.SQL("DELETE FROM {m} WHERE funnel = %(f)s AND session_id IN ({orphans}) "
+        change = sql.SQL("DELETE FROM {m} WHERE funnel = %(f)s AND session_id = ANY(%(ids)s) "
                          "RETURNING session_id")
-    rows = await (await conn.execute(
-        change.format(m=sql.Identifier(ddl.MESSAGES), orphans=orphans),
-        {"f": funnel.name, "s": older_than, "n": batch, "a": ANONYMIZED})).fetchall()
-    if rows and not anonymize:
-        await _free_leases(conn, funnel, sorted({r[0] for r in rows}))
-    return len(rows)
+    rows = await (await conn.execute(change.format(m=sql.Identifier(ddl.MESSAGES)),
+                                     {**params, "ids": held})).fetchall()
+    if anonymize:
+        await give_back(conn, funnel, held)
+    else:
+        await _free_leases(conn, funnel, held)
+    return len(rows), True
 
 
 async def preview(connect: Connect, funnel: FunnelSpec, older_than: float, *,

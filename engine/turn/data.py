@@ -127,18 +127,24 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         "transitions": transitions,
         "actions": [o.type for o in turn.outcomes if o.accepted],
         "refused": [{"type": o.type, "reason": o.reason} for o in turn.outcomes
-                    if not o.accepted],
+                    if not o.accepted] + [
+            # What the model wrote that the customer's words do not support, counted.
+            {"type": "ungrounded", "reason": what}
+            for what, _ in turn.mover.scratch.ungrounded if not what.startswith("action ")],
         "validation_failures": answer.failures,
         "repaired": answer.failures > 0 and not answer.fallback,
         "fallback": answer.fallback,
-        "llm_ms": round(sum(c.latency_ms for c in answer.completions)),
+        # Calls that gave no answer (cut at the deadline) spent time and tokens too.
+        "llm_ms": round(sum(c.latency_ms for c in answer.completions) + answer.spent_ms),
         "turn_ms": round((time.perf_counter() - turn.inbound.started) * 1000),
-        "prompt_tokens": sum(c.prompt_tokens for c in answer.completions),
+        "prompt_tokens": sum(c.prompt_tokens for c in answer.completions)
+        + answer.spent_prompt_tokens,
         "completion_tokens": sum(c.completion_tokens for c in answer.completions),
         "cached_prompt_tokens": sum(c.cached_prompt_tokens for c in answer.completions),
         "cache_write_tokens": sum(c.cache_write_tokens for c in answer.completions),
         # One completion of unknown cost makes the turn's cost unknown.
-        "cost": sum(costs) if costs and len(costs) == len(answer.completions) else None,
+        "cost": sum(costs) if costs and len(costs) == len(answer.completions)
+        and not answer.spent_prompt_tokens else None,
         "model": answer.model or model, "attempts": answer.attempts,
         "variant": turn.funnel.variant,
         "error": printable(answer.error, 2000) if answer.error else None,

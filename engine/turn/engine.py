@@ -266,8 +266,11 @@ class Engine:
                     except Exception as exc:  # every failure after the log ends in a reply
                         result = await self._fail(access, turn, exc)
                 break
-            except ConcurrentUpdate:
-                if attempt == 2:
+            except ConcurrentUpdate as exc:
+                # A session deleted under the turn (a retention purge took it after this
+                # turn lost its lease) is not started again from here: its message went
+                # with it, and a reply must not stand without it. The customer resends.
+                if attempt == 2 or (exc.found is None and exc.expected > 0):
                     raise
             except StoreUnavailable:
                 if inbound.message_id is None and inbound.delivery is None:
@@ -361,7 +364,10 @@ class Engine:
         for fact, value in inbound.facts.items():  # kept, never overwritten
             if fact in spec.state and not state.get(fact):
                 state[fact] = value
-        scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now)
+        # The customer's own words (never the replies): what grounded facts must cite.
+        words = (*(m.content for m in recent if m.role == "user"), inbound.text)
+        scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now,
+                              words=words)
         return Turn(inbound, now, read, recent, state, pos, expected, last_seen,
                     stage_before=pos["stage"], mover=Mover(funnel, pos, now, scratch),
                     funnel=funnel, migration=migration)

@@ -36,6 +36,9 @@ class Answer:
     # Action calls the stage does not allow, dropped from an otherwise valid answer: the
     # reply and the allowed parts are kept, these are refused with a notice (steps.apply).
     dropped: list[dict[str, Any]] = field(default_factory=list)
+    # What calls that gave no answer spent (a call cut at the deadline): recorded too.
+    spent_ms: float = 0.0
+    spent_prompt_tokens: int = 0
 
     @property
     def model(self) -> str | None:
@@ -65,7 +68,8 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
         first = await model.complete(request)
     except ModelError as exc:
         return Answer(fallback, completions, fallback=True, error=str(exc),
-                      attempts=exc.attempts)
+                      attempts=exc.attempts, spent_ms=exc.spent_ms,
+                      spent_prompt_tokens=exc.prompt_tokens)
     completions.append(first)
     envelope, problem, dropped = _checked(parse_kept(stage, first.text), reply_check)
     if envelope is not None:
@@ -83,7 +87,8 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     except ModelError as exc:
         return Answer(fallback, completions, failures=1, fallback=True,
                       error=f"{problem}; repair call failed: {exc}",
-                      attempts=first.attempts + exc.attempts)
+                      attempts=first.attempts + exc.attempts, spent_ms=exc.spent_ms,
+                      spent_prompt_tokens=exc.prompt_tokens)
     completions.append(second)
     attempts = first.attempts + second.attempts
     envelope, problem2, dropped = _checked(parse_kept(stage, second.text), reply_check)

@@ -106,7 +106,8 @@ def apply(turn: Turn, answer: Answer) -> None:
         env = answer.envelope
         stage = funnel.stage(turn.pos["stage"])
         turn.updated = funnel.rules.apply_updates(state, env.get("updates") or {},
-                                                  stage.allowed_updates, scratch.notices)
+                                                  stage.allowed_updates, scratch.notices,
+                                                  scratch.words, scratch.ungrounded)
         before = dict(state)
         turn.outcomes = [funnel.actions.run(call, state, scratch)
                          for call in env.get("actions") or []]

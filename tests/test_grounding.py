@@ -1,0 +1,91 @@
+"""What a weak model writes must not become the customer's data (issue 29).
+
+The envelopes of a small local model were valid and their content invented: a
+customer's name nobody gave, the pet named after the shop, hand-offs for
+`explicit_request` nobody asked for. Puramur declares its customer's own facts
+(`grounded: true`) and the phrases that confirm a hand-off; these turns run the
+whole engine (offline scripted model, real PostgreSQL) and check what is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import PURAMUR
+
+from engine import Engine, ScriptedModel
+from engine.funnel.grounding import confirmed, normalized, words_hold
+from engine.store.ddl import OUTBOX, TURNS
+
+pytestmark = pytest.mark.postgres
+
+TABLE = "puramur_sessions_state"
+INVENTED = {"reply": "Nice to meet you!",
+            "updates": {"customer": {"name": "Pramesh Kumar Singh"},
+                        "pet": {"type": "cat", "name": "Puramur"}}}
+HANDOFF = {"reply": "A manager will contact you.",
+           "actions": [{"type": "request_handoff", "reason": "explicit_request"}]}
+
+
+async def _turn(db_url: str, text: str, output: dict[str, Any], sid: str = "s1") -> Any:
+    model = ScriptedModel.from_data({"default": output})
+    async with await Engine.open(PURAMUR, db=db_url, model=model) as engine:
+        return await engine.handle(sid, text)
+
+
+async def test_invented_facts_are_refused_with_a_notice_and_counted(db_url: str,
+                                                                    sql: Any) -> None:
+    result = await _turn(db_url, "Hi, I have a cat", INVENTED)
+    [(customer, pet, notices)] = sql(f"SELECT customer, pet, notices FROM {TABLE}")
+    assert customer == {} and pet == {"type": "cat"}  # the type is not a grounded fact
+    assert any("customer.name" in n and "not in the customer's messages" in n for n in notices)
+    assert any("pet.name" in n for n in result.notices)
+    [(refused,)] = sql(f"SELECT refused FROM {TURNS}")
+    assert {"type": "ungrounded", "reason": "customer.name"} in refused
+    assert {"type": "ungrounded", "reason": "pet.name"} in refused
+
+
+async def test_facts_the_customer_wrote_are_kept_whatever_their_case_and_spacing(
+        db_url: str, sql: Any) -> None:
+    await _turn(db_url, "hi, i'm PRAMESH   kumar-singh; my cat is puramur!", INVENTED)
+    [(customer, pet)] = sql(f"SELECT customer, pet FROM {TABLE}")
+    assert customer == {"name": "Pramesh Kumar Singh"}
+    assert pet == {"type": "cat", "name": "Puramur"}
+
+
+async def test_a_handoff_nobody_asked_for_is_unconfirmed_and_alerts_no_one(
+        db_url: str, sql: Any) -> None:
+    result = await _turn(db_url, "Hello, what shampoo for a cat?", HANDOFF)
+    assert not result.handoff and result.stage_after != "handoff"
+    assert sql(f"SELECT COUNT(*) FROM {OUTBOX}") == [(0,)]
+    [(refused,)] = sql(f"SELECT refused FROM {TURNS}")
+    assert refused[0]["type"] == "request_handoff"
+    assert refused[0]["reason"].startswith("unconfirmed")
+    # The model is told, and asks on the next turn.
+    [(notices,)] = sql(f"SELECT notices FROM {TABLE}")
+    assert any("ask the customer whether they want it" in n for n in notices)
+
+
+@pytest.mark.parametrize(("text", "reply"), [
+    ("Can I talk to a real person?", "A manager will contact you."),
+    ("Покличте менеджера, будь ласка", "Менеджер скоро зв'яжеться з вами."),
+    ("Позовите МЕНЕДЖЕРА, пожалуйста", "Менеджер скоро свяжется с вами.")])
+async def test_a_handoff_the_customer_asked_for_goes_through(db_url: str, sql: Any,
+                                                             text: str, reply: str) -> None:
+    result = await _turn(db_url, text, {**HANDOFF, "reply": reply})
+    assert result.error is None, result.error
+    assert result.handoff and result.stage_after == "handoff"
+    assert sql(f"SELECT kind FROM {OUTBOX}") == [("handoff",)]
+
+
+def test_normalized_comparison() -> None:
+    assert normalized("  Olena\tKOVALENKO! ") == " olena kovalenko "
+    assert words_hold("+380671234567", ["мій номер 067 123-45-67"], phone=True)
+    assert not words_hold("+380671234599", ["мій номер 067 123-45-67"], phone=True)
+    assert words_hold("Olena", ["Olena's cat"]) and not words_hold("Lena", ["Olena"])
+    assert not words_hold("", ["anything"])
+    confirm = {"explicit_request": {"en": ["manager"]}}
+    assert confirmed(confirm, {"reason": "complaint"}, ["hi"]) is None  # not declared
+    assert confirmed(confirm, {"reason": "explicit_request"}, ["a Manager please"]) is True
+    assert confirmed(confirm, {"reason": "explicit_request"}, ["yes"]) is False
