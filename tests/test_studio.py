@@ -159,8 +159,8 @@ def test_studio_in_headless_chromium(driver: Any, db_url: str, tmp_path: Path) -
         errors = text_of("model-form-errors")
         assert "$.updates.pet.age_years" in errors and "99 is greater than the maximum of 40" in errors
         assert turns() == 3
-        tid("chat-input").clear()
-        d.execute_script("document.getElementById('form').dataset.key = ''")
+        for name in ("chat-input", "field-reply", "field-updates.pet.age_years"):
+            tid(name).clear()  # the answer stays in the form, to be fixed
 
         answer("She is a Sphynx", "For a Sphynx I would suggest Exotic Spa.",
                {"updates.pet.breed": "Sphynx"}, lambda: turns() == 4 and current() == "presentation")
@@ -243,7 +243,7 @@ def test_studio_api(db_url: str, tmp_path: Path) -> None:
         # A raw string is a model output too: sanitizing refuses it as it would a model's.
         r = c.post("/api/turn", json={"funnel": "puramur", "session": "s2", "text": "hi",
                                       "answer": "sure!"})
-        assert r.status_code == 422 and "Your last answer was rejected" in r.json()["repair"]
+        assert r.status_code == 200 and "Your last answer was rejected" in r.json()["repair"]
         forced = c.post("/api/turn", json={"funnel": "puramur", "session": "s2", "text": "hi",
                                            "answer": "sure!", "force": True}).json()
         assert forced["result"]["fallback"] and forced["result"]["validation_failures"] == 2

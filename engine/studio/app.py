@@ -171,7 +171,7 @@ async def turn(request: Request) -> Response:
     body = await _body(request, TurnBody)
     view = await _studio(request).turn(body.funnel, body.session, body.text, model=body.model,
                                        answer=body.answer, force=body.force)
-    return _json(view, 422 if "rejected" in view else 200)
+    return _json(view)  # a refused answer is an answer too: `rejected`, and no turn ran
 
 
 async def rewind(request: Request) -> Response:

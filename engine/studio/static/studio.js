@@ -184,6 +184,7 @@
   }
   async function openSession(id, latest = true) {
     S.session = id; S.branchEdit = null; $("replay-box").hidden = true; $("branch").hidden = true;
+    $("log").replaceChildren();
     const res = await api("session?" + q({funnel: S.funnel, session: id}));
     if (!res.ok) return failed(res);
     render(res.data);
@@ -207,7 +208,7 @@
     $("send").disabled = $("submit").disabled = true;
     try {
       const res = await api("turn", body);
-      if (res.status === 422 && res.data.rejected) {
+      if (res.ok && res.data.rejected) {
         const e = $("form-errors"); e.hidden = false;
         e.textContent = "The engine refuses this answer, as it would a model's. The repair call would say:\n" + res.data.repair;
         return;
