@@ -268,3 +268,30 @@ def test_studio_api(db_url: str, tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="needs a key"):
         serve_studio([str(funnel)], host="0.0.0.0", key=None)
+
+
+def test_studio_mounted_in_serve_for_admin_keys(db_url: str) -> None:
+    """`funnel serve` has the studio under /studio: admin-scoped keys only."""
+    from engine.service.app import create_app
+    from engine.service.config import ServiceConfig
+
+    config = ServiceConfig(funnels=[ROOT / "funnels" / "puramur.yaml"], db=db_url,
+                           model=f"scripted:{ROOT / 'funnels' / 'puramur' / 'demo.yaml'}",
+                           api_keys={"admin-key": frozenset({"admin"}),
+                                     "talk-key": frozenset({"converse"})},
+                           secret="s" * 32, reload=False)
+    with running(create_app(config)) as url:
+        c = httpx.Client(base_url=url, timeout=60)
+        assert c.get("/studio/api/status").status_code == 401
+        assert c.get("/studio/api/status",
+                     headers={"authorization": "Bearer talk-key"}).status_code == 401
+        ok = c.get("/studio/api/status", headers={"authorization": "Bearer admin-key"})
+        assert ok.status_code == 200 and ok.json()["puramur"]["ok"]
+        first = c.get("/studio/?key=admin-key")  # the page: the key once, then a cookie
+        assert first.status_code == 303 and "funnel_studio" in first.headers["set-cookie"]
+        page = c.get("/studio/", headers={"cookie": "funnel_studio=admin-key"})
+        assert page.status_code == 200 and 'data-testid="chat-log"' in page.text
+        turn = c.post("/studio/api/turn", headers={"authorization": "Bearer admin-key"},
+                      json={"funnel": "puramur", "session": "studio-m1", "text": "Hi!",
+                            "answer": {"reply": "Hello! Cat or dog?", "language": "en"}})
+        assert turn.status_code == 200 and turn.json()["stage"] == "discovery"

@@ -13,6 +13,7 @@ studio's own origin, and the ``Host`` must be the studio's.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -43,7 +44,7 @@ ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "
 MAX_BODY = 512 * 1024
 COOKIE = "funnel_studio"
 B = TypeVar("B", bound=BaseModel)
-Authorize = Callable[[Request], bool]
+Authorize = Callable[[str | None], bool]  # the credential presented -> allowed
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -72,8 +73,15 @@ async def _body(request: Request, model: type[B]) -> B:
         raise InvalidInput(f"{where}: {first['msg']}") from None
 
 
-def _studio(request: Request) -> Studio:
-    studio: Studio = request.app.state.studio
+async def _opened(request: Request) -> Studio:
+    """The studio; a mounted one (no lifespan of its own) is opened on first use."""
+    state = request.app.state
+    studio: Studio | None = getattr(state, "studio", None)
+    if studio is None:
+        async with state.opening:
+            studio = getattr(state, "studio", None)
+            if studio is None:
+                studio = state.studio = await state.opener()
     return studio
 
 
@@ -132,28 +140,28 @@ async def asset(request: Request) -> Response:
 
 
 async def funnels(request: Request) -> Response:
-    return _json({"funnels": _studio(request).funnels()})
+    return _json({"funnels": (await _opened(request)).funnels()})
 
 
 async def status(request: Request) -> Response:
-    studio = _studio(request)
+    studio = (await _opened(request))
     return _json({name: w.status() for name, w in studio.watched.items()})
 
 
 async def session(request: Request) -> Response:
     name, sid = _q(request, "funnel") or "", _q(request, "session") or ""
-    return _json(await _studio(request).view(name, sid))
+    return _json(await (await _opened(request)).view(name, sid))
 
 
 async def transcript(request: Request) -> Response:
-    studio = _studio(request)
+    studio = (await _opened(request))
     spec = studio.engine(_q(request, "funnel") or "").spec
     return _json(await sql.transcript(studio.store, spec, _q(request, "session") or "",
                                       _int(request, "offset"), _int(request, "limit", sql.PAGE)))
 
 
 async def sessions(request: Request) -> Response:
-    studio = _studio(request)
+    studio = (await _opened(request))
     spec = studio.engine(_q(request, "funnel") or "").spec
     since = _q(request, "since")
     try:
@@ -169,14 +177,14 @@ async def sessions(request: Request) -> Response:
 
 async def turn(request: Request) -> Response:
     body = await _body(request, TurnBody)
-    view = await _studio(request).turn(body.funnel, body.session, body.text, model=body.model,
+    view = await (await _opened(request)).turn(body.funnel, body.session, body.text, model=body.model,
                                        answer=body.answer, force=body.force)
     return _json(view)  # a refused answer is an answer too: `rejected`, and no turn ran
 
 
 async def rewind(request: Request) -> Response:
     body = await _body(request, RewindBody)
-    return _json(await _studio(request).rewind(body.funnel, body.session, body.turn,
+    return _json(await (await _opened(request)).rewind(body.funnel, body.session, body.turn,
                                                answer=body.answer, text=body.text,
                                                replay_after=body.replay_after))
 
@@ -185,25 +193,29 @@ async def scenario(request: Request) -> Response:
     body = await _body(request, ScenarioBody)
     if not body.session:
         raise InvalidInput("`session`: the playground session to save")
-    return _json(await _studio(request).save_scenario(body.funnel, body.session, body.name))
+    return _json(await (await _opened(request)).save_scenario(body.funnel, body.session, body.name))
 
 
 async def run_scenarios(request: Request) -> Response:
     body = await _body(request, ScenarioBody)
-    return _json(await _studio(request).run_scenarios(body.funnel))
+    return _json(await (await _opened(request)).run_scenarios(body.funnel))
+
+
+def _presented(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return (request.headers.get("x-studio-key") or request.headers.get("x-api-key")
+            or request.cookies.get(COOKIE) or request.query_params.get("key") or None)
 
 
 def _allowed(request: Request, key: str | None, authorize: Authorize | None) -> bool:
     if authorize is not None:
-        return authorize(request)
+        return authorize(_presented(request))
     if key is None:
         return True
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    given = value.strip() if scheme.lower() == "bearer" else \
-        request.headers.get("x-studio-key") or request.cookies.get(COOKIE) or \
-        request.query_params.get("key") or ""
-    return hmac.compare_digest(given.encode(), key.encode())
+    return hmac.compare_digest((_presented(request) or "").encode(), key.encode())
 
 
 class _Gate:
@@ -246,7 +258,9 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
 
     Args:
         key: required of every request when set (``funnel studio`` on a non-loopback host).
-        authorize: decides instead of ``key`` (the service's admin keys, when mounted).
+        authorize: decides instead of ``key``, given the credential presented (the
+            service's admin keys, when mounted; a mounted app has no lifespan, so the
+            studio is opened by its first request).
         hosts: the ``Host`` names accepted (``None``: any); a loopback studio accepts only
             loopback names, so that a rebinding DNS name cannot reach it.
     """
@@ -260,20 +274,25 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if isinstance(studio, Studio):
-            app.state.studio = studio
-            yield
-            return
-        opened = await studio()
-        app.state.studio = opened
+        opened = await _opened_in(app)
         try:
             yield
         finally:
-            await opened.close()
+            if not isinstance(studio, Studio):
+                await opened.close()
+
+    async def _opened_in(app: Starlette) -> Studio:
+        if getattr(app.state, "studio", None) is None:
+            app.state.studio = await app.state.opener()
+        found: Studio = app.state.studio
+        return found
 
     app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.opening = asyncio.Lock()
     if isinstance(studio, Studio):
         app.state.studio = studio
+    else:
+        app.state.opener = studio
 
     app.add_middleware(_Gate, key=key, authorize=authorize, hosts=hosts)
     return app
