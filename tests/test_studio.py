@@ -213,8 +213,8 @@ def test_studio_api(db_url: str, tmp_path: Path) -> None:
     origin is refused, a changed answer replays the later turns, a non-loopback studio
     needs a key."""
     funnel = copy_puramur(tmp_path)
-    with running(create_studio_app(_opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url:
-        c = httpx.Client(base_url=url, timeout=60)
+    with running(create_studio_app(_opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url, \
+            httpx.Client(base_url=url, timeout=60) as c:
         r = c.post("/api/turn", content=b"{", headers={"content-type": "application/json"})
         assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
         r = c.post("/api/turn", json={"funnel": "puramur", "session": "x y", "text": "hi"})
@@ -279,9 +279,8 @@ def test_studio_mounted_in_serve_for_admin_keys(db_url: str) -> None:
                            model=f"scripted:{ROOT / 'funnels' / 'puramur' / 'demo.yaml'}",
                            api_keys={"admin-key": frozenset({"admin"}),
                                      "talk-key": frozenset({"converse"})},
-                           secret="s" * 32, reload=False)
-    with running(create_app(config)) as url:
-        c = httpx.Client(base_url=url, timeout=60)
+                           secret=b"s" * 32, reload=False)
+    with running(create_app(config)) as url, httpx.Client(base_url=url, timeout=60) as c:
         assert c.get("/studio/api/status").status_code == 401
         assert c.get("/studio/api/status",
                      headers={"authorization": "Bearer talk-key"}).status_code == 401
