@@ -260,6 +260,16 @@ def test_studio_api(db_url: str, tmp_path: Path) -> None:
         assert {s["session_id"] for s in listed.json()["sessions"]} >= {"s3", view["session"]}
         assert c.get("/api/sessions", params={"funnel": "puramur", "since": "soon"}
                      ).status_code == 400
+        # Save a session as a scenario and run the funnel's scenarios, as the page's buttons do.
+        saved = c.post("/api/scenario", json={"funnel": "puramur", "session": "s3",
+                                              "name": "from-studio"}).json()
+        assert saved["file"].endswith("puramur/scenarios/from-studio.yaml") and saved["turns"] == 3
+        assert c.post("/api/scenario", json={"funnel": "puramur", "session": "s3",
+                                             "name": "../up"}).status_code == 400
+        ran = c.post("/api/scenarios/run", json={"funnel": "puramur"}).json()["results"]
+        mine = [r for r in ran if r["name"] == "from-studio"]
+        assert mine and mine[0]["passed"], mine
+        assert all(r["passed"] for r in ran), [r for r in ran if not r["passed"]]
         form = c.get("/api/session", params={"funnel": "puramur", "session": view["session"]}
                      ).json()["form"]
         present = form["properties"]["actions"]["items"]["oneOf"][0]
