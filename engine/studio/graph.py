@@ -95,9 +95,12 @@ def _edge(src: tuple[int, int], dst: tuple[int, int], lane: int) -> tuple[str, i
         return f"M{x1 + W // 2},{y1 + H} L{x2 + W // 2},{y2}", x1 + W // 2 + 6, y1 + H + GAP // 2 + 4
     if x1 != x2:  # across columns: from the side of one to the side of the other
         a, b = (x1 + W, x2) if x2 > x1 else (x1, x2 + W)
+        # Going out above the middle, coming back below it: a branch's two ways apart.
+        dy = -7 if x2 > x1 else 7
+        sy, ey = y1 + H // 2 + dy, y2 + H // 2 + dy
         mid = (a + b) // 2
-        return (f"M{a},{y1 + H // 2 + lane * 4} C{mid},{y1 + H // 2} {mid},{y2 + H // 2} "
-                f"{b},{y2 + H // 2}", mid - 40, min(y1, y2) + H // 2 - 6 + lane * 11)
+        label_y = min(sy, ey) - 4 if dy < 0 else max(sy, ey) + 12 + lane * 11
+        return (f"M{a},{sy} C{mid},{sy} {mid},{ey} {b},{ey}", mid - 40, label_y)
     # Same column, skipping or going back: a loop on the left.
     bend = x1 - 24 - 14 * lane
     return (f"M{x1},{y1 + H // 2} C{bend},{y1 + H // 2} {bend},{y2 + H // 2} {x2},{y2 + H // 2}",
