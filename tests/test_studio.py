@@ -92,7 +92,7 @@ def test_studio_in_headless_chromium(driver: Any, db_url: str, tmp_path: Path) -
 
     funnel = copy_puramur(tmp_path)
     real = _real_session(funnel, db_url)
-    d, wait = driver, WebDriverWait(driver, 30)
+    d, wait = driver, WebDriverWait(driver, 90)  # generous: the machine is shared
 
     def tid(name: str) -> Any:
         return d.find_element(By.CSS_SELECTOR, f'[data-testid="{name}"]')
