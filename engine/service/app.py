@@ -29,9 +29,10 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from .. import __version__
+from ..studio import Studio, create_studio_app
 from .config import ServiceConfig
 from .core import Service
 from .handlers import OPERATIONS, service_of
@@ -124,6 +125,22 @@ def _on_sighup(service: Service) -> bool:
     return True
 
 
+def _studio_app(service: Service) -> Starlette:
+    """Funnel Studio under /studio (docs/studio.md), for admin-scoped keys only; opened on
+    its first request, on the service's store, with an engine of its own."""
+
+    def admin(presented: str | None) -> bool:
+        client = service.keys.check(presented)
+        return client is not None and "admin" in client.scopes
+
+    async def opened() -> Studio:
+        await service.open_engines()
+        return await Studio.open([f.spec.path for f in service.funnels.values()],
+                                 store=service.store)
+
+    return create_studio_app(opened, authorize=admin)
+
+
 def create_app(config: ServiceConfig | None = None) -> Starlette:
     """Build the app (from the environment when ``config`` is None)."""
     if config is None:  # `funnel serve` (a uvicorn worker): the engine's own log lines too
@@ -156,7 +173,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
             await service.close()
 
     # The API from its table (engine.service.handlers), the document and the pages beside it.
-    routes = table_routes(OPERATIONS)
+    routes: list[BaseRoute] = [*table_routes(OPERATIONS)]
     routes += [
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/widget.js", _static("widget.js", "text/javascript; charset=utf-8"),
@@ -164,6 +181,7 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
         Route("/widget.css", _static("widget.css", "text/css; charset=utf-8"), methods=["GET"]),
         Route("/demo/{funnel}", demo, methods=["GET"]),
     ]
+    routes.append(Mount("/studio", app=_studio_app(service)))
     middleware = [Middleware(
         CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
         allow_headers=["Authorization", "Content-Type", "X-API-Key", "Idempotency-Key"],

@@ -1,0 +1,24 @@
+"""Funnel Studio: a product owner sees, tries and changes a funnel in the browser.
+
+`funnel studio FUNNEL...` (and ``/studio`` in `funnel serve`, for admin keys): a chat
+with the funnel beside its stage graph, state, completeness, the why of every exit
+and the prompt as sent; "I am the model" (a form generated from the stage's output
+schema, answered through the model's own path); rewind and branch; live edits with
+their diagnostics; save as a scenario and run the scenarios; the real sessions and
+their transcripts. docs/studio.md is the guide.
+
+- `playground`: :class:`Studio`, the funnels and their engine, and what the page asks;
+- `model`: :class:`StudioModel`, the model of the studio's engine;
+- `views`: the panels, from what a turn already returns; `graph`: the stage graph as SVG;
+- `watch`: the files watched and validated; `sql`: the sessions list, transcript pages;
+- `app`: the Starlette app; `bodies`: its request bodies (pydantic); `server`: uvicorn;
+- `static/`: the page (plain HTML, CSS, JavaScript: no build step, nothing vendored).
+
+May import: `engine.scenarios`, `engine.turn` and everything below them; never the
+service or the CLI (the service mounts it).
+"""
+
+from .app import create_studio_app
+from .playground import Studio
+
+__all__ = ["Studio", "create_studio_app"]

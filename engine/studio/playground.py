@@ -1,0 +1,300 @@
+"""The studio's core: its funnels, their engine, and what the page asks of them.
+
+One :class:`Studio` holds, per funnel, an :class:`engine.turn.engine.Engine` of its own
+whose model is the :class:`~engine.studio.model.StudioModel`, on the store given (the
+service's, when mounted in ``funnel serve``), and the :class:`~engine.studio.watch.Watched`
+state of its files. Playground turns are real turns of that engine: they are logged,
+recorded in ``funnel_turns`` and saved like any other, which is what lets the studio
+rewind them, save them as scenarios, and show them in the sessions list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidInput
+from ..funnel.compiled import CompiledFunnel, load_funnel
+from ..llm.models import ScriptEntry
+from ..memory.summary import ExtractiveSummarizer
+from ..scenarios.load import discover, load_scenario
+from ..scenarios.record import recorded_scenario, scenario_yaml
+from ..scenarios.run import run_all
+from ..store import Store, open_store
+from ..turn.engine import Engine, TurnResult
+from ..turn.output import parse_output
+from . import sql, views
+from .graph import svg
+from .model import HUMAN, StudioModel
+from .watch import POLL, Watched
+
+__all__ = ["CHANNEL", "Studio"]
+
+log = logging.getLogger("funnel.studio")
+CHANNEL = "studio"
+_REPAIR = ("Your last answer was rejected: {problem}. Answer again with one JSON object that "
+           "satisfies the output schema; keep the same meaning.")  # as engine.turn.output says
+
+
+class Studio:
+    """The funnels a studio shows. Build with :meth:`open`; :meth:`close` when done."""
+
+    def __init__(self, store: Store, model: StudioModel, *, owns_store: bool) -> None:
+        self.store = store
+        self.model = model
+        self.engines: dict[str, Engine] = {}
+        self.watched: dict[str, Watched] = {}
+        self._owns_store = owns_store
+        self._watcher: asyncio.Task[None] | None = None
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @classmethod
+    async def open(cls, paths: list[str | Path], *, db: str | None = None,
+                   model: str | None = None, api_base: str | None = None,
+                   store: Store | None = None) -> Studio:
+        """Load the funnels (each must validate), open the store, start watching.
+
+        Raises:
+            FunnelInvalid: a funnel has errors (a studio starts on good versions).
+            StoreUnavailable: the database cannot be reached.
+        """
+        studio_model = StudioModel(api_base=api_base, default=model or HUMAN)
+        if model and model != HUMAN:
+            studio_model.choose("", model)  # built now: a bad model string fails the start
+        owns = store is None
+        store = store or await open_store(db)
+        studio = cls(store, studio_model, owns_store=owns)
+        try:
+            for path in paths:
+                funnel = load_funnel(path)
+                engine = await Engine.open(funnel, store=store, model=studio_model,
+                                           summarizer=ExtractiveSummarizer())
+                studio.engines[funnel.name] = engine
+                studio.watched[funnel.name] = Watched(Path(path), funnel, engine.deploy)
+        except BaseException:
+            await studio.close()
+            raise
+        studio._watcher = asyncio.get_running_loop().create_task(studio._watch())
+        return studio
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        for engine in self.engines.values():
+            await engine.close()
+        if self._owns_store:
+            await self.store.close()
+
+    async def _watch(self) -> None:
+        while True:
+            for watched in list(self.watched.values()):
+                try:
+                    await watched.poll()
+                except Exception:  # never let one bad poll stop the watching
+                    log.exception("studio: watching %s failed", watched.path)
+            await asyncio.sleep(POLL)
+
+    # -- reading -----------------------------------------------------------------------
+    def engine(self, name: str) -> Engine:
+        try:
+            return self.engines[name]
+        except KeyError:
+            raise InvalidInput(f"the studio has no funnel '{name}'; it has "
+                               f"{', '.join(sorted(self.engines))}") from None
+
+    def funnel(self, name: str) -> CompiledFunnel:
+        return self.engine(name).funnel
+
+    def funnels(self) -> list[dict[str, Any]]:
+        out = []
+        for name, engine in self.engines.items():
+            spec = engine.spec
+            out.append({"name": name, "path": str(self.watched[name].path),
+                        "version": spec.version, "initial": spec.initial,
+                        "stages": list(spec.stages), "svg": svg(spec),
+                        "status": self.watched[name].status()})
+        return out
+
+    async def view(self, name: str, session: str, result: TurnResult | None = None,
+                   before: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Everything the panels show of a session now (after ``result``, when given)."""
+        engine = self.engine(name)
+        funnel = engine.funnel
+        row = await engine.state(session)
+        state = row or {}
+        stage = state.get("stage") or funnel.spec.initial
+        last = await sql.transcript(self.store, funnel.spec, session, last=True)
+        record = last["turns"][-1] if last["turns"] else None
+        explain = result.explain if result is not None else (record or {}).get("explain")
+        turn_no = int(state.get("turns") or 0)
+        sent = [s.view() for s in self.model.sent(session) if s.turn == turn_no]
+        return {
+            "funnel": name, "session": session, "exists": row is not None, "stage": stage,
+            "state": state,
+            "changed": views.changed(before or views.fresh(funnel), state) if result else [],
+            "completeness": views.completeness(funnel, state) if row else
+            views.completeness(funnel, {}),
+            "why": views.why(explain, returning=bool(result and result.returning),
+                             notices=result.notices if result else [], funnel=funnel),
+            "history": [h.get("stage") for h in state.get("stage_history") or []],
+            "record": record, "prompt": sent, "turns": turn_no,
+            "result": _result(result) if result else None,
+            "form": views.form_schema(funnel, stage) if stage in funnel.stages or
+            stage in funnel.spec.removed_stages else None,
+            "model": self.model.choice.get(session, self.model.default),
+            "status": self.watched[name].status(),
+        }
+
+    # -- playing -----------------------------------------------------------------------
+    def _lock(self, name: str, session: str) -> asyncio.Lock:
+        return self._locks.setdefault(f"{name}/{session}", asyncio.Lock())
+
+    async def turn(self, name: str, session: str, text: str, *, model: str | None = None,
+                   answer: Any = None, force: bool = False) -> dict[str, Any]:
+        """One turn of a playground session. With ``answer`` (the form's, "I am the
+        model"), it is the model's output: checked first as the turn will check it, and
+        refused with the problem the repair call would quote unless ``force``.
+
+        Raises:
+            InvalidInput: a bad message or session id, or an unknown funnel.
+            ConfigError: a model that cannot be built.
+        """
+        engine = self.engine(name)
+        if model:
+            self.model.choose(session, model)
+        async with self._lock(name, session):
+            before = await engine.state(session)
+            if answer is not None:
+                output = answer if isinstance(answer, str) else json.dumps(answer,
+                                                                          ensure_ascii=False)
+                stage = (before or {}).get("stage") or engine.spec.initial
+                if not force:
+                    envelope, problem = parse_output(engine.funnel.stage(stage), output)
+                    if envelope is None:
+                        return {"rejected": problem, "stage": stage,
+                                "repair": _REPAIR.format(problem=problem)}
+                self.model.queue(session, ScriptEntry(output=output))
+            try:
+                result = await engine.handle(session, text, channel=CHANNEL)
+            finally:
+                self.model.clear(session)
+            return await self.view(name, session, result, before)
+
+    async def rewind(self, name: str, session: str, upto: int, *, answer: Any = None,
+                     text: str | None = None, replay_after: bool = False) -> dict[str, Any]:
+        """A new session that replays ``session``'s turns 1..``upto`` with the outputs
+        recorded (so its state is the state after turn ``upto``, on the funnel as it is
+        now); with ``answer`` (and ``text``), turn ``upto`` is played with that answer
+        instead, and ``replay_after`` replays the turns after it as recorded. The
+        original session is left as it was. Turns whose stage now differs from the
+        recording are listed in ``diverged``.
+
+        Raises:
+            InvalidInput: no such turn, or a turn that cannot be replayed (anonymized).
+        """
+        engine = self.engine(name)
+        records = await engine.store.turn_records(engine.spec, session, limit=1000)
+        if not 1 <= upto <= len(records):
+            raise InvalidInput(f"session {session!r} has {len(records)} turn(s); there is no "
+                               f"turn {upto} to go back to")
+        branch = f"{session[:100]}.b{secrets.token_hex(3)}"
+        plan = records[:upto] if not (answer is not None and replay_after) else records
+        diverged = []
+        async with self._lock(name, branch):
+            for number, rec in enumerate(plan, start=1):
+                customer = rec.get("customer")
+                if not customer:
+                    raise InvalidInput(f"turn {number} of session {session!r} has no customer "
+                                       "message (anonymized or purged); it cannot be replayed")
+                if number == upto and answer is not None:
+                    output = answer if isinstance(answer, str) else json.dumps(
+                        answer, ensure_ascii=False)
+                    self.model.queue(branch, ScriptEntry(output=output))
+                    customer = text or customer
+                else:
+                    self.model.queue(branch, _recorded(rec), origin="studio:replay")
+                try:
+                    result = await engine.handle(branch, customer, channel=CHANNEL)
+                finally:
+                    self.model.clear(branch)
+                if number != upto and result.stage_after != rec["stage_after"]:
+                    diverged.append({"turn": number, "recorded": rec["stage_after"],
+                                     "now": result.stage_after})
+        view = await self.view(name, branch)
+        view.update(branched_from={"session": session, "turn": upto}, diverged=diverged)
+        return view
+
+    async def save_scenario(self, name: str, session: str, file_name: str | None = None
+                            ) -> dict[str, Any]:
+        """Write the session as a scenario (what ``funnel record`` writes) into the
+        funnel's scenarios folder, ``<funnel folder>/<funnel>/scenarios/``.
+
+        Raises:
+            InvalidInput: nothing to save, or a file name that is not a plain name.
+        """
+        engine = self.engine(name)
+        spec = engine.spec
+        folder = spec.path.parent / spec.name / "scenarios"
+        stem = (file_name or f"studio-{session}").removesuffix(".yaml")
+        if not stem or any(c not in _NAME for c in stem) or stem.startswith("."):
+            raise InvalidInput(f"a scenario file name is letters, digits, `-`, `_` and `.`; "
+                               f"got {stem!r}")
+        records = await engine.store.turn_records(spec, session, limit=1000)
+        target = folder / f"{stem}.yaml"
+        funnel_ref = Path("..", "..", spec.path.name).as_posix()
+        scenario = recorded_scenario(spec, session, records, funnel_ref)
+        scenario["scenario"] = stem
+        text = ("# yaml-language-server: $schema=../../../schemas/scenario.schema.json\n"
+                f"# Saved from the studio's playground (session {session}).\n"
+                + scenario_yaml(scenario))
+        folder.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, "utf-8")
+        return {"file": str(target), "yaml": text, "turns": len(records)}
+
+    async def run_scenarios(self, name: str) -> dict[str, Any]:
+        """Play the funnel's scenarios (``funnel test`` on its scenarios folder), in a
+        temporary schema of the studio's database, in a thread (it runs its own loop)."""
+        spec = self.engine(name).spec
+        folder = spec.path.parent / spec.name / "scenarios"
+        files, _missing = discover([folder]) if folder.is_dir() else ([], [])
+        url = getattr(self.store, "url", None)
+        results = await asyncio.to_thread(run_all, [(f, *load_scenario(f)) for f in files], url)
+        return {"results": [{"file": r.file, "name": r.name, "passed": r.passed,
+                             "turns": r.turns, "failures": [
+                                 {"line": f.line, "turn": f.turn, "message": f.message}
+                                 for f in r.failures]} for r in results]}
+
+
+_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def _recorded(rec: Mapping[str, Any]) -> ScriptEntry:
+    raw = rec.get("raw_output")
+    if raw is None:
+        raise InvalidInput(f"turn {rec.get('id')} has no raw model output (recorded before "
+                           "the engine kept them, or anonymized); it cannot be replayed")
+    if not raw:
+        return ScriptEntry(output=None, error=str(rec.get("error") or "the model call failed"))
+    return ScriptEntry(output=str(raw[0]), repair=str(raw[1]) if len(raw) > 1 else None)
+
+
+def _result(result: TurnResult) -> dict[str, Any]:
+    return {"reply": result.reply, "stage_before": result.stage_before,
+            "stage_after": result.stage_after, "transitions": result.transitions,
+            "actions": [{"type": a.type, "accepted": a.accepted, "reason": a.reason}
+                        for a in result.actions],
+            "updated": result.updated, "notices": result.notices,
+            "validation_failures": result.validation_failures, "repaired": result.repaired,
+            "fallback": result.fallback, "error": result.error,
+            "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+            "model_seconds": result.model_seconds, "returning": result.returning,
+            "handoff": result.handoff}
+

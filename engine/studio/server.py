@@ -1,0 +1,52 @@
+"""`funnel studio`: the studio on uvicorn, bound to loopback unless a key is set."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from ..errors import ConfigError
+from .app import create_studio_app
+from .playground import Studio
+
+__all__ = ["LOOPBACK_HOSTS", "is_loopback", "serve_studio"]
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+KEY_ENV = "FUNNEL_STUDIO_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_studio(funnels: list[str], *, db: str | None = None, model: str | None = None,
+                 api_base: str | None = None, host: str = "127.0.0.1", port: int = 8700,
+                 key: str | None = None) -> None:
+    """Run the studio until interrupted.
+
+    Raises:
+        ConfigError: bound to a non-loopback address without a key, or a funnel missing.
+    """
+    key = key or os.environ.get(KEY_ENV) or None
+    loopback = is_loopback(host)
+    if not loopback and not key:
+        raise ConfigError(f"the studio runs turns and writes scenario files: bound to {host} "
+                          f"it needs a key; set {KEY_ENV} (or bind it to 127.0.0.1)")
+    for path in funnels:
+        if not Path(path).is_file():
+            raise ConfigError(f"no funnel file at {path}")
+    import uvicorn  # the `serve` extra (the tests' too): imported when it runs
+
+    async def opened() -> Studio:
+        return await Studio.open(list(funnels), db=db, model=model, api_base=api_base)
+
+    hosts = (LOOPBACK_HOSTS | {host}) if loopback and not key else None
+    app = create_studio_app(opened, key=key, hosts=hosts)
+    print(f"funnel studio: http://{host}:{port}/", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,142 @@
+"""The studio's reads: the sessions list and a transcript's pages, on the store's pool.
+
+Read-only queries on the funnel's session table and the shared turn and message
+tables; names through ``psycopg.sql.Identifier``, values as parameters. A transcript
+is read a page of turn records at a time (``LIMIT``/``OFFSET`` on the session's
+index), so a 200-turn session opens as fast as a 3-turn one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from ..errors import StoreUnavailable
+from ..format.names import EXITS, MESSAGES, TURNS
+from ..format.spec import FunnelSpec
+from ..records.explanation import expand
+from ..store.base import Store
+
+__all__ = ["SessionFilter", "sessions", "transcript"]
+
+PAGE = 50  # sessions, or turns, per page
+_TURN_COLUMNS = ("id", "stage_before", "stage_after", "transitions", "actions", "refused",
+                 "validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
+                 "prompt_tokens", "completion_tokens", "cached_prompt_tokens", "cost",
+                 "model", "error", "explain", "raw_output", "variant", "created_at")
+
+
+@asynccontextmanager
+async def _connect(store: Store) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    pool = getattr(store, "pool", None)
+    if pool is None:
+        raise StoreUnavailable("the studio reads sessions from PostgreSQL; this store has no pool")
+    try:
+        async with pool.connection() as conn:
+            yield conn
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"PostgreSQL did not answer: {str(exc).splitlines()[0]}") from None
+
+
+class SessionFilter:
+    """The list's filters, each optional: stage, handed off, period, variant, fallbacks."""
+
+    def __init__(self, *, stage: str | None = None, handoff: bool | None = None,
+                 since_seconds: float | None = None, variant: str | None = None,
+                 fallback: bool | None = None, search: str | None = None,
+                 offset: int = 0) -> None:
+        self.stage, self.handoff, self.since = stage, handoff, since_seconds
+        self.variant, self.fallback, self.search = variant, fallback, search
+        self.offset = max(0, offset)
+
+
+async def sessions(store: Store, spec: FunnelSpec, f: SessionFilter) -> dict[str, Any]:
+    """A page of sessions, newest message first, with their fallback count."""
+    t = sql.Identifier(spec.table)
+    where: list[sql.Composable] = [sql.SQL("TRUE")]
+    params: list[Any] = [spec.name]
+    if f.stage:
+        where.append(sql.SQL("s.stage = %s"))
+        params.append(f.stage)
+    handoff = spec.handoff.triggered_at if spec.handoff else None
+    if f.handoff is not None and handoff:
+        where.append(sql.SQL("s.{} IS {} NULL").format(sql.Identifier(handoff),
+                                                       sql.SQL("NOT" if f.handoff else "")))
+    if f.since:
+        where.append(sql.SQL("s.last_message_at >= NOW() - make_interval(secs => %s)"))
+        params.append(f.since)
+    if f.variant:
+        where.append(sql.SQL("s.variant = %s"))
+        params.append(f.variant)
+    if f.search:
+        where.append(sql.SQL("strpos(s.session_id, %s) > 0"))
+        params.append(f.search)
+    having: sql.Composable = sql.SQL("")
+    if f.fallback is not None:
+        having = sql.SQL("WHERE fallbacks {} 0").format(sql.SQL(">" if f.fallback else "="))
+    q = sql.SQL(
+        "SELECT * FROM (SELECT s.session_id, s.stage, s.turns, s.variant, s.created_at, "
+        "s.last_message_at, {handoff} AS handed_off, "
+        "(SELECT count(*) FROM {turns} tr WHERE tr.funnel = %s AND tr.session_id = s.session_id "
+        " AND tr.fallback) AS fallbacks FROM {t} s WHERE {where}) x {having} "
+        "ORDER BY last_message_at DESC, session_id LIMIT %s OFFSET %s"
+    ).format(handoff=sql.SQL("s.{} IS NOT NULL").format(sql.Identifier(handoff)) if handoff
+             else sql.SQL("FALSE"), turns=sql.Identifier(TURNS), t=t,
+             where=sql.SQL(" AND ").join(where), having=having)
+    async with _connect(store) as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(q, (*params, PAGE + 1, f.offset))
+        rows = await cur.fetchall()
+    return {"sessions": rows[:PAGE], "more": len(rows) > PAGE, "offset": f.offset}
+
+
+async def transcript(store: Store, spec: FunnelSpec, session_id: str, offset: int = 0,
+                     limit: int = PAGE, *, last: bool = False) -> dict[str, Any]:
+    """One page of a session's turns, oldest first: each with its customer message and
+    reply, and its record (state change, explanation, raw output, timings, cost).
+    ``last``: only the newest turn (numbered as the session's last)."""
+    limit = 1 if last else max(1, min(limit, 200))
+    q = sql.SQL(
+        "SELECT {cols}, "
+        "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
+        " AND m.role = 'user' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
+        " AS customer, "
+        "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
+        " AND m.role = 'assistant' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
+        " AS reply, count(*) OVER () AS total "
+        "FROM {t} t WHERE t.funnel = %s AND t.session_id = %s ORDER BY t.id {order} "
+        "LIMIT %s OFFSET %s"
+    ).format(order=sql.SQL("DESC" if last else ""),
+             cols=sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
+                                     for c in _TURN_COLUMNS),
+             m=sql.Identifier(MESSAGES), t=sql.Identifier(TURNS))
+    async with _connect(store) as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(q, (spec.name, session_id, limit, max(0, offset)))
+        records = await cur.fetchall()
+        cited = sorted({step["exits"] for r in records for step in r["explain"] or ()
+                        if isinstance(step, dict) and "exits" in step})
+        exits: dict[str, Any] = {}
+        if cited:
+            await cur.execute(sql.SQL("SELECT digest, exits FROM {} WHERE digest = ANY(%s)")
+                              .format(sql.Identifier(EXITS)), (cited,))
+            exits = {r["digest"]: r["exits"] for r in await cur.fetchall()}
+        if not records and offset:
+            await cur.execute(sql.SQL("SELECT count(*) AS n FROM {} WHERE funnel = %s AND "
+                                      "session_id = %s").format(sql.Identifier(TURNS)),
+                              (spec.name, session_id))
+            total = (await cur.fetchone() or {"n": 0})["n"]
+        else:
+            total = records[0]["total"] if records else 0
+    if last:
+        offset = max(0, total - 1)
+    for number, r in enumerate(records, start=offset + 1):
+        r["explain"] = expand(r["explain"], exits)
+        r["number"] = number
+        r.pop("total", None)
+    return {"turns": records, "total": total, "offset": offset, "limit": limit}

@@ -1,0 +1,138 @@
+"""Edit live: the studio polls the funnel's files and takes a clean save at once.
+
+The files are those the funnel reads (the funnel file, its catalog, the folders of its
+templates and output schemas, its knowledge folder), polled by size, mtime and inode
+every :data:`POLL` seconds (as the service's hot reload does, engine/service/reload.py;
+polling, for the same reasons). A change is validated in a thread: problems become the
+page's diagnostics (file:line:col, code, message) and the last good version keeps
+running; a clean save is deployed on the studio's engine, so the open session's next
+turn runs on it. The page learns of either by polling ``/api/status`` (its generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import FunnelError, FunnelInvalid
+from ..format.spec import FunnelSpec
+from ..funnel.compiled import CompiledFunnel, load_funnel
+
+__all__ = ["POLL", "Watched", "watched_files"]
+
+log = logging.getLogger("funnel.studio")
+POLL = float(os.environ.get("FUNNEL_STUDIO_POLL", "0.25"))  # seconds between looks
+_MAX_FILES = 5000
+
+Snapshot = tuple[tuple[str, int, int, int], ...]
+
+
+def watched_files(spec: FunnelSpec) -> list[Path]:
+    """Every file the funnel reads, as of now (sorted, at most 5000)."""
+    files: set[Path] = {spec.path}
+    if spec.catalog_path is not None:
+        files.add(spec.catalog_path)
+    folders: set[Path] = set()
+    for stage in spec.stages.values():
+        files.add(stage.prompt)
+        folders.add(stage.prompt.parent)
+        if stage.schema is not None:  # None: the contract is derived from the funnel
+            files.add(stage.schema)
+            folders.add(stage.schema.parent)
+    if spec.knowledge is not None:
+        folders.add(spec.knowledge.folder)
+    for folder in folders:
+        for root, dirs, names in os.walk(folder):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            files.update(Path(root) / n for n in names if not n.startswith("."))
+    return sorted(files)[:_MAX_FILES]
+
+
+def _snapshot(files: Iterable[Path]) -> Snapshot:
+    out = []
+    for path in files:
+        try:
+            st = path.stat()
+            out.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            out.append((str(path), -1, -1, -1))
+    return tuple(out)
+
+
+@dataclass
+class Watched:
+    """One funnel as the studio runs it: the last good compile and what the last save had.
+
+    ``generation`` grows with every reload and every refused save, so that the page
+    polling ``/api/status`` knows when to redraw.
+    """
+
+    path: Path
+    funnel: CompiledFunnel
+    deploy: Callable[[CompiledFunnel], Any]  # an awaitable: the engine's deploy
+    diagnostics: list[dict[str, Any]] = field(default_factory=list)
+    problem: str | None = None  # a clean file that could not be taken (a schema change)
+    generation: int = 0
+    changed_at: float = 0.0  # time.time() of the save the page shows
+    loaded_at: float = field(default_factory=time.time)
+    _files: list[Path] = field(default_factory=list)
+    _seen: Snapshot = ()
+
+    def __post_init__(self) -> None:
+        self._files = watched_files(self.funnel.spec)
+        self._seen = _snapshot(self._files)
+
+    async def poll(self) -> bool:
+        """Look once; on a change, validate and take or refuse it. True when it changed."""
+        now = _snapshot(self._files)
+        if now == self._seen:
+            return False
+        # A burst of writes (an editor's temporary file and rename): wait until quiet.
+        while True:
+            await asyncio.sleep(POLL / 2)
+            again = _snapshot(self._files)
+            if again == now:
+                break
+            now = again
+        self._seen = now
+        self.changed_at = max((m for _p, _s, m, _i in now), default=0) / 1e9
+        await self._reload()
+        return True
+
+    async def _reload(self) -> None:
+        try:
+            funnel = await asyncio.to_thread(load_funnel, self.path)
+        except FunnelInvalid as exc:
+            self.diagnostics = [d.as_dict() for d in exc.diagnostics]
+            self.problem = None
+            log.warning("studio: %s has %d problem(s); the last good version keeps running",
+                        self.path, len(exc.diagnostics))
+        except FunnelError as exc:
+            self.diagnostics = [{"file": str(self.path), "line": 0, "col": 0,
+                                 "severity": "error", "code": "F000", "message": str(exc)}]
+            self.problem = None
+        else:
+            try:
+                await self.deploy(funnel)
+            except FunnelError as exc:  # a schema change: `funnel migrate` first
+                self.problem = (f"the edit is valid but cannot be taken by the running "
+                                f"session: {exc}")
+            else:
+                self.funnel, self.problem, self.diagnostics = funnel, None, []
+                self.loaded_at = time.time()
+                self._files = watched_files(funnel.spec)  # a new template folder, a new file
+                self._seen = _snapshot(self._files)
+        self.generation += 1
+
+    def status(self) -> dict[str, Any]:
+        errors = [d for d in self.diagnostics if d.get("severity") == "error"]
+        return {"generation": self.generation, "ok": not errors and not self.problem,
+                "diagnostics": self.diagnostics, "problem": self.problem,
+                "version": self.funnel.spec.version, "loaded_at": self.loaded_at,
+                "changed_at": self.changed_at}
