@@ -21,7 +21,7 @@ Ollama's        NDJSON: a chat (or generate) object per piece, then ``done: true
 The body is sent with chunked transfer encoding. ``Stream.cut_after`` ends the
 connection after that many characters without finishing the body (a provider that
 fails mid-stream: the client sees an incomplete chunked read); ``Stream.hold``, a
-``threading.Event``, is waited for after the first piece (for tests that look at
+``threading.Event``, is waited for once ``hold_after`` characters are out (for tests that look at
 what was shown while the model is still writing; a stopping server wakes it).
 """
 
@@ -44,6 +44,7 @@ class Stream:
     piece: int = 6
     cut_after: int | None = None
     hold: threading.Event | None = None
+    hold_after: int = 16  # characters sent before ``hold`` is waited for
 
 
 def wants_stream(wire: str, body: dict[str, Any], path: str) -> bool:
@@ -150,7 +151,7 @@ def send(handler: BaseHTTPRequestHandler, events: Iterator[tuple[str | None, Any
         handler.send_header("Cache-Control", "no-cache")
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
-        sent, first = 0, True
+        sent, held = 0, False
         for event, data in events:
             if ndjson:
                 frame = json.dumps(data) + "\n"
@@ -163,8 +164,8 @@ def send(handler: BaseHTTPRequestHandler, events: Iterator[tuple[str | None, Any
             sent += _text_in(data)
             if how.cut_after is not None and sent >= how.cut_after:
                 return  # no terminating chunk: the body is incomplete
-            if first and _text_in(data) and how.hold is not None:
-                first = False
+            if not held and sent >= how.hold_after and how.hold is not None:
+                held = True
                 while not how.hold.wait(0.05):
                     if stopping.is_set():
                         return

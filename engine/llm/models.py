@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import ConfigError, ModelError
 from ..format import _yaml
 from ..records.messages import estimate_tokens
-from .client import Caller
+from .client import Caller, close_clients
 from .request import Completion, Model, ModelRequest
 from .strategy import CHOICES
 
@@ -195,6 +195,10 @@ class LiteLLMModel:
 
     async def complete(self, request: ModelRequest) -> Completion:
         return await self.caller.complete(request)
+
+    async def aclose(self) -> None:
+        """Close litellm's HTTP clients, on the loop that used them (a service stopping)."""
+        await close_clients(self._litellm)
 
 
 def make_model(name: str, *, api_base: str | None = None,

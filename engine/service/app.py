@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import StoreUnavailable
-from . import inbound, orders
+from . import inbound, orders, sse
 from .auth import WidgetSession
 from .config import ServiceConfig
 from .core import Service
@@ -105,6 +105,9 @@ async def post_message(request: Request, service: Service, funnel: str) -> Respo
     # Keys are the client's: scoped by its API key and the session, so nobody replays
     # another client's answers.
     scoped = f"{client.name}/{session}/{key}" if key else None
+    if sse.wanted(request):  # the reply as the model writes it (engine.service.sse)
+        return await sse.respond(lambda listener: inbound.turn(
+            service, funnel, session, text, channel="api", key=scoped, stream=listener))
     return _turn(await inbound.turn(service, funnel, session, text, channel="api", key=scoped))
 
 
@@ -153,6 +156,10 @@ async def widget_message(request: Request, service: Service, funnel: str) -> Res
     text = message_text(data)
     key = delivery_key(request, data)
     scoped = f"{session.session_id}/{key}" if key else None
+    if sse.wanted(request):
+        return await sse.respond(lambda listener: inbound.turn(
+            service, funnel, session.session_id, text, channel="web", key=scoped,
+            stream=listener))
     return _turn(await inbound.turn(service, funnel, session.session_id, text, channel="web",
                                     key=scoped))
 
