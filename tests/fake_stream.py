@@ -45,6 +45,8 @@ class Stream:
     cut_after: int | None = None
     hold: threading.Event | None = None
     hold_after: int = 16  # characters sent before ``hold`` is waited for
+    # When given: (time.perf_counter(), characters of text sent so far) after each event.
+    marks: list[tuple[float, int]] | None = None
 
 
 def wants_stream(wire: str, body: dict[str, Any], path: str) -> bool:
@@ -162,6 +164,8 @@ def send(handler: BaseHTTPRequestHandler, events: Iterator[tuple[str | None, Any
             handler.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
             handler.wfile.flush()
             sent += _text_in(data)
+            if how.marks is not None:
+                how.marks.append((time.perf_counter(), sent))
             if how.cut_after is not None and sent >= how.cut_after:
                 return  # no terminating chunk: the body is incomplete
             if not held and sent >= how.hold_after and how.hold is not None:
