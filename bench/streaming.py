@@ -82,7 +82,8 @@ async def run(url: str, turns: int) -> None:
                 seen: list[float] = []
                 started = time.perf_counter()
                 await engine.handle(f"bench-stream-{i}", "Hi!",
-                                    stream=lambda kind, text: seen.append(time.perf_counter()))
+                                    stream=lambda kind, text, seen=seen: seen.append(
+                                        time.perf_counter()))
                 token = next(t for t, sent in marks if sent > REPLY_STARTS)
                 if i >= 3:
                     model_first.append(token - started)
