@@ -172,3 +172,58 @@ def test_a_refusal_before_the_stream_is_plain_json(served: tuple[str, FakeOpenAI
     r = httpx.post(f"{url}{BASE}/sessions/sse-x/messages", json={"text": "Hi!"},
                    headers={"Accept": "text/event-stream"}, timeout=30)
     assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+
+
+@pytest.mark.slow
+def test_the_widget_shows_the_reply_as_it_arrives(db_url: str, tmp_path: Any,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_service import _chromium
+
+    browser, driver_path = _chromium()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    monkeypatch.setenv("SE_OFFLINE", "true")
+    hold = threading.Event()
+    with FakeOpenAI() as fake, running(create_app(config(db_url, model=LiteLLMModel(
+            "openai/gpt-4o-mini", api_base=fake.api_base)))) as url:
+        fake.reply(json.dumps(HELLO), stream=Stream(hold=hold, hold_after=24))
+        driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+        try:
+            wait = WebDriverWait(driver, 20)
+            driver.get(f"{url}/demo/puramur")
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".fw-launcher"))
+            driver.find_element(By.CSS_SELECTOR, ".fw-launcher").click()
+            wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".fw-panel").is_displayed())
+            box = driver.find_element(By.CSS_SELECTOR, ".fw-input")
+            box.send_keys("Hi!")
+            box.send_keys("\n")
+
+            def partial(d: Any) -> str:
+                return str(d.execute_script(
+                    "var b = document.querySelector('[data-testid=fw-streaming] .fw-bubble');"
+                    "return b ? b.textContent : ''"))
+
+            # The model is held mid-answer: what the bubble shows arrived before the turn.
+            wait.until(lambda d: partial(d) != "")
+            early = partial(driver)
+            assert HELLO["reply"].startswith(early) and early != HELLO["reply"]
+            hold.set()
+
+            def final(d: Any) -> bool:
+                return bool(d.execute_script(
+                    "return !document.querySelector('[data-testid=fw-streaming]') && "
+                    "[...document.querySelectorAll('.fw-bot .fw-bubble')]"
+                    ".some(e => e.textContent === arguments[0])", HELLO["reply"]))
+
+            wait.until(final)
+        finally:
+            driver.quit()
