@@ -240,3 +240,37 @@ async def test_a_server_that_refuses_to_stream_answers_in_one_event(db_url: str)
             await engine.close()
         assert "stream" not in fake.requests[-1]
     assert events == [("delta", result.reply)]
+
+
+# -- the pieces, without a model ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "reply"), [
+    ('', None), ('{"rep', None), ('{"updates": {"a": 1}', None), ('[1, 2', None),
+    ('{"reply": "', ""), ('{"reply": "Hel', "Hel"), ('{"reply": "a\\', "a"),
+    ('{"reply": "a\\u00', "a"), ('{"reply": "a\\ud83d', "a"), ('{"reply": "a\\ud83d\\ude00', "a😀"),
+    ('```json\n{"reply": "fenced', "fenced"), ('{"reply": "done", "upd', "done"),
+    ('{"updates": {}, "reply": "late', "late"), ('{"reply": 7', None),
+    ('{"reply": "bidi \u202e trick', "bidi \ufffd trick"),
+])
+def test_partial_reply(text: str, reply: str | None) -> None:
+    from engine.boundary.partial import partial_reply
+
+    assert partial_reply(text) == reply
+
+
+def test_the_reply_stream_keeps_the_listener_in_step() -> None:
+    from engine.turn.stream import ReplyStream
+
+    events = Events()
+    stream = ReplyStream(events)
+    for text in ('{"reply": "He', '{"reply": "Hello', '{"reply": "He'):  # a retry catching up
+        stream.text(text)
+    stream.text('{"reply": "Hello there"}')
+    assert events == [("delta", "He"), ("delta", "llo"), ("delta", " there")]
+    stream.rejected()
+    stream.text('{"reply": "')  # the repair's first bytes show nothing
+    stream.text('{"reply": "Hi')
+    stream.finish("Hi!")
+    assert events[3:] == [("replace", "Hi"), ("delta", "!")]
+    assert events.shown == "Hi!"

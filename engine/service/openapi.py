@@ -27,6 +27,15 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+def _streamed(response: dict[str, Any]) -> dict[str, Any]:
+    """``response`` (a Turn) that may also come as Server-Sent Events (docs/service.md)."""
+    events = {"type": "string", "description": (
+        "With `Accept: text/event-stream`: events `delta` {text}, `replace` {text}, then "
+        "`turn` (the Turn) or `error` {error, message}; each `data:` line is JSON.")}
+    return {**response, "content": {**response["content"],
+                                    "text/event-stream": {"schema": events}}}
+
+
 def _errors(*codes: int) -> dict[str, Any]:
     text = {
         400: "The request is malformed (not JSON, a missing or blank `text`, a bad session id).",
@@ -77,7 +86,8 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                 "description": "Needs the `converse` scope.",
                 "parameters": [funnel, session, idempotency], "requestBody": message_body,
                 "security": api_key,
-                "responses": {"200": _json(_ref("Turn"), "The reply and where the session is."),
+                "responses": {"200": _streamed(_json(_ref("Turn"),
+                                                     "The reply and where the session is.")),
                               **_errors(400, 401, 403, 404, 409, 413, 429, 503)}}},
             "/v1/funnels/{funnel}/sessions/{session}/conversions": {"post": {
                 "operationId": "recordConversion",
@@ -112,7 +122,7 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                     "operationId": "widgetMessage", "summary": "Send a message as the widget.",
                     "parameters": [funnel, idempotency], "requestBody": message_body,
                     "security": [{"widgetToken": []}],
-                    "responses": {"200": _json(_ref("Turn"), "The reply."),
+                    "responses": {"200": _streamed(_json(_ref("Turn"), "The reply.")),
                                   **_errors(400, 401, 404, 409, 413, 429, 503)}},
                 "get": {
                     "operationId": "widgetHistory",
