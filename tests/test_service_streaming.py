@@ -50,7 +50,8 @@ def served(db_url: str) -> Iterator[tuple[str, FakeOpenAI]]:
 
 def events(response: httpx.Response) -> list[tuple[str, Any]]:
     """The events of a ``text/event-stream`` response, parsed."""
-    found, event = [], None
+    found: list[tuple[str, Any]] = []
+    event = ""
     for line in response.iter_lines():
         if line.startswith("event: "):
             event = line.removeprefix("event: ")
