@@ -9,6 +9,10 @@ the next behaviour from a queue the test fills:
     server.sleep(5, then='{"reply": "late"}')   # for timeouts
     gate = server.hold('{"reply": "Hi"}')       # waits until gate.release()
     server.trickle(60)                 # a 200 whose body comes a space at a time
+    server.reply('{"reply": "Hi"}', stream=Stream(cut_after=4))  # how a stream is sent
+
+A request with ``"stream": true`` gets the content as OpenAI's chunk stream
+(tests/fake_stream.py), ``Stream()`` unless the behaviour says otherwise.
 
 With the queue empty it asks the responder, if one is set
 (``server.respond_with(lambda body: ...)``: the content to answer, or ``None``),
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from fake_stream import Stream, openai_chunks, send, wants_stream
 from loopback import LoopbackServer
 
 PATHS = ("/v1/chat/completions", "/chat/completions")
@@ -61,6 +66,7 @@ class Gate:
     def wait_arrived(self, timeout: float = 30.0) -> None:
         if not self.arrived.wait(timeout):
             raise AssertionError(f"no request reached the held behaviour in {timeout} s")
+    stream: Stream | None = None
 
 
 class FakeOpenAI(LoopbackServer):
@@ -79,10 +85,11 @@ class FakeOpenAI(LoopbackServer):
 
     # -- programming -------------------------------------------------------------------
     def reply(self, content: str, *, prompt_tokens: int = 120,
-              completion_tokens: int = 30) -> FakeOpenAI:
-        """Answer with a chat.completion whose message content is ``content``."""
+              completion_tokens: int = 30, stream: Stream | None = None) -> FakeOpenAI:
+        """Answer with a chat.completion whose message content is ``content`` (streamed
+        as ``stream`` says, when the request streams)."""
         self._push(Behaviour("reply", content=content, prompt_tokens=prompt_tokens,
-                             completion_tokens=completion_tokens))
+                             completion_tokens=completion_tokens, stream=stream))
         return self
 
     def fail(self, status: int = 500, message: str = "The server had an error "
@@ -196,6 +203,16 @@ class _Handler(BaseHTTPRequestHandler):
         if behaviour.kind == "fail":
             self._send(behaviour.status, _error(behaviour.message, "server_error",
                                                 behaviour.status))
+            return
+        if wants_stream("openai", body, path):
+            options = body.get("stream_options") or {}
+            usage = {"prompt_tokens": behaviour.prompt_tokens,
+                     "completion_tokens": behaviour.completion_tokens,
+                     "total_tokens": behaviour.prompt_tokens + behaviour.completion_tokens}
+            how = behaviour.stream or Stream()
+            send(self, openai_chunks(behaviour.content or "", str(body.get("model") or "fake"),
+                                     None, usage if options.get("include_usage") else None,
+                                     how.piece), how, self.fake._stopping)
             return
         self._send(200, {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",

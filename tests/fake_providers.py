@@ -39,6 +39,15 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from fake_stream import (
+    Stream,
+    anthropic_events,
+    gemini_events,
+    ollama_lines,
+    openai_chunks,
+    send,
+    wants_stream,
+)
 from loopback import LoopbackServer
 
 WIRES = ("openai", "azure", "anthropic", "ollama", "gemini", "lmstudio", "llamacpp",
@@ -58,6 +67,7 @@ class Behaviour:
     cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
     written_tokens: int = 0  # of prompt_tokens, written to the provider's prompt cache
     then: Behaviour | None = None
+    stream: Stream | None = None  # how a streamed answer is sent (tests/fake_stream.py)
 
 
 class FakeProvider(LoopbackServer):
@@ -78,7 +88,8 @@ class FakeProvider(LoopbackServer):
 
     # -- programming -------------------------------------------------------------------
     def reply(self, content: str, *, prompt_tokens: int = 120, completion_tokens: int = 30,
-              cached_tokens: int = 0, written_tokens: int = 0) -> FakeProvider:
+              cached_tokens: int = 0, written_tokens: int = 0,
+              stream: Stream | None = None) -> FakeProvider:
         """Answer with ``content`` (the envelope's JSON text) in the wire's response shape;
         ``cached_tokens`` of the prompt tokens were read from the prompt cache (reported as
         the wire reports it: Anthropic's ``cache_read_input_tokens``, OpenAI's
@@ -89,7 +100,7 @@ class FakeProvider(LoopbackServer):
         self._queue.append(Behaviour("reply", content=content, prompt_tokens=prompt_tokens,
                                      completion_tokens=completion_tokens,
                                      cached_tokens=cached_tokens,
-                                     written_tokens=written_tokens))
+                                     written_tokens=written_tokens, stream=stream))
         return self
 
     def fail(self, status: int = 500, message: str = "The server had an error.",
@@ -176,7 +187,40 @@ class _Handler(BaseHTTPRequestHandler):
         if behaviour.kind == "fail":
             self._error(behaviour.status, behaviour.message, behaviour.retry_after)
             return
+        if wants_stream(wire, body, path) and wire != "bedrock":
+            self._stream(body, path, behaviour)
+            return
         self._send(200, _response(wire, body, path, behaviour))
+
+    def _stream(self, body: dict[str, Any], path: str, b: Behaviour) -> None:
+        """The answer as the wire streams it (tests/fake_stream.py)."""
+        wire, how = self.fake.wire, b.stream or Stream()
+        model, tool = str(body.get("model") or "fake-model"), _forced_tool(body)
+        usage: dict[str, Any]
+        if wire == "anthropic":
+            usage = {"input_tokens": b.prompt_tokens - b.cached_tokens - b.written_tokens,
+                     "cache_creation_input_tokens": b.written_tokens,
+                     "cache_read_input_tokens": b.cached_tokens,
+                     "output_tokens": b.completion_tokens}
+            events = anthropic_events(b.content, model, tool, usage, how.piece)
+        elif wire == "gemini":
+            events = gemini_events(b.content, model, {
+                "promptTokenCount": b.prompt_tokens, "candidatesTokenCount": b.completion_tokens,
+                "totalTokenCount": b.prompt_tokens + b.completion_tokens}, how.piece)
+        elif wire == "ollama":
+            send(self, ollama_lines(b.content, model, path == "/api/generate", b.prompt_tokens,
+                                    b.completion_tokens, how.piece),
+                 how, self.fake._stopping, ndjson=True)
+            return
+        else:
+            include = (body.get("stream_options") or {}).get("include_usage")
+            usage = {
+                     "prompt_tokens": b.prompt_tokens, "completion_tokens": b.completion_tokens,
+                     "total_tokens": b.prompt_tokens + b.completion_tokens,
+                     "prompt_tokens_details": {"cached_tokens": b.cached_tokens}}
+            events = openai_chunks(b.content, model, tool, usage if include else None,
+                                   how.piece)
+        send(self, events, how, self.fake._stopping)
 
     def _error(self, status: int, message: str, retry_after: str | None = None) -> None:
         wire = self.fake.wire
@@ -225,7 +269,7 @@ def _route_ok(wire: str, path: str) -> bool:
         return path.startswith("/model/") and path.endswith(("/converse", "/invoke"))
     if wire == "ollama":
         return path in ("/api/chat", "/api/generate")
-    return path.endswith(":generateContent")
+    return path.endswith((":generateContent", ":streamGenerateContent"))
 
 
 def _has_key(wire: str, headers: dict[str, str], full_path: str, key: str | None) -> bool:

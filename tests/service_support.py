@@ -56,6 +56,8 @@ BOT_API: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]
     "answerCallbackQuery": ({"callback_query_id": (str,)},
                             {"text": (str,), "show_alert": (bool,), "cache_time": (int,)}),
     "getMe": ({}, {}),
+    "sendChatAction": ({"chat_id": (int, str), "action": (str,)},
+                       {"message_thread_id": (int,), "business_connection_id": (str,)}),
 }
 
 

@@ -136,6 +136,8 @@ def test_webhook_acknowledges_then_replies_through_the_outbox(db_url: str, teleg
         r = client.post(HOOK, json=private(2, "Hi!"), headers=HEADERS)
         assert r.status_code == 200 and r.json() == {"ok": True}
         assert telegram.wait_sent(1) == [{"chat_id": 4242, "text": GREETING}]
+        # "typing..." while the turn ran (before the reply: the turn starts with it).
+        assert telegram.sent("sendChatAction") == [{"chat_id": 4242, "action": "typing"}]
         again = client.post(HOOK, json=private(2, "Hi!"), headers=HEADERS)
         assert again.json() == {"ok": True, "duplicate": True}
         for name in ("sticker", "voice", "edited message"):

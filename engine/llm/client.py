@@ -22,6 +22,7 @@ from ..errors import ModelError, first_line
 from . import cache as _cache
 from . import retry as _retry
 from . import strategy as _strategy
+from . import stream as _stream
 from .portable import portable_schema
 from .request import Completion, ModelRequest
 
@@ -103,15 +104,20 @@ class Caller:
                               f"({s.deadline:g} s)")
             kwargs = self.request_kwargs(model, api_base, request, strategy, schema,
                                          min(s.timeout, remaining))
+            streamed = request.on_text is not None and _stream.streams(
+                self._litellm, model, api_base, self._provider(model, api_base))
             count.attempts += 1
             started = time.perf_counter()
             try:
                 # litellm's timeout is per HTTP read; the deadline bounds the whole call.
-                response = await asyncio.wait_for(self._litellm.acompletion(**kwargs),
+                response = await asyncio.wait_for(self._call(kwargs, request, streamed),
                                                   timeout=remaining)
             except Exception as exc:
                 self._spent(count, started, model, kwargs, exc)
                 status = _retry.status_of(exc)
+                if streamed and _stream.refused(exc, status, _strategy.error_text(exc)):
+                    _stream.stop_streaming(model, api_base, error_detail(exc))
+                    continue
                 if len(chain) > 1 and _strategy.is_refusal(exc, status):
                     if _strategy.step_down(model, api_base, chain, strategy, error_detail(exc)):
                         continue
@@ -137,6 +143,16 @@ class Caller:
                     model=model, messages=kwargs["messages"]))
             except Exception:  # a model litellm cannot count for: unknown, not invented
                 return
+    async def _call(self, kwargs: dict[str, Any], request: ModelRequest, streamed: bool
+                    ) -> Any:
+        """One HTTP call; streamed, it tells ``request.on_text`` the answer as it grows."""
+        if not streamed or request.on_text is None:
+            return await self._litellm.acompletion(**kwargs)
+        request.on_text("")  # a new attempt: what an earlier one streamed is void
+        stream = await self._litellm.acompletion(
+            **kwargs, stream=True, stream_options={"include_usage": True})
+        return await _stream.consume(self._litellm, stream, kwargs["messages"],
+                                     request.on_text)
 
     def request_kwargs(self, model: str, api_base: str | None, request: ModelRequest,
                        strategy: str, schema: dict[str, Any], timeout: float

@@ -21,13 +21,15 @@ from typing import Any
 from ..errors import ConfigError, ModelError
 from ..format import _yaml
 from ..records.messages import estimate_tokens
-from .client import Caller
+from .client import Caller, close_clients
 from .request import Completion, Model, ModelRequest
 from .strategy import CHOICES
 
 __all__ = ["Completion", "LiteLLMModel", "Model", "ModelRequest", "ScriptedModel", "make_model"]
 
 # -- the scripted model ----------------------------------------------------------------
+
+STREAM_PIECE = 8  # characters of a scripted answer per streamed piece
 
 
 @dataclass
@@ -61,7 +63,9 @@ class ScriptedModel:
     output), ``{output: X, repair: Y}`` (Y answers the repair call), or
     ``{error: message}`` (the call fails). Token counts are estimated with
     :func:`engine.turn.prompts.estimate_tokens`. ``delay: SECONDS`` makes every call
-    take that long, like a remote model (for load tests; none by default).
+    take that long, like a remote model (for load tests; none by default). A request
+    that streams (``on_text``) gets the text in pieces of :data:`STREAM_PIECE` characters,
+    ``chunk_delay: SECONDS`` apart (none by default), so that streaming can be tried offline.
     """
 
     turns: list[ScriptEntry] = field(default_factory=list)
@@ -69,6 +73,7 @@ class ScriptedModel:
     default: ScriptEntry | None = None
     name: str = "scripted"
     delay: float = 0.0
+    chunk_delay: float = 0.0
 
     @classmethod
     def from_file(cls, path: str | Path) -> ScriptedModel:
@@ -112,18 +117,12 @@ class ScriptedModel:
             except (KeyError, TypeError, re.error) as exc:
                 raise ConfigError(f"bad `match` entry {item!r}: {exc}") from None
         default = data.get("default")
-        try:
-            delay = float(data.get("delay") or 0)
-        except (TypeError, ValueError):
-            raise ConfigError(f"`delay` must be a number of seconds; got {data.get('delay')!r}"
-                              ) from None
-        if delay < 0:
-            raise ConfigError(f"`delay` must not be negative; got {delay:g}")
         return cls(
             turns=[_entry(x) for x in data.get("turns") or []],
             match=match,
             default=_entry(default) if default is not None else None,
-            delay=delay,
+            delay=_seconds(data, "delay"),
+            chunk_delay=_seconds(data, "chunk_delay"),
         )
 
     def pick(self, request: ModelRequest) -> ScriptEntry:
@@ -145,6 +144,11 @@ class ScriptedModel:
         if entry.error:
             raise ModelError(entry.error)
         text = entry.text(bool(request.attempt))
+        if request.on_text is not None:
+            for end in range(STREAM_PIECE, len(text) + STREAM_PIECE, STREAM_PIECE):
+                request.on_text(text[:end])
+                # Each piece is its own step of the loop, as a network stream's are.
+                await asyncio.sleep(self.chunk_delay)
         return Completion(
             text=text,
             prompt_tokens=estimate_tokens(request.messages),
@@ -152,6 +156,17 @@ class ScriptedModel:
             model=self.name,
             latency_ms=(time.perf_counter() - started) * 1000,
         )
+
+
+def _seconds(data: Mapping[str, Any], key: str) -> float:
+    try:
+        value = float(data.get(key) or 0)
+    except (TypeError, ValueError):
+        raise ConfigError(f"`{key}` must be a number of seconds; got {data.get(key)!r}"
+                          ) from None
+    if value < 0:
+        raise ConfigError(f"`{key}` must not be negative; got {value:g}")
+    return value
 
 
 def _entry(raw: Any) -> ScriptEntry:
@@ -222,6 +237,9 @@ class LiteLLMModel:
             ChatCompletion.construct(**_SAMPLE_COMPLETION)
         except Exception as exc:  # a failed warm-up costs the first turn its second, no more
             log.debug("litellm warm-up for %s failed: %s", self.name, exc)
+    async def aclose(self) -> None:
+        """Close litellm's HTTP clients, on the loop that used them (a service stopping)."""
+        await close_clients(self._litellm)
 
 
 def make_model(name: str, *, api_base: str | None = None,

@@ -7,8 +7,8 @@ importing each other. `engine.llm.models` re-exports them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..format.settings import ModelSettings
@@ -33,6 +33,9 @@ class ModelRequest:
     # How many leading messages the next turn repeats (engine.turn.budget.Fitted.stable): a
     # prompt cache's second breakpoint goes on the last of them. 0: not said.
     stable: int = 0
+    # Streaming: called with the answer's text so far each time it grows ("" when an
+    # attempt begins: what an earlier attempt sent is void). None: no streaming.
+    on_text: Callable[[str], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from ..llm.models import Model, make_model
 from ..store import Store, open_store
 from ..turn.engine import Engine, TurnResult
 from ..turn.notify import Notifier, make_notifier
+from ..turn.stream import Listener
 from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
 from .config import ServiceConfig
 from .limits import RateLimiter, RequestRefused, SessionQueue
@@ -161,6 +162,10 @@ class Service:
             await engine.close()  # waits for background work; the store is ours to close
         if self.store is not None:
             await self.store.close()
+        for model in self.models.values():  # litellm's HTTP clients belong to this loop
+            close = getattr(model, "aclose", None)
+            if close is not None:
+                await close()
 
     async def _write_metrics(self) -> None:
         """Share this worker's counts with the others once a second (see metrics.py)."""
@@ -257,12 +262,13 @@ class Service:
     # -- a turn ------------------------------------------------------------------------
     async def converse(self, funnel: str, session_id: str, text: str, *, channel: str,
                        key: str | None = None, reply_to: Mapping[str, Any] | None = None,
-                       message_id: int | None = None, facts: Mapping[str, Any] | None = None
-                       ) -> TurnResult:
+                       message_id: int | None = None, facts: Mapping[str, Any] | None = None,
+                       stream: Listener | None = None) -> TurnResult:
         """Run one turn, within the per-session queue; refusals are :class:`RequestRefused`.
 
         ``key`` is the message's delivery key; a second delivery raises
-        :class:`DuplicateDelivery` (engine.service.inbound replays it). See
+        :class:`DuplicateDelivery` (engine.service.inbound replays it). ``stream`` gets
+        the reply as the model writes it (engine.turn.stream). See
         :meth:`engine.turn.engine.Engine.handle` for the other arguments.
         """
         if time.monotonic() < self._down_until:
@@ -274,7 +280,8 @@ class Service:
         self.metrics.turns_in_flight += 1
         try:
             result = await engine.handle(session_id, text, channel=channel, key=key,
-                                         reply_to=reply_to, message_id=message_id, facts=facts)
+                                         reply_to=reply_to, message_id=message_id, facts=facts,
+                                         stream=stream)
         except DuplicateDelivery:
             raise
         except StoreUnavailable as exc:

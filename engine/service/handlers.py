@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import StoreUnavailable
-from . import inbound, manager, orders
+from . import inbound, manager, orders, sse
 from .auth import WidgetSession as Token
 from .core import Service
 from .inbound import REPLAY_HEADER, delivery_key
@@ -90,6 +90,9 @@ async def post_message(request: Request, service: Service, funnel: str) -> Respo
     # Keys are the client's: scoped by its API key and the session, so nobody replays
     # another client's answers.
     scoped = f"{client.name}/{session}/{key}" if key else None
+    if sse.wanted(request):  # the reply as the model writes it (engine.service.sse)
+        return await sse.respond(lambda listener: inbound.turn(
+            service, funnel, session, message.text, channel="api", key=scoped, stream=listener))
     return _turn(Turn.model_validate(
         await inbound.turn(service, funnel, session, message.text, channel="api", key=scoped)))
 
@@ -142,6 +145,10 @@ async def widget_message(request: Request, service: Service, funnel: str) -> Res
     message = parse(MessageIn, data)
     key = delivery_key(request, data)
     scoped = f"{session.session_id}/{key}" if key else None
+    if sse.wanted(request):
+        return await sse.respond(lambda listener: inbound.turn(
+            service, funnel, session.session_id, message.text, channel="web", key=scoped,
+            stream=listener))
     return _turn(Turn.model_validate(await inbound.turn(
         service, funnel, session.session_id, message.text, channel="web", key=scoped)))
 
@@ -204,7 +211,7 @@ OPERATIONS: list[Operation] = [
     Operation("POST", f"{_S}/messages", "sendMessage", "Answer one customer message (a turn).",
               _endpoint(post_message), {200: (Turn, "The reply and where the session is.")},
               body=MessageIn, errors=(400, 401, 403, 404, 409, 413, 429, 503),
-              params=(_IDEMPOTENCY,), security=_API_KEY,
+              params=(_IDEMPOTENCY,), security=_API_KEY, streams=True,
               description="Needs the `converse` scope."),
     Operation("POST", f"{_S}/conversions", "recordConversion",
               "Record an order the session's customer placed.", _endpoint(post_conversion),
@@ -247,7 +254,7 @@ OPERATIONS: list[Operation] = [
     Operation("POST", f"{_F}/widget/messages", "widgetMessage", "Send a message as the widget.",
               _endpoint(widget_message), {200: (Turn, "The reply.")}, body=MessageIn,
               errors=(400, 401, 404, 409, 413, 429, 503), params=(_IDEMPOTENCY,),
-              security=("widgetToken",)),
+              security=("widgetToken",), streams=True),
     Operation("GET", f"{_F}/widget/messages", "widgetHistory",
               "The last messages of the widget's own session.", _endpoint(widget_history),
               {200: (History, "Oldest first.")}, errors=(401, 404, 429, 503),

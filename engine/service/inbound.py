@@ -29,6 +29,7 @@ from starlette.requests import Request
 
 from ..errors import DuplicateDelivery, StoreUnavailable
 from ..turn.engine import TurnResult
+from ..turn.stream import Listener
 from .limits import RequestRefused
 
 if TYPE_CHECKING:
@@ -69,13 +70,19 @@ def body(result: TurnResult, turn_id: int | None, replayed: bool = False) -> dic
 
 
 async def turn(service: Service, funnel: str, session_id: str, text: str, *, channel: str,
-               key: str | None) -> dict[str, Any]:
-    """Run the message's turn, or replay the answer of its first delivery (same key)."""
+               key: str | None, stream: Listener | None = None) -> dict[str, Any]:
+    """Run the message's turn, or replay the answer of its first delivery (same key).
+
+    ``stream`` gets the reply as the model writes it (engine.turn.stream); a replay
+    (the saved answer, or one waited for) sends it nothing: the turn returned says all.
+    """
     if key is None:
-        result = await service.converse(funnel, session_id, text, channel=channel)
+        result = await service.converse(funnel, session_id, text, channel=channel,
+                                        stream=stream)
         return body(result, result.message_id)
     try:
-        result = await service.converse(funnel, session_id, text, channel=channel, key=key)
+        result = await service.converse(funnel, session_id, text, channel=channel, key=key,
+                                        stream=stream)
         return body(result, result.message_id)
     except DuplicateDelivery as dup:
         service.metrics.count("funnel_replays_total", funnel=funnel, channel=channel)

@@ -49,6 +49,12 @@ def _operation(op: Operation) -> dict[str, Any]:
     for status, (model, text) in sorted(op.answers.items()):
         responses[str(status)] = {"description": text,
                                   "content": _content(model, op.media_type)}
+    if op.streams and "200" in responses:
+        responses["200"]["content"]["text/event-stream"] = {"schema": {
+            "type": "string", "description": (
+                "With `Accept: text/event-stream`: events `delta` {text}, `replace` {text}, "
+                "then `turn` (the JSON body above) or `error` {error, message}; each `data:` "
+                "line is JSON (docs/service.md).")}}
     for status in op.errors:
         responses.setdefault(str(status), {"description": ERRORS[status],
                                            "content": _content(ErrorBody, "application/json")})

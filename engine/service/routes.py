@@ -87,6 +87,9 @@ class Operation:
     description: str = ""
     media_type: str = "application/json"
     tags: tuple[str, ...] = field(default=())
+    # The 200 may also come as Server-Sent Events (``Accept: text/event-stream``,
+    # engine.service.sse): the reply as the model writes it, then the same body.
+    streams: bool = False
 
 
 def json_response(body: BaseModel, status: int = 200) -> Response:

@@ -21,6 +21,7 @@ from ..store import Inbound
 from . import language
 from .advance import Mover, Position
 from .output import Answer
+from .stream import ReplyStream
 
 __all__ = ["Incoming", "Turn", "TurnResult", "turn_record"]
 
@@ -71,6 +72,7 @@ class Incoming:
     delivery: Inbound | None = None  # the delivery key, recorded with the message
     reply_to: Mapping[str, Any] | None = None  # where the outbox sends the reply
     facts: Mapping[str, Any] = field(default_factory=dict)
+    stream: ReplyStream | None = None  # the reply shown as it is written (every attempt)
 
 
 @dataclass

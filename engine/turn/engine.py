@@ -56,6 +56,7 @@ from .data import Incoming, Turn, TurnResult, turn_record
 from .notify import Notifier, dispatch, make_notifier
 from .output import Answer
 from .routing import Routing
+from .stream import Listener, ReplyStream
 
 __all__ = ["TECHNICAL_REPLY", "Engine", "TurnResult"]
 
@@ -227,8 +228,8 @@ class Engine:
 
     async def handle(self, session_id: str, text: str, *, channel: str = "api",
                      key: str | None = None, reply_to: Mapping[str, Any] | None = None,
-                     message_id: int | None = None, facts: Mapping[str, Any] | None = None
-                     ) -> TurnResult:
+                     message_id: int | None = None, facts: Mapping[str, Any] | None = None,
+                     stream: Listener | None = None) -> TurnResult:
         """Run one turn for a customer message and return what to answer.
 
         ``key`` is the message's delivery key (unique per funnel and channel): a
@@ -238,6 +239,10 @@ class Engine:
         turn of a message logged before (accepted, not yet answered). ``facts`` are
         values the channel knows (a deep link's attribution), written to declared state
         fields that are still empty; the model never sees them as the customer's text.
+        ``stream`` gets the reply as the model writes it, ``(kind, text)`` events
+        (engine.turn.stream: ``delta`` adds, ``replace`` replaces what was shown); when
+        the turn returns, what it was shown is exactly ``reply``. Nothing shown is
+        applied before the whole answer validates; the turn is recorded as any other.
 
         Raises:
             InvalidInput: a bad session id or message (nothing is written).
@@ -248,7 +253,8 @@ class Engine:
         inbound = Incoming(session_id, text, channel, time.perf_counter(),
                             message_id=message_id or None,
                             delivery=Inbound(channel, key) if key else None,
-                            reply_to=reply_to, facts=facts or {})
+                            reply_to=reply_to, facts=facts or {},
+                            stream=ReplyStream(stream) if stream is not None else None)
         for attempt in range(3):
             try:
                 async with self.store.session(self.spec, session_id) as access:
@@ -279,6 +285,8 @@ class Engine:
                     with contextlib.suppress(StoreUnavailable):
                         await self.store.log_message(self.spec, session_id, "user", text)
                 raise
+        if inbound.stream is not None:
+            inbound.stream.finish(result.reply)
         if result.handoff:
             # Deliver after the reply, never before it: a slow manager webhook must not
             # delay the customer. A delivery that fails is retried by the next dispatch.
@@ -313,7 +321,8 @@ class Engine:
         await self._fold_summary(turn)
         steps.route(turn)
         steps.decide_language(turn)
-        answer = await steps.ask_model(turn, self.summary, self.store, self.model)
+        answer = await steps.ask_model(turn, self.summary, self.store, self.model,
+                                       turn.inbound.stream)
         steps.apply(turn, answer)
         turn.firings += turn.mover.advance(turn.state)
         return await self._record(access, turn, answer)

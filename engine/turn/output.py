@@ -21,6 +21,7 @@ from ..boundary.sanitize import Rejected, model_json, printable
 from ..errors import ModelError
 from ..funnel.compiled import CompiledStage
 from ..llm.models import Completion, Model, ModelRequest
+from .stream import ReplyStream
 
 
 @dataclass
@@ -49,7 +50,7 @@ class Answer:
 async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]],
           session_id: str, turn: int, text: str,
           reply_check: Callable[[dict[str, Any]], str | None] | None = None,
-          stable: int = 0) -> Answer:
+          stable: int = 0, stream: ReplyStream | None = None) -> Answer:
     """Call the model, validate, repair once, else the stage's fallback.
 
     ``reply_check`` is one more validation of a schema-valid envelope (the reply's
@@ -57,16 +58,20 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     Never raises for a model failure: the answer carries the error. Both calls
     share one deadline, ``model.deadline`` seconds from now. ``stable``: how many leading
     messages the next turn repeats (engine.turn.budget.Fitted.stable), for the prompt cache.
+    ``stream``: the reply is shown as the model writes it (engine.turn.stream); a
+    rejected answer is marked there, so that what replaces it says so.
     """
     deadline = time.monotonic() + stage.spec.model.deadline
+    on_text = stream.text if stream is not None else None
     request = ModelRequest(messages=messages, schema=stage.schema, stage=stage.spec.name,
                            settings=stage.spec.model, session_id=session_id, turn=turn,
-                           user_text=text, deadline=deadline, stable=stable)
+                           user_text=text, deadline=deadline, stable=stable, on_text=on_text)
     fallback = {"reply": stage.spec.fallback}
     completions: list[Completion] = []
     try:
         first = await model.complete(request)
     except ModelError as exc:
+        _reject(stream)
         return Answer(fallback, completions, fallback=True, error=str(exc),
                       attempts=exc.attempts, spent_ms=exc.spent_ms,
                       spent_prompt_tokens=exc.prompt_tokens)
@@ -74,6 +79,7 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     envelope, problem, dropped = _checked(parse_kept(stage, first.text), reply_check)
     if envelope is not None:
         return Answer(envelope, completions, attempts=first.attempts, dropped=dropped)
+    _reject(stream)
     repair = ModelRequest(
         messages=[*messages, {"role": "assistant", "content": printable(first.text, 4000)},
                   {"role": "user", "content": (
@@ -81,10 +87,11 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
                       "JSON object that satisfies the output schema; keep the same meaning.")}],
         schema=stage.schema, stage=stage.spec.name, settings=stage.spec.model,
         session_id=session_id, turn=turn, user_text=text, attempt=1, deadline=deadline,
-        stable=stable)
+        stable=stable, on_text=on_text)
     try:
         second = await model.complete(repair)
     except ModelError as exc:
+        _reject(stream)
         return Answer(fallback, completions, failures=1, fallback=True,
                       error=f"{problem}; repair call failed: {exc}",
                       attempts=first.attempts + exc.attempts, spent_ms=exc.spent_ms,
@@ -94,8 +101,14 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     envelope, problem2, dropped = _checked(parse_kept(stage, second.text), reply_check)
     if envelope is not None:
         return Answer(envelope, completions, failures=1, attempts=attempts, dropped=dropped)
+    _reject(stream)
     return Answer(fallback, completions, failures=2, fallback=True,
                   error=f"{problem}; after repair: {problem2}", attempts=attempts)
+
+
+def _reject(stream: ReplyStream | None) -> None:
+    if stream is not None:
+        stream.rejected()
 
 
 Kept = tuple[dict[str, Any] | None, str, list[dict[str, Any]]]

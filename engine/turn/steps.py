@@ -21,6 +21,7 @@ from .budget import fit
 from .data import Turn
 from .output import Answer, ask
 from .prompts import at_level, build_context, prompt_data, render_parts
+from .stream import ReplyStream
 
 __all__ = ["apply", "ask_model", "decide_language", "handoff_time", "reply_check", "route"]
 
@@ -59,10 +60,10 @@ def reply_check(turn: Turn) -> Callable[[dict[str, Any]], str | None]:
                                                    str(envelope.get("reply", "")))
 
 
-async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Model
-                    ) -> Answer:
+async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Model,
+                    stream: ReplyStream | None = None) -> Answer:
     """Render the stage prompt within its budget and ask the model (validated, repaired
-    once, else the stage's fallback)."""
+    once, else the stage's fallback); with ``stream``, the reply is shown as it grows."""
     stage = turn.funnel.stage(turn.pos["stage"])
     window = stage.spec.memory.window
     history = memory.history(turn.recent, turn.row, window)
@@ -95,7 +96,7 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
                                        turn.text, crowded=True)
     return await ask(model, stage, fitted.messages, turn.session_id,
                      turn.pos["turns"] + 1, turn.text, reply_check=reply_check(turn),
-                     stable=fitted.stable)
+                     stable=fitted.stable, stream=stream)
 
 
 def apply(turn: Turn, answer: Answer) -> None:

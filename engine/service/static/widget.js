@@ -104,8 +104,9 @@
       .then(function (r) { if (!r.ok) throw r; return r.json(); })
       .then(function (body) { token = body.token; keep(token); return token; });
   }
-  function call(method, path, body, retried) {
+  function call(method, path, body, retried, accept) {
     var init = { method: method, headers: { Authorization: "Bearer " + token } };
+    if (accept) init.headers.Accept = accept;
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
@@ -113,7 +114,7 @@
     return fetch(base + path, init).then(function (r) {
       if (r.status === 401 && !retried) {
         token = null;
-        return session().then(function () { return call(method, path, body, true); });
+        return session().then(function () { return call(method, path, body, true, accept); });
       }
       return r;
     });
@@ -172,9 +173,15 @@
     log.scrollTop = log.scrollHeight;
     (ready || start()).then(function () {
       if (!token) throw new Error("no session");
-      return call("POST", "/widget/messages", { text: text, client_message_id: key });
+      return call("POST", "/widget/messages", { text: text, client_message_id: key }, false,
+                  canStream ? "text/event-stream" : undefined);
     }).then(function (r) {
       if (r.ok) {
+        var kind = r.headers.get("Content-Type") || "";
+        // The key is kept until the turn arrived: sent again, it is answered, not rerun.
+        if (kind.indexOf("text/event-stream") === 0 && r.body) {
+          return streamed(r).then(function () { unsent = null; });
+        }
         unsent = null;
         // A manager holds the session: no bubble unless the funnel has a holding reply.
         return r.json().then(function (body) { if (body.reply) bubble("bot", body.reply); });
@@ -198,6 +205,52 @@
       grow();
     });
   }
+  // The reply as it is written (Server-Sent Events: delta, replace, then the turn); the
+  // turn's reply is the one kept. Without a readable body, the turn event alone.
+  function streamed(r) {
+    var row = null, shown = "", turn = null, buffer = "";
+    function show(text) {
+      shown = text;
+      if (!row) {
+        if (typing.parentNode) typing.parentNode.removeChild(typing);
+        row = bubble("bot", "");
+        row.setAttribute("data-testid", "fw-streaming");
+      }
+      row.firstChild.textContent = shown;
+      log.scrollTop = log.scrollHeight;
+    }
+    function handle(block) {
+      var event = "message", data = "";
+      block.split("\n").forEach(function (line) {
+        if (line.indexOf("event: ") === 0) event = line.slice(7);
+        else if (line.indexOf("data: ") === 0) data += line.slice(6);
+      });
+      if (!data) return;
+      var body = JSON.parse(data);
+      if (event === "delta") show(shown + body.text);
+      else if (event === "replace") show(body.text);
+      else if (event === "turn") turn = body;
+      else if (event === "error") throw new Error(body.message || "stream error");
+    }
+    var reader = r.body.getReader(), decoder = new TextDecoder();
+    function pump() {
+      return reader.read().then(function (part) {
+        buffer += decoder.decode(part.value || new Uint8Array(), { stream: !part.done });
+        var at;
+        while ((at = buffer.indexOf("\n\n")) >= 0) {
+          handle(buffer.slice(0, at));
+          buffer = buffer.slice(at + 2);
+        }
+        if (!part.done) return pump();
+        if (!turn) throw new Error("the stream ended before the turn");
+        show(turn.reply);
+        row.removeAttribute("data-testid");
+      });
+    }
+    return pump();
+  }
+  var canStream = !!(window.ReadableStream && window.TextDecoder);
+
   function grow() {
     input.style.height = "auto";
     input.style.height = Math.min(input.scrollHeight + 2, 120) + "px";

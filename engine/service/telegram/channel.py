@@ -180,6 +180,7 @@ class TelegramChannel:
         users[0] += 1
         try:
             async with lock:
+                self._typing(funnel, meta.get("reply_to") or {})
                 await self.service.converse(
                     funnel, session_id, text, channel=CHANNEL, key=key,
                     reply_to={**meta.get("reply_to", {}), "key": key},
@@ -199,6 +200,17 @@ class TelegramChannel:
             if not users[0]:
                 self._order.pop(session_id, None)
         await self.deliver_due(funnel, session_id)
+
+    def _typing(self, funnel: str, target: Mapping[str, Any]) -> None:
+        """"typing..." in the chat while the turn runs (Telegram shows it for 5 s, or until
+        the bot's next message); its failure changes nothing, so it is not retried."""
+        bot = self.service.config.telegram_bot(funnel)
+        if bot is None or target.get("chat_id") is None:
+            return
+        body: dict[str, Any] = {"chat_id": target["chat_id"], "action": "typing"}
+        if type(target.get("message_thread_id")) is int:
+            body["message_thread_id"] = target["message_thread_id"]
+        self._background(self.api.call(bot.token, "sendChatAction", body))
 
     def _background(self, job: Any) -> None:
         task = asyncio.get_running_loop().create_task(job)
