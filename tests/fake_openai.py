@@ -50,6 +50,7 @@ class Behaviour:
     completion_tokens: int = 0
     then: Behaviour | None = None
     gate: Gate | None = None
+    stream: Stream | None = None
 
 
 class Gate:
@@ -66,7 +67,6 @@ class Gate:
     def wait_arrived(self, timeout: float = 30.0) -> None:
         if not self.arrived.wait(timeout):
             raise AssertionError(f"no request reached the held behaviour in {timeout} s")
-    stream: Stream | None = None
 
 
 class FakeOpenAI(LoopbackServer):

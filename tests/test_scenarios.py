@@ -20,6 +20,7 @@ from conftest import CliResult, run_funnel
 
 from engine.scenarios import discover, load_scenario
 from engine.scenarios import run as scenario_run
+from engine.store.connect import temporary_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = "tests/scenarios_bad/failing.yaml"
@@ -66,7 +67,7 @@ def test_shipped_suites_pass(db_url: str, server_dsn: str, sql: Any,
     # The temporary schemas this run of `funnel test` makes (other tests, another xdist
     # worker's, make and drop their own meanwhile: only this run's are looked for).
     made: list[str] = []
-    real = scenario_run.temporary_schema
+    real = temporary_schema  # what engine.scenarios.run calls
 
     @contextlib.contextmanager
     def recording(url: str | None) -> Iterator[str]:
