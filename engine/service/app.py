@@ -102,9 +102,9 @@ async def post_message(request: Request, service: Service, funnel: str) -> Respo
     data = await read_json(request)
     text = message_text(data)
     key = delivery_key(request, data)
-    # Keys are the client's: scoped by its API key and the session, so nobody replays
-    # another client's answers.
-    scoped = f"{client.name}/{session}/{key}" if key else None
+    # Keys are the client's: scoped by a digest of its API key (never its place in the
+    # list) and the session, so nobody replays another client's answers.
+    scoped = f"{client.identity}/{session}/{key}" if key else None
     return _turn(await inbound.turn(service, funnel, session, text, channel="api", key=scoped))
 
 

@@ -35,7 +35,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         404: "No such funnel or session.",
         409: "The Idempotency-Key's message is gone (purged by retention): use a new key.",
         413: f"The message is over {MAX_MESSAGE_CHARS} characters (or the body too large).",
-        422: "A field of the order is out of bounds (amount, currency, a line, the time).",
+        422: "A field of the order is out of bounds (amount, currency, a line, the time), "
+             "or an Idempotency-Key was used before with another message.",
         429: "Too many requests from this client; retry after `Retry-After` seconds.",
         503: "The database is unreachable, the table is behind the funnel, or this session "
              "has too many messages in flight; retry after `Retry-After` seconds. A message "
@@ -78,7 +79,7 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                 "parameters": [funnel, session, idempotency], "requestBody": message_body,
                 "security": api_key,
                 "responses": {"200": _json(_ref("Turn"), "The reply and where the session is."),
-                              **_errors(400, 401, 403, 404, 409, 413, 429, 503)}}},
+                              **_errors(400, 401, 403, 404, 409, 413, 422, 429, 503)}}},
             "/v1/funnels/{funnel}/sessions/{session}/conversions": {"post": {
                 "operationId": "recordConversion",
                 "summary": "Record an order the session's customer placed.",
@@ -113,7 +114,7 @@ def document(funnels: list[str], version: str) -> dict[str, Any]:
                     "parameters": [funnel, idempotency], "requestBody": message_body,
                     "security": [{"widgetToken": []}],
                     "responses": {"200": _json(_ref("Turn"), "The reply."),
-                                  **_errors(400, 401, 404, 409, 413, 429, 503)}},
+                                  **_errors(400, 401, 404, 409, 413, 422, 429, 503)}},
                 "get": {
                     "operationId": "widgetHistory",
                     "summary": "The last messages of the widget's own session.",
