@@ -17,6 +17,8 @@ path or session), what was expected, and what to do about it::
     │   └── MigrationError      a declared state migration cannot apply to a session's state
     ├── ModelError              the model could not be called
     ├── ActionRefused           an action's arguments were refused (unknown SKU, ...)
+    ├── HookFailed              a hook raised what is not an Exception (SystemExit, ...)
+    │   └── HookTimeout         a hook did not return within the turn's deadline
     ├── StoreError              the database failed or is unreachable
     │   ├── StoreUnavailable    cannot connect (down, wrong URL)
     │   ├── SchemaOutdated      the table is behind the funnel: run `funnel migrate`
@@ -47,6 +49,8 @@ __all__ = [
     "DuplicateDelivery",
     "FunnelError",
     "FunnelInvalid",
+    "HookFailed",
+    "HookTimeout",
     "InvalidInput",
     "MessageTooLong",
     "MigrationError",
@@ -251,6 +255,17 @@ class ActionRefused(FunnelError):
         self.action = action
         self.reason = reason
         super().__init__(f"action '{action}' refused: {reason}")
+
+
+class HookFailed(FunnelError):
+    """A hook raised something that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``, ``asyncio.CancelledError``), or could not be run: the turn
+    treats it as any other failure (engine.funnel.hooks)."""
+
+
+class HookTimeout(HookFailed):
+    """A hook did not return within the turn's deadline; its thread runs on, its result
+    is dropped."""
 
 
 class StoreError(FunnelError):

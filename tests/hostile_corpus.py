@@ -161,3 +161,20 @@ CUSTOMER_INPUTS: list[tuple[str, dict[str, Any], int]] = [
     ("session-space", {"json": {"text": "hi"}, "session": "s%201"}, 400),
     ("session-long", {"json": {"text": "hi"}, "session": "s" * 201}, 400),
 ]
+
+# Telegram updates the engine cannot take as a message (tests/test_telegram.py): each is
+# answered 200 (so that Telegram stops re-sending it), counted, and runs no turn.
+def _tg(update_id: int, **message: Any) -> dict[str, Any]:
+    return {"update_id": update_id, "message": {
+        "message_id": update_id, "date": 1700000000,
+        "chat": {"id": 5151, "type": "private"}, "from": {"id": 5151, "is_bot": False},
+        **message}}
+
+
+TELEGRAM_UPDATES: list[tuple[str, dict[str, Any]]] = [
+    ("nul-in-text", _tg(901, text="hi\u0000there")),
+    ("nul-in-caption", _tg(902, caption="look\u0000", photo=[{"file_id": "x"}])),
+    ("nul-in-contact-name", _tg(903, contact={"phone_number": "+380501234567",
+                                              "first_name": "Ol\u0000ena"})),
+    ("lone-surrogate-in-text", _tg(904, text="a\ud800b")),
+]

@@ -20,6 +20,7 @@ from starlette.testclient import TestClient
 
 from engine.llm.models import ScriptedModel
 from engine.service.app import create_app
+from engine.service.auth import ApiKeys
 from engine.service.config import ServiceConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,3 +219,37 @@ async def test_keys_expire_with_retention(puramur: Any, db_url: str, sql: Any) -
     finally:
         await engine.close()
     assert sql("SELECT COUNT(*) FROM funnel_inbound") == [(0,)]
+
+
+def test_a_key_reused_with_another_message_is_refused(db_url: str, sql: Any) -> None:
+    with TestClient(create_app(config(db_url))) as client:
+        url = f"{BASE}/sessions/k-9/messages"
+        first = client.post(url, json={"text": "Hi!"}, headers=headers("pay-1"))
+        assert first.status_code == 200
+        other = client.post(url, json={"text": "I have a cat"}, headers=headers("pay-1"))
+        assert other.status_code == 422, other.text
+        assert other.json()["error"] == "idempotency_key_reused"
+        assert "'pay-1'" in other.json()["message"]
+        again = client.post(url, json={"text": "Hi!"}, headers=headers("pay-1"))
+        assert again.status_code == 200 and again.json()["replayed"] is True
+    assert sql("SELECT content FROM funnel_messages WHERE role = 'user'") == [("Hi!",)]
+    record_fault("HTTP Idempotency-Key reused with another body", tried=1, lost=0,
+                 duplicated=sql("SELECT COUNT(*) - 1 FROM funnel_turns")[0][0])
+
+
+def test_keys_are_scoped_by_the_api_key_not_its_place_in_the_list(db_url: str, sql: Any
+                                                                  ) -> None:
+    url = f"{BASE}/sessions/k-10/messages"
+    with TestClient(create_app(config(db_url))) as client:
+        mine = client.post(url, json={"text": "Hi!"}, headers=headers("ord-1", KEY))
+        assert mine.json()["replayed"] is False
+    # The operator swaps the keys' order: OTHER now holds KEY's place (key#1).
+    swapped = {OTHER: frozenset({"converse"}), KEY: frozenset({"converse"})}
+    with TestClient(create_app(config(db_url, api_keys=swapped))) as client:
+        theirs = client.post(url, json={"text": "Hi!"}, headers=headers("ord-1", OTHER))
+        assert theirs.json()["replayed"] is False  # its own turn, not KEY's answer
+        mine = client.post(url, json={"text": "Hi!"}, headers=headers("ord-1", KEY))
+        assert mine.json()["replayed"] is True  # still KEY's, at its new place
+    first = ApiKeys({KEY: frozenset()}).check(KEY)
+    assert first is not None and KEY not in first.identity and first.name == "key#1"
+    assert sql("SELECT COUNT(*) FROM funnel_turns") == [(2,)]

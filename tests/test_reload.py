@@ -174,3 +174,32 @@ async def test_a_turn_in_flight_finishes_on_the_version_it_started_with(
     finally:
         model.gate.set()
         await svc.close()
+
+
+async def test_an_edit_that_strands_sessions_in_a_removed_stage_is_refused(
+        service: Service, project: Path, caplog: Any) -> None:
+    """Renaming the stage a session is in, same version, strands it ("something went
+    wrong" on every message): refused with the count and the mapping to add."""
+    engine = service.engines["puramur"]
+    await engine.handle("s-stay", "hello")
+    stage = (await engine.state("s-stay") or {})["stage"]
+    path = project / "funnels" / "puramur.yaml"
+    data = yaml.safe_load(path.read_text("utf-8"))
+    raw = data["stages"].pop(stage)
+    raw.setdefault("prompt", f"{stage}.j2")
+    raw.setdefault("schema", f"{stage}.json")
+    data["stages"]["renamed_stage"] = raw
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    text = text.replace(f"to: {stage}\n", "to: renamed_stage\n")
+    if data["initial"] == stage:
+        text = text.replace(f"initial: {stage}\n", "initial: renamed_stage\n")
+    path.write_text(text, "utf-8")
+    assert await service.reloader.reload("puramur", "test") == "refused"
+    message = next(r.getMessage() for r in caplog.records if "edit refused" in r.getMessage())
+    assert "1 live session(s)" in message and f"removed_stages:\n  {stage}:" in message
+    data = yaml.safe_load(path.read_text("utf-8"))
+    data["removed_stages"] = {stage: "renamed_stage"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
+    assert await service.reloader.reload("puramur", "test") == "applied"
+    result = await engine.handle("s-stay", "still here")
+    assert result.fallback is False and result.stage_after == "renamed_stage"  # moved

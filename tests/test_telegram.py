@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from hostile_corpus import TELEGRAM_UPDATES
 from service_support import FakeTelegram, record_fault, running
 from starlette.testclient import TestClient
 
@@ -299,3 +300,19 @@ def test_bot_options_come_from_the_environment() -> None:
         "FUNNEL_SERVE_FUNNELS": str(PURAMUR), "FUNNEL_TELEGRAM_TOKEN_PURAMUR": TOKEN,
         "FUNNEL_TELEGRAM_SECRET_PURAMUR": SECRET})
     assert plain.telegram_bot("puramur") == TelegramBot(TOKEN, SECRET)
+
+
+@pytest.mark.parametrize(("name", "update"), TELEGRAM_UPDATES, ids=[c[0] for c in TELEGRAM_UPDATES])
+def test_an_update_the_engine_cannot_take_is_acknowledged_and_counted(
+        name: str, update: dict[str, Any], db_url: str, telegram: FakeTelegram, sql: Any) -> None:
+    assert parse(update, bot_id=BOT_ID, username=None, groups=False).kind == "unusable"
+    # counted as funnel_telegram_updates_total{kind="unusable"} by the webhook
+    with TestClient(create_app(config(db_url, telegram.url))) as client:
+        # json.dumps escapes a lone surrogate (`\ud800`), as Telegram would send it
+        response = client.post(HOOK, content=json.dumps(update), headers={
+            **HEADERS, "Content-Type": "application/json"})
+        assert response.status_code == 200 and response.json() == {"ok": True}
+        again = client.post(HOOK, json=private(77, "Hi!"), headers=HEADERS)  # the next is fine
+        assert again.status_code == 200
+        assert telegram.wait_sent(1) == [{"chat_id": 4242, "text": GREETING}]
+    assert sql("SELECT content FROM funnel_messages WHERE role = 'user'") == [("Hi!",)]

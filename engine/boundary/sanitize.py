@@ -33,6 +33,10 @@ MAX_VALUES = 5_000
 MAX_REPLY_CHARS = 4_000
 MAX_ACTIONS = 20
 EXCERPT_CHARS = 40
+# The most tokens one model call may be counted for: above any model's context and
+# output. A provider's `usage` beyond it (3e9) would overflow the turn record's int4
+# columns and throw a valid answer away; a negative count would make a counter go down.
+MAX_CALL_TOKENS = 10_000_000
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 # C0 and C1 controls except \t and \n, DEL, the bidi embeddings/overrides/isolates,
@@ -40,6 +44,17 @@ _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 _BAD_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _LANGUAGE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}")
+
+
+def token_count(value: Any) -> int:
+    """A provider's token count as the engine records it: an integer in
+    ``[0, MAX_CALL_TOKENS]``. Not a number (a string, NaN, a bool) counts 0, a negative
+    count 0, a larger one :data:`MAX_CALL_TOKENS`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if value != value or value <= 0:  # NaN, negative
+        return 0
+    return MAX_CALL_TOKENS if value >= MAX_CALL_TOKENS else int(value)
 
 
 class Rejected(ValueError):

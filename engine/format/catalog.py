@@ -74,10 +74,14 @@ def load_catalog(path: Path) -> Catalog:
         if not isinstance(raw, dict) or not {"sku", "name", "price"} <= set(raw):
             raise CatalogError("each product needs `sku`, `name` and `price`", file=path, line=line)
         try:
-            price = Decimal(str(raw["price"]))
+            price = Decimal(str(raw["price"])) if not isinstance(raw["price"], bool) \
+                else Decimal("nan")
         except InvalidOperation:
-            raise CatalogError(f"price {raw['price']!r} is not a number", file=path,
-                               line=line) from None
+            price = Decimal("nan")
+        if not price.is_finite():  # YAML's .nan and .inf parse as floats: not a price
+            raise CatalogError(f"price {raw['price']!r} of {raw['sku']!r} is not a finite "
+                               "number; write the price, e.g. 420 or 420.50", file=path,
+                               line=located.where(("products", i, "price"))[0] or line)
         if price < 0:
             raise CatalogError(f"price of {raw['sku']} is negative", file=path, line=line)
         sku = str(raw["sku"])

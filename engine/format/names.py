@@ -1,11 +1,13 @@
-"""Reserved names: what conditions and templates may read besides state fields, and the
-engine's own tables.
+"""Reserved names: what conditions and templates may read besides state fields, the
+engine's own tables, and the Python modules a hook may not come from.
 
 Documented for authors in docs/funnel-format.md; the validator checks every
 name a condition or template reads against these (F402, F203).
 """
 
 from __future__ import annotations
+
+import sys
 
 # Names a condition may use besides the state fields (see docs/funnel-format.md).
 CONDITION_NAMES: frozenset[str] = frozenset(
@@ -74,3 +76,18 @@ CONTROL_EVENTS = "funnel_control_events"
 SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
                                   UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS,
                                   CONVERSIONS, VERSIONS, JOBS, EXITS, CONTROL, CONTROL_EVENTS)
+
+
+def refused_hook_module(module: str) -> str | None:
+    """Why a funnel may not name the installed ``module`` as a hook, or None.
+
+    A hook is the author's own code: a ``.py`` file beside the funnel, or an installed
+    package. Never the standard library (``sys:exit``, ``os:system``) nor the engine.
+    """
+    top = module.partition(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return (f"'{module}' is a module of Python's standard library; a hook must be "
+                "your own code: a .py file beside the funnel or an installed package")
+    if top == "engine":
+        return f"'{module}' is part of the engine itself; a hook must be your own code"
+    return None

@@ -2,16 +2,17 @@
 
 Built-ins: ``present_products``, ``add_to_cart``, ``remove_from_cart``,
 ``append``, ``set``, ``request_handoff``, ``signal``. Anything else is a hook,
-``module:function``, looked up beside the funnel file first. A refused action
-(unknown SKU, bad quantity) changes nothing; the model is told on the next
-turn through the session's ``notices``.
+``module:function``, looked up beside the funnel file first (which modules a funnel
+may name, and when they are reloaded: :mod:`engine.funnel.hooks`). A refused action
+(unknown SKU, bad quantity, a hook that raised an ``Exception``) changes nothing; the
+model is told on the next turn through the session's ``notices``. A hook that raises
+anything else (``SystemExit``, ``KeyboardInterrupt``, ``CancelledError``) fails the
+turn (:class:`~engine.errors.HookFailed`): the stage's fallback and a turn record.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,10 +21,11 @@ from types import MappingProxyType
 from typing import Any
 
 from ..boundary.sanitize import excerpt
-from ..errors import ActionRefused, ConfigError
+from ..errors import ActionRefused, ConfigError, HookFailed
 from ..format.catalog import Catalog
 from ..format.spec import ActionSpec, FunnelSpec
 from .grounding import confirmed
+from .hooks import import_hook_module
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,10 @@ class ActionRunner:
 
     def _run_hook(self, action: ActionSpec, args: dict[str, Any], state: dict[str, Any],
                   turn: TurnScratch) -> None:
-        call = ActionCall(action.name, MappingProxyType(args), MappingProxyType(dict(state)),
+        # A deep copy: what the hook changes in place never reaches the state (only
+        # what it returns, for its `writes` fields).
+        call = ActionCall(action.name, MappingProxyType(copy.deepcopy(args)),
+                          MappingProxyType(copy.deepcopy(state)),
                           turn.session_id, turn.stage, turn.now)
         try:
             result = self.hooks[action.name](call)
@@ -121,6 +126,13 @@ class ActionRunner:
             raise
         except Exception as exc:  # a broken hook refuses its action; the turn goes on
             raise ActionRefused(action.name, f"the hook failed: {exc}") from exc
+        except BaseException as exc:  # SystemExit & co: the turn fails (fallback, record)
+            raise HookFailed(f"the hook of action '{action.name}' ({action.hook}) raised "
+                             f"{type(exc).__name__}: {exc}; a hook must return or raise "
+                             "an Exception (engine.ActionRefused to refuse)") from None
+        if not isinstance(result, Mapping | None):
+            raise ActionRefused(action.name, f"the hook returned {type(result).__name__}; "
+                                "it must return a mapping of its `writes` fields or None")
         writes = set(action.options.get("writes") or [])
         for key in result or {}:
             if key not in writes:
@@ -243,28 +255,13 @@ def load_hook(target: str | None, base: Path) -> Hook:
     """Resolve ``module:function``, looking beside the funnel file first.
 
     Raises:
-        ConfigError: the module or the function does not exist.
+        ConfigError: the module or the function does not exist, or the funnel may not
+            name the module (the standard library, the engine: engine.funnel.hooks).
     """
     assert target is not None
     module_name, _, func_name = target.partition(":")
-    local = base / (module_name.replace(".", "/") + ".py")
     try:
-        if local.exists():
-            key = f"_funnel_hooks_{abs(hash(str(local)))}_{module_name}"
-            module = sys.modules.get(key)
-            if module is None:
-                spec = importlib.util.spec_from_file_location(key, local)
-                assert spec and spec.loader
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[key] = module
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    # A half-run module must not be found by the next load: it fails again.
-                    del sys.modules[key]
-                    raise
-        else:
-            module = importlib.import_module(module_name)
+        module = import_hook_module(module_name, base)
     except (ImportError, SyntaxError) as exc:  # validate reports both (F501, F505)
         raise ConfigError(f"hook '{target}': cannot import '{module_name}': {exc}") from None
     fn = getattr(module, func_name, None)

@@ -21,6 +21,7 @@ from ..format.catalog import Catalog, load_catalog
 from ..format.paths import confine, funnel_roots
 from ..format.spec import FunnelSpec, StageSpec
 from ..sandbox.expressions import compile_condition, make_environment
+from ..sandbox.patterns import linear_validator
 from ..validation import check_file
 from ..validation.schemas import action_types, resolve_local_ref
 from .actions import ActionRunner
@@ -105,7 +106,7 @@ class CompiledFunnel:
                 spec=stage,
                 template=template,
                 schema=schema,
-                validator=jsonschema.Draft202012Validator(schema),
+                validator=linear_validator(schema),
                 allowed_updates=allowed,
                 allowed_actions=frozenset(t for _, t in action_types(schema)),
             )

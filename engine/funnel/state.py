@@ -16,7 +16,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import jsonschema
 import jsonschema_rs
 
 from ..boundary.sanitize import excerpt
@@ -24,6 +23,7 @@ from ..format.catalog import Catalog
 from ..format.phones import example, normalize_phone, region_of
 from ..format.spec import FunnelSpec
 from ..sandbox.expressions import compile_condition_list
+from ..sandbox.patterns import linear_validator
 from .grounding import unground
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
@@ -113,8 +113,11 @@ def fast_validator(schema: Mapping[str, Any]) -> jsonschema_rs.Draft202012Valida
     against tens for jsonschema); jsonschema stays the authority: it decides (and
     explains) whatever this one rejects or cannot read."""
     try:
+        # The linear regex engine (Rust's `regex`), never fancy-regex's backtracking:
+        # the patterns were checked for RE2 (engine.sandbox.patterns), which it reads.
         return jsonschema_rs.Draft202012Validator(dict(schema), validate_formats=False,
-                                                  offline=True)
+                                                  offline=True,
+                                                  pattern_options=jsonschema_rs.RegexOptions())
     except ValueError:  # jsonschema_rs.ValidationError: an unresolvable or invalid schema
         return None
 
@@ -135,8 +138,7 @@ class StateRules:
         self._all_rules = compile_condition_list([src for _, _, src in completeness]) \
             if completeness else None
         self.validators = {
-            name: jsonschema.Draft202012Validator(_storable(_nullable(f.schema, f.nullable),
-                                                            f.type))
+            name: linear_validator(_storable(_nullable(f.schema, f.nullable), f.type))
             for name, f in spec.state.items()
         }
         self.fast_validators = {name: fast_validator(v.schema)

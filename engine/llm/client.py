@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..boundary.sanitize import token_count
 from ..errors import ModelError, first_line
 from . import cache as _cache
 from . import retry as _retry
@@ -223,10 +224,11 @@ class Caller:
         usage = getattr(response, "usage", None)
         return Completion(
             text=_strategy.answer_text(message),
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            cached_prompt_tokens=_cache.cached_tokens(usage),
-            cache_write_tokens=_cache.cache_write_tokens(usage),
+            # The provider's counts cross the sanitizing boundary: bounded, never negative.
+            prompt_tokens=token_count(getattr(usage, "prompt_tokens", 0)),
+            completion_tokens=token_count(getattr(usage, "completion_tokens", 0)),
+            cached_prompt_tokens=token_count(_cache.cached_tokens(usage)),
+            cache_write_tokens=token_count(_cache.cache_write_tokens(usage)),
             model=model,
             latency_ms=latency,
             cost=self.cost(model, response),

@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import ConfigError, ModelError
 from ..format import _yaml
 from ..records.messages import estimate_tokens
+from ..sandbox.patterns import PatternRefused, compile_linear
 from .client import Caller, close_clients
 from .request import Completion, Model, ModelRequest
 from .strategy import CHOICES
@@ -113,8 +114,9 @@ class ScriptedModel:
         match = []
         for item in data.get("match") or []:
             try:
-                match.append((re.compile(str(item["pattern"])), _entry(item["output"])))
-            except (KeyError, TypeError, re.error) as exc:
+                # RE2: customer text is matched against it (linear time, never ReDoS).
+                match.append((compile_linear(str(item["pattern"])), _entry(item["output"])))
+            except (KeyError, TypeError, PatternRefused) as exc:
                 raise ConfigError(f"bad `match` entry {item!r}: {exc}") from None
         default = data.get("default")
         return cls(

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from ..sandbox.patterns import compile_linear
 from ..turn.engine import TurnResult
 from ..turn.explain import why_not
 
@@ -41,7 +42,8 @@ def check(expect: Mapping[str, Any], result: TurnResult, row: Mapping[str, Any] 
             out.append((f"state.{path}", f"expected state {path} {_show(want)}, got {shown}"))
     if "reply" in expect:
         differ("reply", "reply", expect["reply"], result.reply)
-    if "reply_matches" in expect and not re.search(expect["reply_matches"], result.reply):
+    if "reply_matches" in expect and \
+            not compile_linear(expect["reply_matches"]).search(result.reply):
         out.append(("reply_matches", f"expected reply matching {_show(expect['reply_matches'])}"
                     f", got {_show(result.reply)}"))
     differences = {

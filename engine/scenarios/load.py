@@ -18,6 +18,7 @@ from ..errors import did_you_mean
 from ..format import _yaml
 from ..format.spec import ENGINE_COLUMNS, parse_duration
 from ..funnel.compiled import CompiledFunnel
+from ..sandbox.patterns import PatternRefused, compile_linear
 from ..validation import packaged_validator
 
 # The engine's time at a scenario's first turn unless it says `clock:` (a Monday morning).
@@ -169,8 +170,8 @@ def _turn(i: int, raw: dict[str, Any], scenario: Scenario) -> tuple[Turn, list[F
                                        f"at {raw['at']!r} needs a time zone offset"))
     if "reply_matches" in expect:
         try:
-            re.compile(expect["reply_matches"])
-        except re.error as exc:
+            compile_linear(expect["reply_matches"])  # run on RE2: linear in the reply
+        except PatternRefused as exc:
             problems.append(scenario.error(lines["reply_matches"],
                                            f"reply_matches is not a regular expression: {exc}"))
     return turn, problems

@@ -31,10 +31,13 @@ _TOKEN_CONTEXT = b"funnel-widget-v1."
 
 @dataclass(frozen=True)
 class Client:
-    """Who made a request: ``key#N`` for the N-th configured key; never the key itself."""
+    """Who made a request: ``key#N`` for the N-th configured key in logs and metrics;
+    ``identity``, a digest of the key, where it must stay the same client when the keys
+    are reordered (idempotency records). Never the key itself."""
 
     name: str
     scopes: frozenset[str]
+    identity: str = ""
 
     def allows(self, scope: str) -> bool:
         return "admin" in self.scopes or scope in self.scopes
@@ -67,8 +70,15 @@ class ApiKeys:
         for n, (key, scopes) in enumerate(self._keys, start=1):
             # Compare against every key, even after a match: timing tells nothing.
             if hmac.compare_digest(given, key) and found is None:
-                found = Client(f"key#{n}", scopes)
+                found = Client(f"key#{n}", scopes, key_identity(key))
         return found
+
+
+def key_identity(key: bytes) -> str:
+    """A stable name for an API key: a truncated SHA-256 (the keys are long random
+    secrets, so the digest reveals nothing a guess could use). Records scoped by it
+    stay the client's whatever the key's place in ``FUNNEL_API_KEYS``."""
+    return "k:" + hashlib.sha256(b"funnel-api-key:" + key).hexdigest()[:24]
 
 
 @dataclass(frozen=True)

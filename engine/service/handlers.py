@@ -87,9 +87,9 @@ async def post_message(request: Request, service: Service, funnel: str) -> Respo
     data = await read_json(request)
     message = parse(MessageIn, data)
     key = delivery_key(request, data)
-    # Keys are the client's: scoped by its API key and the session, so nobody replays
-    # another client's answers.
-    scoped = f"{client.name}/{session}/{key}" if key else None
+    # Keys are the client's: scoped by a digest of its API key (never its place in the
+    # list) and the session, so nobody replays another client's answers.
+    scoped = f"{client.identity}/{session}/{key}" if key else None
     if sse.wanted(request):  # the reply as the model writes it (engine.service.sse)
         return await sse.respond(lambda listener: inbound.turn(
             service, funnel, session, message.text, channel="api", key=scoped, stream=listener))
@@ -210,7 +210,7 @@ _EXPLAIN = Param("explain", "query", "`true` (or `1`): add `explain`, why the la
 OPERATIONS: list[Operation] = [
     Operation("POST", f"{_S}/messages", "sendMessage", "Answer one customer message (a turn).",
               _endpoint(post_message), {200: (Turn, "The reply and where the session is.")},
-              body=MessageIn, errors=(400, 401, 403, 404, 409, 413, 429, 503),
+              body=MessageIn, errors=(400, 401, 403, 404, 409, 413, 422, 429, 503),
               params=(_IDEMPOTENCY,), security=_API_KEY, streams=True,
               description="Needs the `converse` scope."),
     Operation("POST", f"{_S}/conversions", "recordConversion",
@@ -253,7 +253,7 @@ OPERATIONS: list[Operation] = [
               description="Browsers call this; the service chooses the session id."),
     Operation("POST", f"{_F}/widget/messages", "widgetMessage", "Send a message as the widget.",
               _endpoint(widget_message), {200: (Turn, "The reply.")}, body=MessageIn,
-              errors=(400, 401, 404, 409, 413, 429, 503), params=(_IDEMPOTENCY,),
+              errors=(400, 401, 404, 409, 413, 422, 429, 503), params=(_IDEMPOTENCY,),
               security=("widgetToken",), streams=True),
     Operation("GET", f"{_F}/widget/messages", "widgetHistory",
               "The last messages of the widget's own session.", _endpoint(widget_history),

@@ -15,7 +15,11 @@ update) runs no second turn, on whichever worker it lands and whenever:
 
 Keys are scoped by who sends them (the API client and the session, the widget
 session, the bot), so one client can never read another's answer by guessing a
-key.
+key. An API client is named by a digest of its API key (``Client.identity``),
+never by the key's place in ``FUNNEL_API_KEYS``: reordering or replacing keys
+never hands one client's answers to another. A key reused with another message
+is refused (422, as payment APIs do), naming the key: the new message is not
+silently dropped for the first one's answer.
 """
 
 from __future__ import annotations
@@ -85,10 +89,30 @@ async def turn(service: Service, funnel: str, session_id: str, text: str, *, cha
                                         stream=stream)
         return body(result, result.message_id)
     except DuplicateDelivery as dup:
+        await _same_message(service, funnel, channel, key, text)
         service.metrics.count("funnel_replays_total", funnel=funnel, channel=channel)
         if dup.response is not None:
             return {**dup.response, "replayed": True}
         return await wait_for_answer(service, funnel, channel, key)
+
+
+async def _same_message(service: Service, funnel: str, channel: str, key: str, text: str
+                        ) -> None:
+    """Refuse a key whose first delivery carried another message.
+
+    Raises:
+        RequestRefused: 422 naming the key.
+    """
+    store = (await service.engine(funnel)).store
+    try:
+        first = await store.inbound_pending(funnel, channel, key)
+    except StoreUnavailable:
+        raise service.trip() from None
+    if first is not None and first.text is not None and first.text != text:
+        shown = key.rsplit("/", 1)[-1]  # the client's key, without our scope
+        raise RequestRefused(422, "idempotency_key_reused", f"the Idempotency-Key {shown!r} "
+                             "was used before with another message; a retry must send the "
+                             "same message, and a new message needs a new key")
 
 
 async def wait_for_answer(service: Service, funnel: str, channel: str, key: str

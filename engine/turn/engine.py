@@ -319,12 +319,12 @@ class Engine:
     async def _run(self, access: SessionAccess, turn: Turn) -> TurnResult:
         """LOAD (done) -> route -> ask -> apply -> advance -> SAVE."""
         await self._fold_summary(turn)
-        steps.route(turn)
+        # The steps that may run hooks run off the event loop when the funnel has any.
+        await steps.off_loop(turn, steps.route, turn)
         steps.decide_language(turn)
         answer = await steps.ask_model(turn, self.summary, self.store, self.model,
                                        turn.inbound.stream)
-        steps.apply(turn, answer)
-        turn.firings += turn.mover.advance(turn.state)
+        await steps.off_loop(turn, _apply_and_advance, turn, answer)
         return await self._record(access, turn, answer)
 
     async def _load(self, access: SessionAccess, inbound: Incoming) -> Turn:
@@ -464,3 +464,8 @@ class Engine:
         fresh.handoff_before = steps.handoff_time(fresh.spec, fresh.state)  # nothing new to hand off
         return await self._record(access, fresh, Answer({"reply": reply}, [], fallback=True,
                                                         error=error))
+
+
+def _apply_and_advance(turn: Turn, answer: Answer) -> None:
+    steps.apply(turn, answer)
+    turn.firings += turn.mover.advance(turn.state)

@@ -10,6 +10,11 @@ Each target of a handoff alert (``webhook``, ``hook``, ``log``) is delivered and
 retried on its own: a target that took the alert is recorded on the row
 (``done_targets``) and is never sent it again because another target failed.
 
+A ``hook`` target runs in a hook thread (engine.funnel.hooks) for at most
+:data:`HOOK_SECONDS`, as a webhook's POST waits at most that long: a hook that
+hangs fails its delivery (retried later) and never holds up the event loop or a
+shutdown; what it raises, ``SystemExit`` included, is that delivery's error.
+
 Delivery is **at least once**, never exactly once: a process killed after the
 receiver took an alert and before the row was marked sends it again. Every
 webhook POST carries the row's stable ``Idempotency-Key`` header (the same on
@@ -27,13 +32,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import HookFailed
 from ..format.spec import FunnelSpec
 from ..funnel.actions import load_hook
+from ..funnel.hooks import call_off_loop
 from ..store import Store
 
 log = logging.getLogger("funnel.handoff")
 
 Notifier = Callable[[Mapping[str, Any]], Awaitable[None] | None]
+
+# How long one delivery to a `hook` (or a webhook's POST) may take.
+HOOK_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -80,10 +90,30 @@ def make_notifier(spec: FunnelSpec, *, webhook: str | None = None,
     if url:
         targets["webhook"] = _webhook(str(url), link)
     if notify.get("hook"):
-        targets["hook"] = load_hook(str(notify["hook"]), spec.path.parent)  # type: ignore[assignment]
+        targets["hook"] = _hook(str(notify["hook"]),
+                                load_hook(str(notify["hook"]), spec.path.parent))
     if notify.get("log", not targets):
         targets["log"] = _log
     return Targets(targets)
+
+
+def _hook(target: str, fn: Callable[[Any], Any]) -> Notifier:
+    what = f"the handoff hook {target}"
+
+    async def call(payload: Mapping[str, Any]) -> None:
+        result = await call_off_loop(fn, payload, timeout=HOOK_SECONDS, what=what)
+        if inspect.isawaitable(result):  # an async hook: its coroutine runs here
+            try:
+                await asyncio.wait_for(result, HOOK_SECONDS)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this task is being cancelled (shutdown): not the hook's doing
+                raise HookFailed(f"{what} raised CancelledError") from None
+            except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+                raise HookFailed(f"{what} raised {type(exc).__name__}: {exc}") from None
+
+    return call
 
 
 def _log(payload: Mapping[str, Any]) -> None:
@@ -105,7 +135,7 @@ def _webhook(url: str, link: Callable[[Mapping[str, Any]], str | None] | None = 
         })
 
         def send() -> None:
-            with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=HOOK_SECONDS) as response:  # noqa: S310
                 if response.status >= 300:
                     raise RuntimeError(f"webhook answered HTTP {response.status}")
 

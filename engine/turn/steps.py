@@ -4,6 +4,7 @@ runs them in order; loading and saving (the session's lease) stay there."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ from ..boundary.sanitize import excerpt
 from ..errors import MessageTooLong, PromptTooLarge
 from ..format.spec import FunnelSpec
 from ..funnel.actions import ActionOutcome
+from ..funnel.hooks import call_off_loop
 from ..llm.models import Model
 from ..memory.summary import RollingSummary
 from ..store import Store
@@ -23,7 +25,31 @@ from .output import Answer, ask
 from .prompts import at_level, build_context, prompt_data, render_parts
 from .stream import ReplyStream
 
-__all__ = ["apply", "ask_model", "decide_language", "handoff_time", "reply_check", "route"]
+__all__ = ["apply", "ask_model", "decide_language", "handoff_time", "off_loop", "reply_check",
+           "route"]
+
+
+async def off_loop(turn: Turn, step: Callable[..., None], *args: Any) -> None:
+    """Run a synchronous step that may call hooks (``route``, ``apply``, advancing): on
+    the event loop when the funnel has no hooks, else in a hook thread, for at most the
+    stage's ``model.deadline`` seconds (engine.funnel.hooks).
+
+    Raises:
+        HookTimeout: a hook did not return in time. The step's thread may still be
+            changing the turn's state; the row as read is put back for the fallback.
+        HookFailed: a hook raised ``SystemExit`` or the like.
+    """
+    if not turn.funnel.actions.hooks:
+        step(*args)
+        return
+    timeout = turn.funnel.stage(turn.pos["stage"]).spec.model.deadline
+    read = copy.deepcopy(turn.row)
+    try:
+        await call_off_loop(step, *args, timeout=timeout,
+                            what=f"the hooks of session {turn.session_id!r}")
+    except BaseException:
+        turn.row = read  # what the thread may still change is the turn's, not the row's
+        raise
 
 
 def route(turn: Turn) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import closest, did_you_mean
+from ..format.names import refused_hook_module
 from .diagnostics import Report, as_dict, as_list
 from .format import format_schema
 
@@ -62,6 +63,11 @@ def _check_hook(hook: Any, keys: tuple[str, ...], what: str, base: Path, report:
     if not isinstance(hook, str) or ":" not in hook:
         return
     module, _, function = hook.partition(":")
+    local = (base / (module.replace(".", "/") + ".py")).exists()
+    why = None if local else refused_hook_module(module)
+    if why is not None:
+        report.at(keys, "error", "F506", f"{what}: hook '{hook}': the module {why}")
+        return
     if not hook_module_exists(module, base):
         report.at(keys, "error", "F501", f"{what}: hook module '{module}' was not found beside "
                   f"the funnel ({base}) nor on the Python path")

@@ -23,6 +23,7 @@ from .context import check_context
 from .contract import check_argument_paths, check_derived, check_override, check_paths_lists
 from .diagnostics import Report, as_dict
 from .layout import run_together_loops
+from .products import product_fields, unknown_product_fields
 from .sandbox import refused
 from .schemas import check_output_schema
 from .semantics import check_paths, engine_owned_names
@@ -55,6 +56,7 @@ def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Repor
     declared_actions = set(as_dict(data.get("actions")))
     owned = engine_owned_names(data, state)
     known_names = set(state) | set(PROMPT_NAMES)
+    fields = product_fields(data, report.path)
     checked_templates: set[Path] = set()
     static_reported: set[tuple[Path, int, str]] = set()
     stages = as_dict(data.get("stages"))
@@ -76,7 +78,7 @@ def check_stage_files(data: dict[str, Any], state: dict[str, Any], report: Repor
                       key=True)
         else:
             _check_template(prompt, prompts_dir, state, known_names, report, checked_templates,
-                            roots)
+                            roots, fields)
             _check_static_part(prompt, prompts_dir, roots, report, static_reported)
             _check_budget(data, stage, prompt, prompts_dir, report)
         check_context(data, stage, report)
@@ -108,6 +110,7 @@ def _check_template(
     report: Report,
     seen: set[Path],
     roots: tuple[Path, ...],
+    fields: frozenset[str] | None = None,
 ) -> None:
     if path in seen:
         return
@@ -127,6 +130,8 @@ def _check_template(
     lines = source.splitlines()
     for line, message in run_together_loops(tree):
         report.add(path, line, 1, "warning", "F208", message)
+    for line, message in unknown_product_fields(tree, fields) if fields is not None else ():
+        report.add(path, line, 1, "error", "F211", message)
     for line, token, message in _refused(source, path.name, str(path)):
         report.add(path, line, column(lines, line, token), "error", "F205", message)
     for ref in meta.find_referenced_templates(tree):
@@ -144,7 +149,7 @@ def _check_template(
             report.add(path, line, col, "error", "F201", f"included template '{ref}' does not "
                        f"exist in {folder}")
         else:
-            _check_template(included, folder, state, known, report, seen, roots)
+            _check_template(included, folder, state, known, report, seen, roots, fields)
 
 
 def _check_static_part(path: Path, folder: Path, roots: tuple[Path, ...], report: Report,

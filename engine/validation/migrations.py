@@ -20,6 +20,7 @@ from ..errors import MigrationError, did_you_mean
 from ..format import _yaml
 from ..format.migrations import apply_step
 from ..format.settings import MigrationStep, migration_steps
+from ..sandbox.patterns import linear_validator
 from .diagnostics import Report, as_dict
 
 _SCENARIO_KEY = re.compile(r"^(scenario|turns)\s*:", re.MULTILINE)
@@ -105,7 +106,7 @@ def _check_examples(data: dict[str, Any], state: dict[str, Any], steps: tuple[
                     continue
                 schema = {k: v for k, v in raw.items() if k not in _STORAGE_KEYS}
                 error = jsonschema.exceptions.best_match(
-                    jsonschema.Draft202012Validator(schema).iter_errors(value))
+                    linear_validator(schema).iter_errors(value))
                 if error is not None:
                     report.at(("migrations",), "error", "F803", f"the migrations leave "
                               f"'{name}' = {value!r} in {where}, which its field refuses: "

@@ -13,6 +13,8 @@ import jsonschema
 
 from ..errors import did_you_mean
 from ..format import _yaml
+from ..sandbox.patterns import problem as pattern_problem
+from ..sandbox.patterns import schema_patterns
 from .diagnostics import Report, as_dict, as_list
 
 
@@ -83,6 +85,10 @@ def check_contract(schema: dict[str, Any], at: Where, state: dict[str, Any], own
     """
     for keys, ref, problem in _dangling_refs(schema, schema, ()):
         at(keys, "F306", f"`$ref` {ref!r} {problem}")
+    for keys, pattern in schema_patterns(schema):
+        why = pattern_problem(pattern)
+        if why is not None:
+            at(keys, "F309", why)
     props = as_dict(schema.get("properties"))
     if "reply" not in props or "reply" not in as_list(schema.get("required")):
         at(("properties",), "F302", "the output schema must declare `reply` (a string) under "

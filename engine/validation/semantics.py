@@ -25,6 +25,8 @@ from ..format.spec import (
     implied_engine_fields,
 )
 from ..sandbox.expressions import attribute_paths, parse_expression
+from ..sandbox.patterns import problem as pattern_problem
+from ..sandbox.patterns import schema_patterns
 from .diagnostics import Report, as_dict, as_list
 from .format import format_schema
 from .phones import check_phones
@@ -51,6 +53,11 @@ def check_semantics(data: dict[str, Any], state: dict[str, Any], report: Report)
                   f"the engine shares between funnels ({', '.join(SHARED_TABLES)}): give the "
                   "funnel a table of its own, e.g. '<funnel>_sessions_state'")
     for name, raw in state.items():
+        for keys, pattern in schema_patterns(raw, ("state", name)):
+            why = pattern_problem(pattern)
+            if why is not None:
+                report.at(keys, "error", "F309", f"`{'.'.join(map(str, keys))}`: {why}",
+                          key=keys[-2] == "patternProperties")
         if name in ENGINE_COLUMNS:
             report.at(("state", name), "error", "F006", f"state field '{name}' is a column the "
                       "engine owns already; remove it or rename it", key=True)

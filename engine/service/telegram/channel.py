@@ -96,6 +96,13 @@ class TelegramChannel:
         try:
             update = await read_json(request, MAX_UPDATE_BYTES)
         except RequestRefused as exc:
+            if 400 <= exc.status < 500:
+                # A body no parse can use (a lone surrogate, NaN, too deep or too big):
+                # Telegram would send it again and again on a 4xx. Counted, acknowledged.
+                log.warning("telegram update for %s refused: %s", funnel, exc.message)
+                self.service.metrics.count("funnel_telegram_updates_total", funnel=funnel,
+                                           kind="unusable")
+                return JSONResponse({"ok": True})
             return exc.response()
         if not isinstance(update, dict) or type(update.get("update_id")) is not int or any(
                 k in update and not isinstance(update[k], dict) for k in _MESSAGE_KEYS):

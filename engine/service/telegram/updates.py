@@ -8,6 +8,11 @@ mention of it, a reply to one of its messages, or a command without a bot name
 or with its own (``/price@this_bot``; ``/report@other_bot`` is not ours). A forum
 topic's ``message_thread_id`` is kept so the reply lands in the topic. ``/start
 PAYLOAD`` (a deep link) is kept as attribution; the model sees only ``/start``.
+
+Every update crosses the customer boundary here, in :func:`parse` (the same bounds
+as the API's and the widget's, ``engine.boundary.customer``): a text, caption or
+contact that holds a NUL or a lone surrogate is the kind ``unusable``, which the
+channel answers 200 (so that Telegram stops sending it) and counts, with no turn.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from typing import Any
+
+from ...boundary.customer import check_input
+from ...errors import InvalidInput
 
 SESSION_PREFIX = "tg-"
 _MEDIA = ("voice", "audio", "video", "video_note", "document", "animation", "location",
@@ -31,7 +39,8 @@ class Incoming:
     Kinds: ``text``, ``caption``, ``contact``, ``start`` (a turn); ``sticker``,
     ``photo``, ``media``, ``edited`` (a polite note, no turn); ``callback`` (answered,
     no turn); ``member`` (the bot was added or blocked), ``not_addressed`` (a group
-    message for someone else), ``group`` (groups are off), ``ignored``.
+    message for someone else), ``group`` (groups are off), ``unusable`` (text the
+    engine cannot take: a NUL, a lone surrogate), ``ignored``.
     """
 
     kind: str
@@ -83,6 +92,17 @@ def _message_parts(message: dict[str, Any]) -> tuple[int | None, str | None, int
 def parse(update: dict[str, Any], *, bot_id: int | None, username: str | None,
           groups: bool) -> Incoming:
     """What ``update`` is, for the bot ``bot_id`` (``@username``); never raises."""
+    incoming = _parse(update, bot_id=bot_id, username=username, groups=groups)
+    if incoming.text is not None:
+        try:
+            check_input(incoming.session_id, incoming.text)
+        except InvalidInput:
+            return Incoming("unusable", incoming.chat_id, incoming.chat_type, incoming.user_id)
+    return incoming
+
+
+def _parse(update: dict[str, Any], *, bot_id: int | None, username: str | None,
+           groups: bool) -> Incoming:
     callback = update.get("callback_query")
     if isinstance(callback, dict):
         cid = callback.get("id")
