@@ -36,7 +36,8 @@ def variant(tmp_path: Path, name: str, *edits: Edit) -> Path:
     """A copy of Puramur with ``edits`` applied, written to ``tmp_path/<name>.yaml``."""
     data = yaml.safe_load(PURAMUR.read_text("utf-8"))
     for key in ("prompts", "schemas", "catalog"):
-        data[key] = str((PURAMUR.parent / data[key]).resolve())
+        if key in data:  # Puramur derives its contracts: no schemas folder
+            data[key] = str((PURAMUR.parent / data[key]).resolve())
     data.pop("knowledge")  # a funnel reads knowledge only from its own folder
     for stage in data["stages"].values():
         stage.pop("knowledge", None)
