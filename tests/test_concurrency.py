@@ -44,7 +44,7 @@ async def test_two_processes_two_messages_per_session(db_url: str, sql: Any) -> 
     await _prepare(db_url)
     n = 200
     a = _start(db_url, "alpha", n, 50)
-    b = _start(db_url, "beta", n, 50)
+    b = _start(db_url, "beta: I am Bo,", n, 50)  # the customer gives the name written
     _finish(a)
     _finish(b)
     rows = sql("SELECT session_id, turns, pet, customer, row_version FROM "

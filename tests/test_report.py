@@ -45,6 +45,7 @@ COST = 0.001  # dollars per answered model call
 pytestmark = pytest.mark.postgres
 
 # -- the scripted model: one output per kind of customer message ------------------------
+CONTACT = "contact: I am Anna, 066 123 45 67"
 OUTPUTS: list[tuple[str, Any]] = [
     ("hello", {"reply": "Hello! Is your pet a cat or a dog?"}),
     ("sphynx", {"reply": "Sphynx skin needs gentle care.",
@@ -56,8 +57,9 @@ OUTPUTS: list[tuple[str, Any]] = [
     ("add shampoo", {"reply": "Added.", "actions": [{"type": "add_to_cart", "sku": "PR251010"}]}),
     ("add kit", {"reply": "Added.", "actions": [{"type": "add_to_cart", "sku": "PR290600"}]}),
     ("confirm", {"reply": "Your name and phone?", "actions": [{"type": "confirm_cart"}]}),
-    ("contact", {"reply": "Thank you!",
-                 "updates": {"customer": {"name": "Anna", "phone": "066 123 45 67"}}}),
+    # the customer gives the name and phone the model writes (grounded facts)
+    (CONTACT, {"reply": "Thank you!",
+               "updates": {"customer": {"name": "Anna", "phone": "066 123 45 67"}}}),
     ("operator", {"reply": "Connecting you.",
                   "actions": [{"type": "request_handoff", "reason": "explicit_request"}]}),
     ("complain", {"reply": "I am sorry.",
@@ -73,10 +75,10 @@ OUTPUTS: list[tuple[str, Any]] = [
 CONVERSATIONS: dict[str, list[tuple[str, int]]] = {
     # cart confirmed: 277 UAH, handed off 345 s in
     "A": [("hello", 0), ("sphynx", 60), ("show", 120), ("add shampoo", 30), ("confirm", 90),
-          ("contact", 45)],
+          (CONTACT, 45)],
     # cart confirmed: the 1250 UAH kit (and the gift), handed off 205 s in
     "B": [("hello", 0), ("sphynx", 30), ("show", 60), ("add kit", 60), ("confirm", 30),
-          ("contact", 25)],
+          (CONTACT, 25)],
     # asks for a human during the presentation, 70 s in
     "C": [("hello", 0), ("sphynx", 20), ("show", 40), ("operator", 10)],
     # objects to the price; the model then fails: still in objection handling
@@ -411,7 +413,8 @@ def test_migrate_keeps_the_views_in_step_with_the_funnel(db_url: str, sql: Any,
     # view read, so the views are dropped first and created again after.
     data = yaml.safe_load(PURAMUR.read_text("utf-8"))
     for key in ("prompts", "schemas", "catalog"):
-        data[key] = str((PURAMUR.parent / data[key]).resolve())
+        if key in data:  # a funnel's output contracts are derived: it may name no schemas
+            data[key] = str((PURAMUR.parent / data[key]).resolve())
     data.pop("knowledge")  # a funnel reads knowledge only from its own folder
     for stage in data["stages"].values():
         stage.pop("knowledge", None)

@@ -93,7 +93,7 @@ async def test_two_processes_200_sessions_two_messages_each(two_services: list[s
 
     try:
         await asyncio.gather(*(send(clients[0], f"s-{i}", "alpha") for i in range(n)),
-                             *(send(clients[1], f"s-{i}", "beta") for i in range(n)))
+                             *(send(clients[1], f"s-{i}", "beta: I am Bo") for i in range(n)))
     finally:
         for client in clients:
             await client.aclose()

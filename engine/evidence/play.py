@@ -31,7 +31,7 @@ from ..turn import language, steps
 from ..turn.advance import Mover, Position, start_position
 from ..turn.budget import bound_notices
 from ..turn.data import Incoming, Turn
-from ..turn.output import Answer, parse_output
+from ..turn.output import Answer, Kept, parse_kept
 
 __all__ = ["Playthrough", "Played", "Recorded", "play"]
 
@@ -51,6 +51,11 @@ class Recorded:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The session's messages, (role, content) oldest first (one list its turns share), and
+    # where this turn's customer message is in it (-1: not known): the window the turn
+    # read, whose customer messages grounded facts and confirmed actions must cite.
+    messages: Sequence[tuple[str, str]] = ()
+    index: int = -1
 
 
 @dataclass
@@ -136,24 +141,27 @@ LANGUAGES = _Languages()
 class _Outputs:
     """Parsed outputs by stage schema and text: both plays of a session parse the same
     outputs against the same schema (unless the edit changed it). Envelopes are shared,
-    read-only: every step copies what it keeps."""
+    read-only: every step copies what it keeps. Parsed as the turn parses them
+    (``parse_kept``: an answer whose only fault is an action the stage does not allow is
+    kept without it, the action dropped); the allowed actions are part of the key."""
 
     def __init__(self) -> None:
-        self.parsed: dict[tuple[str, str], tuple[dict[str, Any] | None, str]] = {}
+        self.parsed: dict[tuple[str, str], Kept] = {}
         self.digests: dict[int, tuple[Any, str]] = {}
 
-    def parse(self, stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None, str]:
+    def parse(self, stage: CompiledStage, text: str) -> Kept:
         known = self.digests.get(id(stage))
         if known is None or known[0] is not stage:
-            digest = hashlib.sha1(orjson.dumps(stage.schema, option=orjson.OPT_SORT_KEYS)
-                                  ).hexdigest()
+            digest = hashlib.sha1(orjson.dumps(
+                [stage.schema, sorted(stage.allowed_actions)], option=orjson.OPT_SORT_KEYS)
+                ).hexdigest()
             known = self.digests[id(stage)] = (stage, digest)
         key = (known[1], text)
         found = self.parsed.get(key)
         if found is None:
             if len(self.parsed) > 200_000:  # bounded: a long run keeps the recent ones
                 self.parsed.clear()
-            found = self.parsed[key] = parse_output(stage, text)
+            found = self.parsed[key] = parse_kept(stage, text)
         return found
 
 
@@ -171,11 +179,9 @@ def _answer(funnel: CompiledFunnel, turn: Turn, rec: Recorded) -> Answer | None:
         return Answer(fallback, [], fallback=True, error=rec.error)
     check = LANGUAGES.check(turn)
     for i, text in enumerate(outputs[:2]):
-        envelope, problem = OUTPUTS.parse(stage, text)
-        if envelope is not None:
-            problem = check(envelope) or ""
-            if not problem:
-                return Answer(envelope, [], failures=i)
+        envelope, _, dropped = OUTPUTS.parse(stage, text)
+        if envelope is not None and not check(envelope):
+            return Answer(envelope, [], failures=i, dropped=list(dropped))
     if len(outputs) >= 2 or rec.fallback:
         return Answer(fallback, [], failures=min(len(outputs), 2), fallback=True,
                       error=rec.error)
@@ -203,8 +209,12 @@ def play(funnel: CompiledFunnel, records: Sequence[Recorded], session_id: str, *
     now = records[0].at
     state, pos = defaults(funnel.spec), start_position(funnel.spec.initial, now)
     last: datetime | None = None
+    # What the engine's LOAD reads: the session's last 3 windows of messages (its widest
+    # stage's window), engine.turn.engine.Engine._load.
+    read = 3 * max(s.spec.memory.window for s in funnel.stages.values())
     for number, rec in enumerate(records, 1):
-        turn = _turn(funnel, session_id, rec, state, pos, last, first=number == 1)
+        turn = _turn(funnel, session_id, rec, state, pos, last, first=number == 1,
+                     words=_words(records, number - 1, read))
         steps.route(turn)
         asked = turn.pos["stage"]
         was = stages[number - 1] if stages is not None else rec.stage_before
@@ -232,15 +242,30 @@ def play(funnel: CompiledFunnel, records: Sequence[Recorded], session_id: str, *
     return out
 
 
+def _words(records: Sequence[Recorded], i: int, read: int) -> tuple[str, ...]:
+    """The customer's own words the turn ``records[i]`` could cite, as the engine's turn
+    has them (engine.turn.engine.Engine._start): the customer messages among the ``read``
+    messages before this one, and this one."""
+    rec = records[i]
+    if rec.index >= 0 and rec.messages:
+        earlier = rec.messages[max(0, rec.index - read):rec.index]
+        return (*(text for role, text in earlier if role == "user"), rec.customer)
+    # No message log (a recording made by hand): a message and a reply per turn.
+    earlier_turns = records[max(0, i - read // 2):i]
+    return (*(r.customer for r in earlier_turns), rec.customer)
+
+
 def _turn(funnel: CompiledFunnel, session_id: str, rec: Recorded, state: dict[str, Any],
-          pos: Position, last: datetime | None, *, first: bool) -> Turn:
+          pos: Position, last: datetime | None, *, first: bool,
+          words: tuple[str, ...] = ()) -> Turn:
     inbound = Incoming(session_id, rec.customer, CHANNEL, 0.0)
     pos = Position(stage=pos["stage"], stage_iteration=pos["stage_iteration"],
                    turns=pos["turns"], stage_history=pos["stage_history"],
                    notices=pos["notices"])
     # The play's state is its own, and every step replaces the values it changes
     # (copy on write): no copy per turn.
-    scratch = TurnScratch(session_id, pos["stage"], pos["stage_iteration"], rec.at)
+    scratch = TurnScratch(session_id, pos["stage"], pos["stage_iteration"], rec.at,
+                          words=words)
     return Turn(inbound, rec.at, None if first else {}, [], state, pos, 0, last,
                 stage_before=pos["stage"], mover=Mover(funnel, pos, rec.at, scratch),
                 funnel=funnel)

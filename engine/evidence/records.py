@@ -4,7 +4,8 @@ One read-only transaction (PostgreSQL refuses any write in it), three queries fo
 whole population, not one per session: the turns, the customers' messages, and the
 orders of the sessions selected. A turn's customer message is the last ``user``
 message of the session logged before its record, as :mod:`engine.store.turns` pairs
-them.
+them; the messages of every role are kept too (one list per session), since the turn's
+window of them is where grounding finds the customer's words.
 """
 
 from __future__ import annotations
@@ -92,10 +93,12 @@ def read_population(url: str | None, funnel: str, *, since: float | None = None,
             "FROM {} WHERE {} ORDER BY session_id, id").format(sql.Identifier(TURNS), cond),
             params).fetchall()
         ids = sorted({t[0] for t in turns})
+        # Every role: the turn's window (what grounding reads the customer's words from)
+        # is the session's last messages, the replies among them (engine.turn.engine).
         messages = conn.execute(sql.SQL(
-            "SELECT session_id, content, created_at FROM {} WHERE funnel = %s AND role = 'user' "
-            "AND session_id = ANY(%s) ORDER BY session_id, id").format(sql.Identifier(MESSAGES)),
-            (funnel, ids)).fetchall()
+            "SELECT session_id, role, content, created_at FROM {} WHERE funnel = %s "
+            "AND session_id = ANY(%s) ORDER BY session_id, id").format(
+                sql.Identifier(MESSAGES)), (funnel, ids)).fetchall()
         orders = conn.execute(sql.SQL(
             "SELECT session_id, count(*), sum(amount) FROM {} WHERE funnel = %s AND "
             "session_id = ANY(%s) GROUP BY session_id").format(sql.Identifier(CONVERSIONS)),
@@ -105,11 +108,15 @@ def read_population(url: str | None, funnel: str, *, since: float | None = None,
 
 def _sessions(turns: list[Any], messages: list[Any], orders: dict[str, Any]
               ) -> list[Session]:
-    by_session: dict[str, tuple[list[datetime], list[str]]] = {}
-    for sid, content, at in messages:
-        times, texts = by_session.setdefault(sid, ([], []))
-        times.append(at)
-        texts.append(content)
+    # Per session: its messages (role, content), shared by its turns, and its customer
+    # messages' times and positions among them.
+    by_session: dict[str, tuple[list[datetime], list[int], list[tuple[str, str]]]] = {}
+    for sid, role, content, at in messages:
+        times, where, log = by_session.setdefault(sid, ([], [], []))
+        if role == "user":
+            times.append(at)
+            where.append(len(log))
+        log.append((role, content))
     out: list[Session] = []
     current: Session | None = None
     for sid, version, variant, before, after, fallback, error, raw, at, tokens in turns:
@@ -122,16 +129,18 @@ def _sessions(turns: list[Any], messages: list[Any], orders: dict[str, Any]
         if int(version) != current.version and current.skipped is None:
             current.skipped = (f"it ran on versions {current.version} and {version}; replay "
                                "plays one version against the edit")
-        times, texts = by_session.get(sid, ([], []))
+        times, where, log = by_session.get(sid, ([], [], []))
         i = bisect.bisect_right(times, at) - 1
-        customer = texts[i] if i >= 0 else ""
+        index = where[i] if i >= 0 else -1
+        customer = log[index][1] if i >= 0 else ""
         if (not customer or customer == ANONYMIZED) and current.skipped is None:
             current.skipped = "a turn has no customer message (anonymized or purged)"
         if raw is None and current.skipped is None:
             current.skipped = ("a turn kept no model output (recorded before the engine kept "
                                "them, seeded, or anonymized)")
         current.turns.append(Recorded(customer, [str(x) for x in raw] if raw is not None
-                                      else None, at, before, after, bool(fallback), error))
+                                      else None, at, before, after, bool(fallback), error,
+                                      messages=log, index=index))
     return out
 
 
