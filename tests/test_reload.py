@@ -20,7 +20,7 @@ from engine.funnel.compiled import load_funnel
 from engine.llm.models import make_model
 from engine.service.config import ServiceConfig
 from engine.service.core import Service
-from engine.service.reload import watched_files
+from engine.format.files import watched_files
 
 pytestmark = pytest.mark.postgres
 

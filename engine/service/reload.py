@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from ..errors import (
     StoreUnavailable,
     closest,
 )
+from ..format.files import Snapshot, snapshot, watched_files
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.base import Store
@@ -60,9 +60,7 @@ log = logging.getLogger("funnel.service")
 # `session_ttl`, once the format has one, wins).
 DEFAULT_SESSION_TTL = 7 * 86400.0
 OPEN_CACHE_SECONDS = 5.0  # /readyz and /metrics scrapes share one count per funnel
-_MAX_FILES = 5000  # a knowledge folder that is a whole disk is not watched file by file
 
-Snapshot = tuple[tuple[str, int, int, int], ...]
 
 
 class Served(Protocol):
@@ -77,50 +75,6 @@ class Served(Protocol):
     engines: dict[str, Engine]
     metrics: Metrics
     store: Store | None
-
-
-def watched_files(spec: FunnelSpec) -> list[Path]:
-    """Every file the funnel reads, as of now: the funnel file, the catalog, and every
-    visible file in its stages' template folders (``{% include %}`` reads them), output
-    schema folders and knowledge folder. Sorted, without duplicates."""
-    files: set[Path] = {spec.path}
-    if spec.catalog_path is not None:
-        files.add(spec.catalog_path)
-    folders: set[Path] = set()
-    for stage in spec.stages.values():
-        files.add(stage.prompt)
-        # Whole folders: an include, or a file an edit is about to name, is in them.
-        folders.add(stage.prompt.parent)
-        if stage.schema is not None:  # a derived contract lives in the funnel file
-            files.add(stage.schema)
-            folders.add(stage.schema.parent)
-    if spec.schemas_dir is not None:  # where an edit's new schema extension would be
-        folders.add(spec.schemas_dir)
-    if spec.knowledge is not None:
-        folders.add(spec.knowledge.folder)
-    for folder in folders:
-        files.update(_visible(folder))
-    return sorted(files)[:_MAX_FILES]
-
-
-def _visible(folder: Path) -> Iterable[Path]:
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in names:
-            if not name.startswith("."):  # editors' swap and temporary files
-                yield Path(root) / name
-
-
-def snapshot(files: Iterable[Path]) -> Snapshot:
-    """(path, size, mtime_ns, inode) of each file; a missing file reads as -1s."""
-    out = []
-    for path in files:
-        try:
-            st = path.stat()
-            out.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino))
-        except OSError:
-            out.append((str(path), -1, -1, -1))
-    return tuple(out)
 
 
 def digest(files: Iterable[Path]) -> str:

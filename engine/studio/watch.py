@@ -15,55 +15,19 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import FunnelError, FunnelInvalid
-from ..format.spec import FunnelSpec
+from ..format.files import Snapshot, snapshot, watched_files
 from ..funnel.compiled import CompiledFunnel, load_funnel
 
 __all__ = ["POLL", "Watched", "watched_files"]
 
 log = logging.getLogger("funnel.studio")
 POLL = float(os.environ.get("FUNNEL_STUDIO_POLL", "0.25"))  # seconds between looks
-_MAX_FILES = 5000
-
-Snapshot = tuple[tuple[str, int, int, int], ...]
-
-
-def watched_files(spec: FunnelSpec) -> list[Path]:
-    """Every file the funnel reads, as of now (sorted, at most 5000)."""
-    files: set[Path] = {spec.path}
-    if spec.catalog_path is not None:
-        files.add(spec.catalog_path)
-    folders: set[Path] = set()
-    for stage in spec.stages.values():
-        files.add(stage.prompt)
-        folders.add(stage.prompt.parent)
-        if stage.schema is not None:  # None: the contract is derived from the funnel
-            files.add(stage.schema)
-            folders.add(stage.schema.parent)
-    if spec.knowledge is not None:
-        folders.add(spec.knowledge.folder)
-    for folder in folders:
-        for root, dirs, names in os.walk(folder):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            files.update(Path(root) / n for n in names if not n.startswith("."))
-    return sorted(files)[:_MAX_FILES]
-
-
-def _snapshot(files: Iterable[Path]) -> Snapshot:
-    out = []
-    for path in files:
-        try:
-            st = path.stat()
-            out.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino))
-        except OSError:
-            out.append((str(path), -1, -1, -1))
-    return tuple(out)
-
 
 @dataclass
 class Watched:
@@ -86,17 +50,17 @@ class Watched:
 
     def __post_init__(self) -> None:
         self._files = watched_files(self.funnel.spec)
-        self._seen = _snapshot(self._files)
+        self._seen = snapshot(self._files)
 
     async def poll(self) -> bool:
         """Look once; on a change, validate and take or refuse it. True when it changed."""
-        now = _snapshot(self._files)
+        now = snapshot(self._files)
         if now == self._seen:
             return False
         # A burst of writes (an editor's temporary file and rename): wait until quiet.
         while True:
             await asyncio.sleep(POLL / 2)
-            again = _snapshot(self._files)
+            again = snapshot(self._files)
             if again == now:
                 break
             now = again
@@ -127,7 +91,7 @@ class Watched:
                 self.funnel, self.problem, self.diagnostics = funnel, None, []
                 self.loaded_at = time.time()
                 self._files = watched_files(funnel.spec)  # a new template folder, a new file
-                self._seen = _snapshot(self._files)
+                self._seen = snapshot(self._files)
         self.generation += 1
 
     def status(self) -> dict[str, Any]:

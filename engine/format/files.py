@@ -1,0 +1,60 @@
+"""The files a funnel reads, as of now, and a cheap snapshot of them: what the service's
+hot reload (engine.service.reload) and the studio (engine.studio.watch) both watch."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from .spec import FunnelSpec
+
+__all__ = ["Snapshot", "snapshot", "watched_files"]
+
+_MAX_FILES = 5000  # a knowledge folder that is a whole disk is not watched file by file
+
+Snapshot = tuple[tuple[str, int, int, int], ...]
+
+
+def watched_files(spec: FunnelSpec) -> list[Path]:
+    """Every file the funnel reads, as of now: the funnel file, the catalog, and every
+    visible file in its stages' template folders (``{% include %}`` reads them), output
+    schema folders and knowledge folder. Sorted, without duplicates."""
+    files: set[Path] = {spec.path}
+    if spec.catalog_path is not None:
+        files.add(spec.catalog_path)
+    folders: set[Path] = set()
+    for stage in spec.stages.values():
+        files.add(stage.prompt)
+        # Whole folders: an include, or a file an edit is about to name, is in them.
+        folders.add(stage.prompt.parent)
+        if stage.schema is not None:  # a derived contract lives in the funnel file
+            files.add(stage.schema)
+            folders.add(stage.schema.parent)
+    if spec.schemas_dir is not None:  # where an edit's new schema extension would be
+        folders.add(spec.schemas_dir)
+    if spec.knowledge is not None:
+        folders.add(spec.knowledge.folder)
+    for folder in folders:
+        files.update(_visible(folder))
+    return sorted(files)[:_MAX_FILES]
+
+
+def _visible(folder: Path) -> Iterable[Path]:
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in names:
+            if not name.startswith("."):  # editors' swap and temporary files
+                yield Path(root) / name
+
+
+def snapshot(files: Iterable[Path]) -> Snapshot:
+    """(path, size, mtime_ns, inode) of each file; a missing file reads as -1s."""
+    out = []
+    for path in files:
+        try:
+            st = path.stat()
+            out.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            out.append((str(path), -1, -1, -1))
+    return tuple(out)
