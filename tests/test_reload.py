@@ -16,11 +16,11 @@ import pytest
 import yaml
 from projects import copy_puramur
 
+from engine.format.files import watched_files
 from engine.funnel.compiled import load_funnel
 from engine.llm.models import make_model
 from engine.service.config import ServiceConfig
 from engine.service.core import Service
-from engine.format.files import watched_files
 
 pytestmark = pytest.mark.postgres
 
