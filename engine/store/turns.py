@@ -11,6 +11,16 @@ from ..records.explanation import expand
 from . import ddl
 from .session import Connect
 
+# A turn record's customer message and reply, read beside the record ``t``: the last
+# ``user`` and ``assistant`` messages logged before it (the studio's transcript too).
+TURN_MESSAGES = sql.SQL(
+    "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
+    " AND m.role = 'user' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
+    " AS customer, "
+    "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
+    " AND m.role = 'assistant' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
+    " AS reply").format(m=sql.Identifier(ddl.MESSAGES))
+
 _COLUMNS = ("id", "stage_before", "stage_after", "transitions", "actions", "refused",
             "fallback", "error", "explain", "raw_output", "created_at")
 
@@ -24,17 +34,12 @@ async def turn_records(connect: Connect, funnel: str, session_id: str, limit: in
     """
     q = sql.SQL(
         "SELECT {cols}, "
-        "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
-        " AND m.role = 'user' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
-        " AS customer, "
-        "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
-        " AND m.role = 'assistant' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
-        " AS reply "
+        "{turn_messages} "
         "FROM (SELECT * FROM {t} WHERE funnel = %s AND session_id = %s ORDER BY id DESC "
         "LIMIT %s) t ORDER BY t.id"
     ).format(cols=sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
                                      for c in _COLUMNS),
-             m=sql.Identifier(ddl.MESSAGES), t=sql.Identifier(ddl.TURNS))
+             turn_messages=TURN_MESSAGES, t=sql.Identifier(ddl.TURNS))
     async with connect() as conn:
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(q, (funnel, session_id, limit))

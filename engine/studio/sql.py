@@ -17,10 +17,11 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from ..errors import StoreUnavailable
-from ..format.names import EXITS, MESSAGES, TURNS
+from ..format.names import EXITS, TURNS
 from ..format.spec import FunnelSpec
 from ..records.explanation import expand
 from ..store.base import Store
+from ..store.turns import TURN_MESSAGES
 
 __all__ = ["SessionFilter", "sessions", "transcript"]
 
@@ -103,18 +104,13 @@ async def transcript(store: Store, spec: FunnelSpec, session_id: str, offset: in
     limit = 1 if last else max(1, min(limit, 200))
     q = sql.SQL(
         "SELECT {cols}, "
-        "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
-        " AND m.role = 'user' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
-        " AS customer, "
-        "(SELECT m.content FROM {m} m WHERE m.funnel = t.funnel AND m.session_id = t.session_id "
-        " AND m.role = 'assistant' AND m.created_at <= t.created_at ORDER BY m.id DESC LIMIT 1) "
-        " AS reply, count(*) OVER () AS total "
+        "{turn_messages}, count(*) OVER () AS total "
         "FROM {t} t WHERE t.funnel = %s AND t.session_id = %s ORDER BY t.id {order} "
         "LIMIT %s OFFSET %s"
     ).format(order=sql.SQL("DESC" if last else ""),
              cols=sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
                                      for c in _TURN_COLUMNS),
-             m=sql.Identifier(MESSAGES), t=sql.Identifier(TURNS))
+             turn_messages=TURN_MESSAGES, t=sql.Identifier(TURNS))
     async with _connect(store) as conn:
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(q, (spec.name, session_id, limit, max(0, offset)))
