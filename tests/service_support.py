@@ -268,7 +268,10 @@ def stop(proc: subprocess.Popen[Any]) -> None:
 
 
 def wait_ready(url: str, proc: subprocess.Popen[Any], log: Any, seconds: float = 60) -> None:
-    """Wait until a `funnel serve` answers /readyz with 200; fail with its log if it dies."""
+    """Wait until a `funnel serve` answers /readyz with 200; fail with its log if it dies
+    or does not answer in time. A server that is late is stopped before the failure: the
+    caller never got hold of it to stop it (a running Popen left to the collector fails
+    whichever test runs then)."""
     import httpx
 
     deadline = time.monotonic() + seconds
@@ -278,7 +281,10 @@ def wait_ready(url: str, proc: subprocess.Popen[Any], log: Any, seconds: float =
                 return
         except httpx.HTTPError:
             pass
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        if proc.poll() is not None or time.monotonic() >= deadline:
+            if proc.poll() is None:
+                stop(proc)
+            raise AssertionError(f"`funnel serve` did not get ready; its log:\n{log.read_text()}")
         time.sleep(0.2)
 
 

@@ -8,17 +8,35 @@ CLI instead imports each command's module when the command runs.
 from __future__ import annotations
 
 import ast
+import logging
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import grimp
 import pytest
-from importlinter.cli import lint_imports
+from importlinter.cli import lint_imports as _lint_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "engine"
+
+def lint_imports(**options: Any) -> int:
+    """import-linter's command, in this process. It configures logging with
+    ``dictConfig``, which disables every logger that already exists (the engine's
+    ``funnel.*`` included): later tests in this worker would see no engine log lines.
+    Their state is put back."""
+    loggers = [lg for lg in logging.root.manager.loggerDict.values()
+               if isinstance(lg, logging.Logger)]
+    before = [(lg, lg.disabled, lg.level, lg.propagate, list(lg.handlers)) for lg in loggers]
+    try:
+        result: int = _lint_imports(**options)
+        return result
+    finally:
+        for lg, disabled, level, propagate, handlers in before:
+            lg.disabled, lg.level, lg.propagate, lg.handlers = disabled, level, propagate, handlers
+
 
 # (module, imported name) -> why it is imported inside a function
 LOCAL_IMPORTS_ALLOWED = {
