@@ -362,10 +362,10 @@ def test_cached_tokens_are_read_from_every_usage_shape() -> None:
 
 
 async def test_cached_and_written_tokens_reach_the_service_metrics(
-        db_url: str, aws: None, tmp_path: Any) -> None:
+        db_url: str, aws: None) -> None:
     from engine.service.metrics import Metrics
 
-    metrics = Metrics(str(tmp_path))
+    metrics = Metrics()
     metrics.declare("puramur", ["greeting"], telegram=False)
     assert 'funnel_cached_prompt_tokens_total{funnel="puramur"} 0' in metrics.render()
     assert 'funnel_cache_write_tokens_total{funnel="puramur"} 0' in metrics.render()

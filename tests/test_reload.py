@@ -90,8 +90,8 @@ async def test_a_broken_template_is_refused_naming_its_file(
     assert (await engine.handle("s-2", "hello")).fallback is False  # turns go on
     body = await service.reloader.versions()
     assert "refused" in body["puramur"] and "greeting.j2" not in body["puramur"]["refused"]
-    assert service.metrics.counters[
-        ("funnel_reloads_total", (("funnel", "puramur"), ("result", "refused")))] == 1
+    assert service.metrics.value("funnel_reloads_total", funnel="puramur",
+                                 result="refused") == 1
 
 
 async def test_a_renamed_funnel_is_refused(service: Service, project: Path) -> None:
@@ -113,8 +113,8 @@ async def test_a_file_an_edit_names_is_watched_from_the_moment_it_appears(
                  "    description: Say hello and ask whether the pet is a cat or a dog.\n",
                  "    description: Say hello and ask whether the pet is a cat or a dog.\n"
                  "    schema_extension: greeting_v2.json\n")
-        refused = ("funnel_reloads_total", (("funnel", "puramur"), ("result", "refused")))
-        await _until(lambda: svc.metrics.counters[refused] == 1)
+        refused = {"funnel": "puramur", "result": "refused"}
+        await _until(lambda: svc.metrics.value("funnel_reloads_total", **refused) == 1)
         assert svc.funnels["puramur"].spec.stages["greeting"].schema is None
         # Writing the file it names is the change that makes the edit valid.
         (project / "funnels" / "schemas").mkdir()
@@ -125,7 +125,7 @@ async def test_a_file_an_edit_names_is_watched_from_the_moment_it_appears(
         assert svc.funnels["puramur"].stages["greeting"].schema["properties"]["reply"][
             "maxLength"] == 800
         assert svc.engines["puramur"].funnel is svc.funnels["puramur"]
-        assert svc.metrics.counters[refused] == 1
+        assert svc.metrics.value("funnel_reloads_total", **refused) == 1
     finally:
         await svc.close()
 

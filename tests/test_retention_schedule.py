@@ -71,9 +71,9 @@ def run_once(client: TestClient) -> dict[str, str]:
 
 
 def metric(client: TestClient, outcome: str) -> float:
-    counters = client.app.state.service.metrics.counters  # type: ignore[attr-defined]
-    return float(counters.get(("funnel_retention_runs_total",
-                               (("funnel", "puramur"), ("outcome", outcome))), 0.0))
+    metrics = client.app.state.service.metrics  # type: ignore[attr-defined]
+    return float(metrics.value("funnel_retention_runs_total", funnel="puramur",
+                               outcome=outcome))
 
 
 def test_one_worker_purges_once_per_interval(two_workers: tuple[TestClient, TestClient],

@@ -30,6 +30,7 @@ from service_support import FakeTelegram, TcpProxy, running, stop, wait_ready
 from starlette.testclient import TestClient
 
 from engine.boundary.customer import MAX_MESSAGE_CHARS
+from engine.errors import ConfigError
 from engine.llm.models import Completion, ModelRequest, ScriptedModel
 from engine.service.app import create_app
 from engine.service.auth import WidgetTokens
@@ -388,7 +389,7 @@ def test_metrics_count_turns_errors_fallbacks_and_handoffs(db_url: str) -> None:
         text = client.get("/metrics", headers=bearer(METRICS)).text
     assert 'funnel_turns_total{funnel="puramur",stage="greeting"} 3' in text
     assert 'funnel_turn_duration_seconds_count{funnel="puramur",stage="greeting"} 3' in text
-    assert 'funnel_turn_duration_seconds_bucket{funnel="puramur",stage="greeting",le="+Inf"} 3' \
+    assert 'funnel_turn_duration_seconds_bucket{funnel="puramur",le="+Inf",stage="greeting"} 3' \
         in text
     assert 'funnel_model_errors_total{funnel="puramur",stage="greeting"} 1' in text
     assert 'funnel_validation_failures_total{funnel="puramur",stage="greeting"} 2' in text
@@ -396,29 +397,48 @@ def test_metrics_count_turns_errors_fallbacks_and_handoffs(db_url: str) -> None:
     assert "# TYPE funnel_turn_duration_seconds histogram" in text
 
 
+def test_a_metrics_folder_without_prometheus_multiproc_dir_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="PROMETHEUS_MULTIPROC_DIR"):
+        Metrics(str(tmp_path))
+
+
+# One worker of a multi-process service: prometheus_client decides on its multiprocess
+# mode at import, so each "worker" is a process of its own, as under `funnel serve`.
+_WORKER = """
+import os, sys
+from engine.service.metrics import Metrics
+m = Metrics(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+m.declare("puramur", ["greeting"], telegram=False)
+m.count("funnel_telegram_updates_total", funnel="puramur", kind="text")
+m.observe("funnel_turn_duration_seconds", 0.2, funnel="puramur", stage="greeting")
+m.in_flight(+1)
+m.version("puramur", [1, 2])
+m.version("puramur", [2])
+m.gauge("funnel_outbox_backlog", float(sys.argv[1]), funnel="puramur")
+if sys.argv[2] == "exits":
+    m.close()
+"""
+
+
 def test_metrics_of_several_workers_add_up(tmp_path: Path) -> None:
-    one, two = Metrics(str(tmp_path)), Metrics(str(tmp_path))
-    one.count("funnel_telegram_updates_total", funnel="puramur", kind="text")
-    two.count("funnel_telegram_updates_total", funnel="puramur", kind="text")
-    two.observe("funnel_turn_duration_seconds", 0.2, funnel="puramur", stage="greeting")
-    two.save()
-    text = one.render()
-    assert 'funnel_telegram_updates_total{funnel="puramur",kind="text"} 2' in text
-    assert 'funnel_turn_duration_seconds_bucket{funnel="puramur",stage="greeting",le="0.25"} 1' \
-        in text
-
-
-def test_a_worker_writes_its_counts_when_flushed_not_at_every_turn(tmp_path: Path) -> None:
-    mine, other = Metrics(str(tmp_path)), Metrics(str(tmp_path))
-    mine.count("funnel_telegram_updates_total", funnel="puramur", kind="text")
-    assert list(tmp_path.iterdir()) == []  # nothing written per change
-    assert 'kind="text"} 1' not in other.render()
-    mine.flush()
-    [written] = list(tmp_path.iterdir())
-    assert 'funnel_telegram_updates_total{funnel="puramur",kind="text"} 1' in other.render()
-    before = written.stat().st_mtime_ns
-    mine.flush()  # nothing new: nothing written
-    assert written.stat().st_mtime_ns == before and not mine.dirty
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for backlog, end in (("3", "exits"), ("5", "dies")):  # the second is measured last
+        subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", _WORKER, backlog, end], cwd=ROOT,
+                       env=env, check=True, timeout=120)
+    text = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", "import os; from engine.service.metrics import "
+         "Metrics; print(Metrics(os.environ['PROMETHEUS_MULTIPROC_DIR']).render())"],
+        cwd=ROOT, env=env, check=True, timeout=120, capture_output=True, text=True).stdout
+    assert 'funnel_telegram_updates_total{funnel="puramur",kind="text"} 2.0' in text
+    assert 'funnel_turn_duration_seconds_bucket{funnel="puramur",le="0.25",stage="greeting"} ' \
+        '2.0' in text
+    assert 'funnel_turns_total{funnel="puramur",stage="greeting"} 0.0' in text  # declared
+    # Live gauges add up over the workers still running: the one that exited is gone.
+    assert "funnel_turns_in_flight 1.0" in text
+    assert 'funnel_versions_loaded{funnel="puramur",version="2"} 1.0' in text
+    assert 'funnel_versions_loaded{funnel="puramur",version="1"} 0.0' in text  # dropped
+    # A gauge of the shared database: the latest measurement, not a sum.
+    assert 'funnel_outbox_backlog{funnel="puramur"} 5.0' in text
 
 
 # -- Telegram -------------------------------------------------------------------------
@@ -496,7 +516,11 @@ def test_funnel_serve_with_two_workers(db_url: str, tmp_path: Path) -> None:
                                 ).status_code == 200
             for _ in range(3):  # whichever worker answers adds up both workers' counts
                 metrics = http.get("/metrics", headers=bearer(ADMIN)).text
-                assert 'funnel_turns_total{funnel="puramur",stage="greeting"} 6' in metrics
+                assert 'funnel_turns_total{funnel="puramur",stage="greeting"} 6.0' in metrics
+                assert 'funnel_turn_duration_seconds_count{funnel="puramur",stage="greeting"} ' \
+                    '6.0' in metrics
+                # Both workers hold the funnel: a live gauge summed over the workers.
+                assert 'funnel_versions_loaded{funnel="puramur",version="1"} 2.0' in metrics
     finally:
         stop(proc)
 

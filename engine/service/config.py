@@ -21,7 +21,7 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_DB_TIMEOUT`` | seconds to wait for a database connection | 5 |
 | ``FUNNEL_RETRY_AFTER`` | Retry-After of a 503 while the database is down | 5 |
 | ``FUNNEL_METRICS_PUBLIC`` | ``1``: ``/metrics`` needs no key | 0 |
-| ``FUNNEL_METRICS_DIR`` | folder where workers share their counters | none |
+| ``FUNNEL_METRICS_DIR`` | workers' shared metrics folder (``PROMETHEUS_MULTIPROC_DIR``) | none |
 | ``FUNNEL_HANDOFF_WEBHOOK`` | manager URL of handoff alerts (over the funnel's) | the funnel's |
 | ``FUNNEL_HANDOFF_WEBHOOK_<NAME>`` | the same for funnel NAME only | ``FUNNEL_HANDOFF_WEBHOOK`` |
 | ``FUNNEL_PUBLIC_URL`` | the service's public base URL, for the alert's ``link`` | none (no link) |
@@ -170,7 +170,8 @@ class ServiceConfig:
             db_timeout=_number(env, "FUNNEL_DB_TIMEOUT", 5),
             retry_after=int(_number(env, "FUNNEL_RETRY_AFTER", 5)),
             metrics_public=env.get("FUNNEL_METRICS_PUBLIC", "0") in ("1", "true", "yes"),
-            metrics_dir=env.get("FUNNEL_METRICS_DIR") or None,
+            metrics_dir=(env.get("PROMETHEUS_MULTIPROC_DIR") or env.get("FUNNEL_METRICS_DIR")
+                         or None),
             telegram_api=env.get("FUNNEL_TELEGRAM_API") or DEFAULT_TELEGRAM_API,
             telegram=telegram,
             handoff_webhook=env.get("FUNNEL_HANDOFF_WEBHOOK") or None,

@@ -156,7 +156,7 @@ class Service:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self.metrics.flush()
+        self.metrics.close()
         await self.telegram.close()
         for engine in self.engines.values():
             await engine.close()  # waits for background work; the store is ours to close
@@ -168,7 +168,8 @@ class Service:
                 await close()
 
     async def _write_metrics(self) -> None:
-        """Share this worker's counts with the others once a second (see metrics.py)."""
+        """Write the gauges read from a callable once a second, for the other workers'
+        scrapes (counts are shared as they happen: engine.service.metrics)."""
         while True:
             await asyncio.sleep(1.0)
             self.metrics.flush()
@@ -277,7 +278,7 @@ class Service:
         queue_key = f"{funnel}/{session_id}"
         self.queue.enter(queue_key)
         started = time.perf_counter()
-        self.metrics.turns_in_flight += 1
+        self.metrics.in_flight(+1)
         try:
             result = await engine.handle(session_id, text, channel=channel, key=key,
                                          reply_to=reply_to, message_id=message_id, facts=facts,
@@ -297,7 +298,7 @@ class Service:
             raise RequestRefused(500, "internal", "the turn failed; see the service log") from None
         finally:
             self.queue.leave(queue_key)
-            self.metrics.turns_in_flight -= 1
+            self.metrics.in_flight(-1)
         self.metrics.turn(funnel, result, time.perf_counter() - started)
         return result
 

@@ -1,25 +1,46 @@
-"""Counters and a latency histogram in the Prometheus text format (no client library).
+"""The service's counters, gauges and histograms, kept and shown by ``prometheus_client``.
 
-Each worker process counts its own requests. With several workers, set
-``FUNNEL_METRICS_DIR`` (``funnel serve --workers N`` makes a temporary one):
-every worker writes its counts there at most once a second (:meth:`Metrics.flush`,
-called by the service; a file write per turn cost a tenth of a worker's CPU),
-and ``/metrics``, whichever worker answers it, adds all the files up, so a
-scrape sees the whole service, the other workers' last second aside.
+One process: each :class:`Metrics` has a registry of its own (tests run several
+services in one process), and ``/metrics`` is that registry's exposition.
+
+Several workers (``funnel serve --workers N``): prometheus_client's multiprocess mode.
+Every worker writes each value, as it changes, to memory-mapped files in
+``PROMETHEUS_MULTIPROC_DIR``; ``/metrics``, whichever worker answers it, reads every
+worker's files (``MultiProcessCollector``) and adds them up: counters and histograms
+summed, each gauge as its :data:`GAUGE_MODES` says. The library chooses the mode when it
+is first imported, from the environment, so the folder must be set before the worker
+starts: ``funnel serve`` sets it for its workers (``FUNNEL_METRICS_DIR`` names it, or a
+temporary folder) and empties it first; a worker that exits takes its live gauges with
+it (``mark_process_dead``), its counts stay.
+
+Series stay bounded: every label value comes from the funnels' files (funnel, stage,
+version) or from the engine's own words (reason, kind, outcome...); a request for an
+unknown funnel is a 404 and counted nowhere (engine.service.handlers).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Any
+from typing import Literal
 
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    values,
+)
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from ..errors import ConfigError
 from ..turn.engine import TurnResult
 
-Labels = tuple[tuple[str, str], ...]
+# No `<name>_created` series: the dashboards' contract (tests/data/metrics_contract.json)
+# has none, and multiprocess mode writes none either, so both modes show the same names.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -66,31 +87,98 @@ HELP = {
     "funnel_open_sessions": ("gauge", "Sessions not in a final stage with a message within the "
                              "session TTL, by the funnel version they last ran on."),
 }
-# Gauges that measure the shared database: every worker sees the same value.
-_SHARED_GAUGES = ("funnel_outbox_backlog", "funnel_outbox_oldest_due_seconds",
-                  "funnel_open_sessions")
+
+# Each metric's label names, sorted: the exposition shows them in this order, as it did
+# when the engine wrote it by hand (dashboards match on the whole line in places).
+_STAGE = ("funnel", "stage")
+LABELS: dict[str, tuple[str, ...]] = {
+    "funnel_turns_total": _STAGE, "funnel_turn_duration_seconds": _STAGE,
+    "funnel_model_errors_total": _STAGE, "funnel_validation_failures_total": _STAGE,
+    "funnel_fallbacks_total": _STAGE, "funnel_handoffs_total": _STAGE,
+    "funnel_model_seconds": _STAGE,
+    "funnel_stage_transitions_total": ("from_stage", "funnel", "to_stage"),
+    "funnel_requests_refused_total": ("funnel", "reason"),
+    "funnel_telegram_updates_total": ("funnel", "kind"),
+    "funnel_replays_total": ("channel", "funnel"),
+    "funnel_inbound_recovered_total": ("channel", "funnel"),
+    "funnel_tokens_total": ("funnel", "kind"),
+    "funnel_retention_runs_total": ("funnel", "outcome"),
+    "funnel_reloads_total": ("funnel", "result"),
+    "funnel_versions_loaded": ("funnel", "version"),
+    "funnel_open_sessions": ("funnel", "version"),
+    "funnel_turns_in_flight": (), "funnel_turns_queued": (),
+}
+
+GaugeMode = Literal["livesum", "livemostrecent"]
+# How the workers' values of a gauge make the service's (multiprocess mode): the turns a
+# worker runs and the versions it holds add up; the gauges that measure the shared
+# database are the same figure seen by every worker, so the latest measurement wins.
+# "live": a worker that exited counts no more.
+GAUGE_MODES: dict[str, GaugeMode] = {
+    "funnel_turns_in_flight": "livesum", "funnel_turns_queued": "livesum",
+    "funnel_versions_loaded": "livesum",
+    "funnel_outbox_backlog": "livemostrecent", "funnel_outbox_oldest_due_seconds":
+        "livemostrecent", "funnel_open_sessions": "livemostrecent",
+}
+
 _REFUSALS = ("unauthorized", "forbidden", "rate_limited", "too_large", "bad_request",
              "unavailable", "session_busy", "busy", "internal", "invalid_order", "conflict")
 
+Family = Counter | Gauge | Histogram
 
-def _labels(**labels: str) -> Labels:
-    return tuple(sorted(labels.items()))
+
+def multiprocess() -> bool:
+    """Whether prometheus_client runs in multiprocess mode in this process (it decided
+    when it was imported: ``PROMETHEUS_MULTIPROC_DIR`` was set)."""
+    return bool(getattr(values.ValueClass, "_multiprocess", False))
 
 
 class Metrics:
-    """The process's counters; :meth:`render` adds the other workers' from ``directory``."""
+    """The service's metrics in this process; :meth:`render` shows every worker's.
+
+    Args:
+        directory: the workers' shared folder (``PROMETHEUS_MULTIPROC_DIR``), or ``None``
+            for one process. It must be the folder prometheus_client found in the
+            environment when it was imported.
+
+    Raises:
+        ConfigError: ``directory`` is given but the process did not start with
+            ``PROMETHEUS_MULTIPROC_DIR`` naming it.
+    """
 
     def __init__(self, directory: str | None = None) -> None:
-        self.counters: dict[tuple[str, Labels], float] = {}
-        # name, labels -> [count per bucket (cumulative at render) ..., +Inf count, sum]
-        self.histograms: dict[tuple[str, Labels], list[float]] = {}
-        self.directory = Path(directory) if directory else None
-        self._file = (self.directory / f"metrics-{os.getpid()}-{secrets.token_hex(4)}.json"
-                      if self.directory else None)
-        self.dirty = False  # counted since the last save
-        self.gauges: dict[tuple[str, Labels], float] = {}
-        self.turns_in_flight = 0
+        env_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory and (not multiprocess() or not env_dir
+                          or os.path.realpath(env_dir) != os.path.realpath(directory)):
+            raise ConfigError(
+                f"metrics folder {directory!r}: the workers share their metrics through "
+                "prometheus_client's multiprocess mode, which needs PROMETHEUS_MULTIPROC_DIR "
+                f"set to that folder before the process starts (found {env_dir!r}); "
+                "`funnel serve --workers N` sets it, or export it yourself")
+        self.directory = directory or (env_dir if multiprocess() else None)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._families: dict[str, Family] = {}
+        for name, (kind, text) in HELP.items():
+            labels = LABELS.get(name, ("funnel",))
+            family: Family
+            if kind == "counter":
+                family = Counter(name, text, labels, registry=self.registry)
+            elif kind == "histogram":
+                family = Histogram(name, text, labels, buckets=BUCKETS, registry=self.registry)
+            else:
+                family = Gauge(name, text, labels, registry=self.registry,
+                               multiprocess_mode=GAUGE_MODES[name])
+            self._families[name] = family
+        self._versions: dict[str, set[str]] = {}
+        self._declared: set[str] = set()
         self.queued: Callable[[], int] = lambda: 0  # set by the service
+        self._gauge("funnel_turns_in_flight").set(0)
+        self._gauge("funnel_turns_queued").set(0)
+
+    def _gauge(self, name: str, **labels: str) -> Gauge:
+        family = self._families[name]
+        assert isinstance(family, Gauge), name
+        return family.labels(**labels) if labels else family
 
     def declare(self, funnel: str, stages: Iterable[str], telegram: bool) -> None:
         """Make the funnel's counters exist from the start, at zero (a rate over a series
@@ -98,67 +186,77 @@ class Metrics:
         for stage in stages:
             for name in ("funnel_turns_total", "funnel_fallbacks_total",
                          "funnel_model_errors_total", "funnel_validation_failures_total"):
-                self.counters.setdefault((name, _labels(funnel=funnel, stage=stage)), 0.0)
+                self.inc(name, 0, funnel=funnel, stage=stage)
         for reason in _REFUSALS:
-            self.counters.setdefault(("funnel_requests_refused_total",
-                                      _labels(funnel=funnel, reason=reason)), 0.0)
+            self.inc("funnel_requests_refused_total", 0, funnel=funnel, reason=reason)
         for result in ("applied", "refused"):
-            self.counters.setdefault(("funnel_reloads_total",
-                                      _labels(funnel=funnel, result=result)), 0.0)
+            self.inc("funnel_reloads_total", 0, funnel=funnel, result=result)
         for kind in ("prompt", "completion"):
-            self.counters.setdefault(("funnel_tokens_total", _labels(funnel=funnel, kind=kind)),
-                                     0.0)
+            self.inc("funnel_tokens_total", 0, funnel=funnel, kind=kind)
         for name in ("funnel_cached_prompt_tokens_total", "funnel_cache_write_tokens_total"):
-            self.counters.setdefault((name, _labels(funnel=funnel)), 0.0)
+            self.inc(name, 0, funnel=funnel)
         for channel in ("api", "web", *(("telegram",) if telegram else ())):
-            self.counters.setdefault(("funnel_replays_total",
-                                      _labels(funnel=funnel, channel=channel)), 0.0)
+            self.inc("funnel_replays_total", 0, funnel=funnel, channel=channel)
         if telegram:
             for name in ("funnel_telegram_send_errors_total",
                          "funnel_telegram_replies_delivered_total",
                          "funnel_telegram_unreachable_total"):
-                self.counters.setdefault((name, _labels(funnel=funnel)), 0.0)
-            self.counters.setdefault(("funnel_inbound_recovered_total",
-                                      _labels(funnel=funnel, channel="telegram")), 0.0)
-        for name in ("funnel_outbox_backlog", "funnel_outbox_oldest_due_seconds"):
-            self.gauges.setdefault((name, _labels(funnel=funnel)), 0.0)
+                self.inc(name, 0, funnel=funnel)
+            self.inc("funnel_inbound_recovered_total", 0, funnel=funnel, channel="telegram")
+        if funnel not in self._declared:  # a reload declares again: keep the measurement
+            self._declared.add(funnel)
+            for name in ("funnel_outbox_backlog", "funnel_outbox_oldest_due_seconds"):
+                self.gauge(name, 0, funnel=funnel)
 
+    # -- gauges ------------------------------------------------------------------------
     def gauge(self, name: str, value: float, **labels: str) -> None:
-        self.gauges[(name, _labels(**labels))] = float(value)
-        self.dirty = True
+        """Set a gauge's series."""
+        self._gauge(name, **labels).set(value)
 
     def drop_gauge(self, name: str, **labels: str) -> None:
-        """Remove a gauge's series (a version no longer loaded, no longer open)."""
-        if self.gauges.pop((name, _labels(**labels)), None) is not None:
-            self.dirty = True
+        """Remove a gauge's series (a version no longer loaded, no longer open).
+
+        Multiprocess mode cannot remove a series from the workers' files
+        (prometheus_client has no removal there): the series is set to 0 instead, which
+        is what it now measures (no worker holds the version, no session is open on it).
+        """
+        family = self._families[name]
+        assert isinstance(family, Gauge), name
+        key = tuple(labels[n] for n in LABELS[name])
+        if self.directory is not None:
+            family.labels(*key).set(0)
+        else:
+            family.remove(*key)
 
     def version(self, funnel: str, versions: Iterable[int]) -> None:
         """The versions of ``funnel`` this process holds, replacing the previous set."""
         keep = {str(v) for v in versions}
-        for name, labels in list(self.gauges):
-            tags = dict(labels)
-            if name == "funnel_versions_loaded" and tags.get("funnel") == funnel \
-                    and tags.get("version") not in keep:
-                del self.gauges[(name, labels)]
+        for v in self._versions.get(funnel, set()) - keep:
+            self.drop_gauge("funnel_versions_loaded", funnel=funnel, version=v)
         for v in keep:
-            self.gauges[("funnel_versions_loaded", _labels(funnel=funnel, version=v))] = 1.0
-        self.dirty = True
+            self.gauge("funnel_versions_loaded", 1, funnel=funnel, version=v)
+        self._versions[funnel] = keep
+
+    def in_flight(self, delta: int) -> None:
+        """A turn started (``+1``) or ended (``-1``) in this process."""
+        self._gauge("funnel_turns_in_flight").inc(delta)
 
     # -- recording ---------------------------------------------------------------------
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
-        key = (name, _labels(**labels))
-        self.counters[key] = self.counters.get(key, 0.0) + value
+        """Add ``value`` to a counter's series (``0`` makes it exist)."""
+        family = self._families[name]
+        assert isinstance(family, Counter), name
+        (family.labels(**labels) if labels else family).inc(value)
+
+    def count(self, name: str, **labels: str) -> None:
+        """Add one to a counter's series."""
+        self.inc(name, 1.0, **labels)
 
     def observe(self, name: str, seconds: float, **labels: str) -> None:
-        key = (name, _labels(**labels))
-        h = self.histograms.setdefault(key, [0.0] * (len(BUCKETS) + 2))
-        for i, bound in enumerate(BUCKETS):
-            if seconds <= bound:
-                h[i] += 1
-                break
-        else:
-            h[len(BUCKETS)] += 1
-        h[-1] += seconds
+        """Count an observation in a histogram's series."""
+        family = self._families[name]
+        assert isinstance(family, Histogram), name
+        family.labels(**labels).observe(seconds)
 
     def turn(self, funnel: str, result: TurnResult, seconds: float) -> None:
         """Record one answered turn."""
@@ -189,107 +287,38 @@ class Metrics:
         for t in result.transitions:
             self.inc("funnel_stage_transitions_total", funnel=funnel,
                      from_stage=str(t["from"]), to_stage=str(t["to"]))
-        self.dirty = True
 
     def refused(self, funnel: str, reason: str) -> None:
+        """Count a request refused before its turn."""
         self.inc("funnel_requests_refused_total", funnel=funnel, reason=reason)
-        self.dirty = True
 
-    def count(self, name: str, **labels: str) -> None:
-        self.inc(name, 1.0, **labels)
-        self.dirty = True
-
-    # -- sharing between workers -------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
-        return {"counters": [[n, list(map(list, lb)), v] for (n, lb), v in self.counters.items()],
-                "histograms": [[n, list(map(list, lb)), h]
-                               for (n, lb), h in self.histograms.items()],
-                "gauges": [[n, list(map(list, lb)), v] for (n, lb), v in self._gauges().items()]}
-
-    def _gauges(self) -> dict[tuple[str, Labels], float]:
-        gauges = dict(self.gauges)
-        gauges[("funnel_turns_in_flight", ())] = float(self.turns_in_flight)
-        gauges[("funnel_turns_queued", ())] = float(self.queued())
-        return gauges
+    # -- reading -----------------------------------------------------------------------
+    def value(self, sample: str, **labels: str) -> float:
+        """This process's value of one sample (a counter's ``<name>_total``, a gauge,
+        a histogram's ``<name>_count`` or ``_sum``); 0 for a series that does not exist.
+        Other workers' counts are in :meth:`render` only."""
+        self.flush()
+        found = self.registry.get_sample_value(sample, labels)
+        return 0.0 if found is None else found
 
     def flush(self) -> None:
-        """Write this worker's counts for the others, if anything changed."""
-        if self.dirty:
-            self.save()
+        """Write the values read from a callable (the Telegram queue) into their gauge:
+        the service calls it once a second with several workers, so that the others see
+        it; one process does it at every :meth:`render`."""
+        self._gauge("funnel_turns_queued").set(self.queued())
 
-    def save(self) -> None:
-        self.dirty = False
-        if self._file is None:
-            return
-        tmp = self._file.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(self.snapshot()), "utf-8")
-            os.replace(tmp, self._file)
-        except OSError:
-            pass  # metrics never fail a request
-
-    def _others(self) -> Iterable[dict[str, Any]]:
-        if self.directory is None:
-            return
-        for path in sorted(self.directory.glob("metrics-*.json")):
-            if path == self._file:
-                continue
-            try:
-                yield json.loads(path.read_text("utf-8"))
-            except (OSError, ValueError):
-                continue
+    def close(self) -> None:
+        """This worker is stopping: its live gauges leave the shared folder with it (its
+        counts stay: the service's totals do not drop when a worker is replaced)."""
+        if self.directory is not None:
+            mark_process_dead(os.getpid(), self.directory)  # type: ignore[no-untyped-call]
 
     # -- exposition --------------------------------------------------------------------
     def render(self) -> str:
-        """All counters of all workers, in the Prometheus text exposition format 0.0.4."""
-        counters = dict(self.counters)
-        histograms = {k: list(v) for k, v in self.histograms.items()}
-        gauges = self._gauges()
-        for snap in self._others():
-            for name, labels, value in snap.get("gauges", []):
-                key = (name, tuple((str(a), str(b)) for a, b in labels))
-                if name in _SHARED_GAUGES:  # the same database, seen by every worker
-                    gauges[key] = max(gauges.get(key, 0.0), float(value))
-                else:
-                    gauges[key] = gauges.get(key, 0.0) + float(value)
-            for name, labels, value in snap.get("counters", []):
-                key = (name, tuple((str(a), str(b)) for a, b in labels))
-                counters[key] = counters.get(key, 0.0) + float(value)
-            for name, labels, h in snap.get("histograms", []):
-                key = (name, tuple((str(a), str(b)) for a, b in labels))
-                mine = histograms.setdefault(key, [0.0] * (len(BUCKETS) + 2))
-                if len(h) == len(mine):
-                    histograms[key] = [a + float(b) for a, b in zip(mine, h, strict=True)]
-        lines: list[str] = []
-        for name, (kind, text) in HELP.items():
-            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-            if kind in ("counter", "gauge"):
-                for (n, labels), value in sorted((counters if kind == "counter"
-                                                  else gauges).items()):
-                    if n == name:
-                        lines.append(f"{name}{_fmt(labels)} {_num(value)}")
-                continue
-            for (n, labels), h in sorted(histograms.items()):
-                if n != name:
-                    continue
-                running = 0.0
-                for bound, count in zip((*BUCKETS, None), h[:-1], strict=True):
-                    running += count
-                    le = "+Inf" if bound is None else _num(bound)
-                    lines.append(f"{name}_bucket{_fmt((*labels, ('le', le)))} {_num(running)}")
-                lines.append(f"{name}_sum{_fmt(labels)} {h[-1]!r}")
-                lines.append(f"{name}_count{_fmt(labels)} {_num(running)}")
-        return "\n".join(lines) + "\n"
-
-
-def _fmt(labels: Iterable[tuple[str, str]]) -> str:
-    parts = [f'{k}="{_escape(v)}"' for k, v in labels]
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+        """Every worker's metrics in the Prometheus text exposition format 0.0.4."""
+        self.flush()
+        if self.directory is None:
+            return generate_latest(self.registry).decode("utf-8")
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
+        return generate_latest(registry).decode("utf-8")

@@ -50,14 +50,25 @@ def proxy_options(trusted: list[str]) -> dict[str, Any]:
 WORKER_HEALTHCHECK_SECONDS = 60
 
 
-def _run_workers(config: Any) -> None:
+def _run_workers(config: Any, folder: str | None) -> None:
     """uvicorn's worker supervisor, except that SIGHUP is handed to every worker (each
     reloads its funnels, engine.service.reload) instead of replacing the workers: a
     replacement would drop nothing, but it would not validate an edit before taking it."""
     import uvicorn
+    from prometheus_client.multiprocess import mark_process_dead
     from uvicorn.supervisors.multiprocess import Multiprocess
 
     class Workers(Multiprocess):
+        def keep_subprocess_alive(self) -> None:
+            # A worker that died without its shutdown (killed, crashed) leaves its live
+            # gauges (turns in flight...) in the metrics folder: drop them when uvicorn
+            # replaces it. Its counts stay, so the service's totals do not fall.
+            before = [process.pid for process in self.processes]
+            super().keep_subprocess_alive()
+            for pid, process in zip(before, self.processes, strict=True):
+                if pid is not None and pid != process.pid and folder:
+                    mark_process_dead(pid, folder)  # type: ignore[no-untyped-call]
+
         def handle_hup(self) -> None:
             print(f"funnel serve: SIGHUP: reloading the funnels in {len(self.processes)} "
                   "workers", file=sys.stderr)
@@ -107,10 +118,18 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         env["FUNNEL_SECRET"] = secrets.token_urlsafe(32)
         print("funnel serve: FUNNEL_SECRET is not set; widget sessions end when the service "
               "restarts", file=sys.stderr)
-    metrics_dir = None
-    if workers > 1 and not env.get("FUNNEL_METRICS_DIR"):
-        metrics_dir = tempfile.mkdtemp(prefix="funnel-metrics-")
-        env["FUNNEL_METRICS_DIR"] = metrics_dir
+    metrics_dir = None  # a temporary folder of our own, removed at the end
+    shared = env.get("PROMETHEUS_MULTIPROC_DIR") or env.get("FUNNEL_METRICS_DIR")
+    if workers > 1 and not shared:
+        shared = metrics_dir = tempfile.mkdtemp(prefix="funnel-metrics-")
+    if shared:
+        # prometheus_client's multiprocess mode (engine.service.metrics), chosen by the
+        # workers when they import it. The last run's files would add their counts to
+        # this one's, and prometheus_client asks for the folder to be emptied at start.
+        env["PROMETHEUS_MULTIPROC_DIR"] = shared
+        Path(shared).mkdir(parents=True, exist_ok=True)
+        for old in Path(shared).glob("*.db"):
+            old.unlink(missing_ok=True)
     config = ServiceConfig.from_env()  # fail here, once, on a malformed variable
     if not config.api_keys:
         print("funnel serve: FUNNEL_API_KEYS is not set; only the widget and Telegram can "
@@ -133,7 +152,7 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         options["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_SECONDS
     try:
         if workers > 1:
-            _run_workers(uvicorn.Config(APP, **options))
+            _run_workers(uvicorn.Config(APP, **options), env.get("PROMETHEUS_MULTIPROC_DIR"))
         else:  # one process: the app's own SIGHUP handler reloads (engine.service.app)
             uvicorn.run(APP, **options)
     finally:
