@@ -29,7 +29,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -80,6 +80,7 @@ class FakeOpenAI(LoopbackServer):
         self._queue: deque[Behaviour] = deque()
         self._lock = threading.Lock()
         self._responder: Callable[[dict[str, Any]], str | None] | None = None
+        self._prompt_counter: Callable[[list[dict[str, Any]]], int] | None = None
         # Set when a client closed a trickling response before its end.
         self.client_closed = threading.Event()
 
@@ -128,11 +129,23 @@ class FakeOpenAI(LoopbackServer):
         self._responder = responder
         return self
 
+    def count_prompts(self, counter: Callable[[list[dict[str, Any]]], int]) -> FakeOpenAI:
+        """Report ``counter(messages)`` as every reply's ``usage.prompt_tokens``, as a
+        provider counts what it received with its own tokenizer."""
+        self._prompt_counter = counter
+        return self
+
     def _push(self, behaviour: Behaviour) -> None:
         with self._lock:
             self._queue.append(behaviour)
 
     def _next(self, body: dict[str, Any], path: str) -> Behaviour | None:
+        found = self._behaviour(body, path)
+        if found is not None and found.kind == "reply" and self._prompt_counter is not None:
+            found = replace(found, prompt_tokens=self._prompt_counter(body["messages"]))
+        return found
+
+    def _behaviour(self, body: dict[str, Any], path: str) -> Behaviour | None:
         with self._lock:
             self.requests.append(body)
             self.paths.append(path)

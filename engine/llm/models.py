@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from ..sandbox.patterns import PatternRefused, compile_linear
 from .client import Caller, close_clients
 from .request import Completion, Model, ModelRequest
 from .strategy import CHOICES
+from .tokens import MessageCounts
 
 __all__ = ["Completion", "LiteLLMModel", "Model", "ModelRequest", "ScriptedModel", "make_model"]
 
@@ -219,6 +220,15 @@ class LiteLLMModel:
         self.api_base = api_base
         self.caller = Caller(litellm, name, api_base=api_base,
                              structured_output=structured_output)
+        self._tokens = MessageCounts(
+            lambda messages: int(litellm.token_counter(model=name, messages=list(messages))),
+            name)
+
+    def count_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
+        """The prompt's tokens by the model's tokenizer (``litellm.token_counter``, offline:
+        litellm ships OpenAI's and falls back to cl100k for models it has none for); each
+        message's count is kept (engine.llm.tokens)."""
+        return self._tokens(messages)
 
     async def complete(self, request: ModelRequest) -> Completion:
         return await self.caller.complete(request)
@@ -229,6 +239,7 @@ class LiteLLMModel:
         process. Without it the first customer's turn after a start pays about a second
         (bench/start.py). Blocking: ``Engine.open`` runs it in a thread."""
         try:
+            self.count_tokens([])  # loads the tokenizer (over a second for o200k)
             self._litellm.completion(model=self.name, api_base=self.api_base,
                                      messages=[{"role": "user", "content": "warm-up"}],
                                      mock_response='{"reply": ""}')

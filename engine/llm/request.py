@@ -54,7 +54,12 @@ class Completion:
 
 
 class Model(Protocol):
-    """What the engine calls. Implementations raise :class:`ModelError` on failure."""
+    """What the engine calls. Implementations raise :class:`ModelError` on failure.
+
+    A model with a tokenizer also has ``count_tokens(messages) -> int``, the prompt's
+    tokens as the provider counts them; the prompt budget uses it, else the 4-characters
+    estimate (:func:`engine.llm.tokens.token_counter`).
+    """
 
     name: str
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import ModelError
 from ..llm.models import Completion, Model, ModelRequest, ScriptEntry, make_model
+from ..llm.tokens import TokenCount, token_counter
 from ..records.messages import estimate_tokens
 
 __all__ = ["HUMAN", "Sent", "StudioModel"]
@@ -45,16 +46,19 @@ class Sent:
     stage: str
     messages: list[dict[str, str]]
     stable: int
+    # The chosen model's tokenizer (engine.llm.tokens), else the 4-characters estimate.
+    count: TokenCount = estimate_tokens
 
     def view(self) -> dict[str, Any]:
-        """The call as the prompt panel shows it: each message with its token estimate;
-        ``breakpoint`` marks the last message the next turn repeats (the prompt cache)."""
+        """The call as the prompt panel shows it: each message with its tokens, by the
+        model's tokenizer when it has one; ``breakpoint`` marks the last message the next
+        turn repeats (the prompt cache)."""
         return {"turn": self.turn, "attempt": self.attempt, "stage": self.stage,
                 "messages": [{"role": m.get("role"), "content": m.get("content", ""),
-                              "tokens": estimate_tokens([m]),
+                              "tokens": self.count([m]),
                               "breakpoint": self.stable > 0 and i == self.stable - 1}
                              for i, m in enumerate(self.messages)],
-                "tokens": estimate_tokens(self.messages)}
+                "tokens": self.count(self.messages)}
 
 
 @dataclass
@@ -96,8 +100,10 @@ class StudioModel:
 
     def _record(self, request: ModelRequest) -> None:
         calls = self._sent.pop(request.session_id, None) or deque(maxlen=2 * _TURNS)
+        chosen = self.models.get(self.choice.get(request.session_id, self.default))
         calls.append(Sent(request.turn, request.attempt, request.stage,
-                          [dict(m) for m in request.messages], request.stable))
+                          [dict(m) for m in request.messages], request.stable,
+                          token_counter(chosen)))
         self._sent[request.session_id] = calls
         while len(self._sent) > _SESSIONS:
             self._sent.popitem(last=False)

@@ -15,6 +15,7 @@ from ..format.spec import FunnelSpec
 from ..funnel.actions import ActionOutcome
 from ..funnel.hooks import call_off_loop
 from ..llm.models import Model
+from ..llm.tokens import token_counter
 from ..memory.summary import RollingSummary
 from ..store import Store
 from . import language
@@ -106,7 +107,7 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
         fitted = fit(stage.spec.name, lambda level: render_parts(
             stage, at_level(turn.funnel, stage, turn.state, context, level)),
             summary, notices, history, turn.text, stage.spec.memory.prompt_budget,
-            window=window)
+            count=token_counter(model), window=window)
     except MessageTooLong as exc:
         # Not the model's fault nor the session's: ask the customer to shorten it.
         return Answer({"reply": stage.spec.memory.too_long_reply}, [], fallback=True,
