@@ -19,6 +19,13 @@ steps of 128 tokens; Claude reads up to the last cache breakpoint the later prom
 with (the engine marks the static prefix and the end of the stable conversation,
 engine.llm.cache), when that prefix is at least 1,024 tokens (Sonnet; Haiku: 2,048).
 Prompts shorter than the minimum are not cached at all, which the table shows.
+
+A second table compares the counts the prompt budget can use, on the same prompts: the
+4-characters estimate (``engine.records.messages.estimate_tokens``, what a model without
+a tokenizer gets), and the engine's count with a real model (``LiteLLMModel.count_tokens``:
+:class:`engine.llm.tokens.MessageCounts` over ``litellm.token_counter``, each message
+counted once), with the CPU time each costs a turn (``time.process_time``, all turns of
+the conversation, one counter for the conversation as a worker keeps one per model).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import asyncio
 import os
 import statistics
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,6 +49,8 @@ from _db import server_url, throwaway_schema  # noqa: E402
 from prompt_growth import Recorder, baseline_system_prompt, serialized, shared_prefix  # noqa: E402
 
 from engine import Engine  # noqa: E402
+from engine.llm.tokens import MessageCounts  # noqa: E402
+from engine.records.messages import estimate_tokens  # noqa: E402
 
 OPENAI, CLAUDE = "gpt-4o-mini", "claude-3-5-sonnet-20241022"
 OPENAI_MIN, OPENAI_STEP, CLAUDE_MIN = 1024, 128, 1024
@@ -229,6 +239,21 @@ async def play(url: str, language: str, n: int, system: str
     return model, baseline
 
 
+def counting(tokenizer: str, prompts: list[list[dict[str, str]]]) -> dict[str, Any]:
+    """Turn 15's count and the CPU a turn's count costs: the estimate, litellm on the whole
+    prompt, and the engine's counter."""
+    import litellm
+
+    whole = lambda m: int(litellm.token_counter(model=tokenizer, messages=m))  # noqa: E731
+    engine = MessageCounts(whole, tokenizer)
+    out: dict[str, Any] = {}
+    for name, count in (("estimate", estimate_tokens), ("litellm", whole), ("engine", engine)):
+        start = time.process_time()
+        counts = [count(m) for m in prompts]
+        out[name] = (counts[14], (time.process_time() - start) / len(prompts) * 1e6)
+    return out
+
+
 def mean(values: list[int] | list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
@@ -252,19 +277,28 @@ async def main() -> None:
                     if stage_a == stage_b:
                         shares.append(cached(tokenizer, (a, stable_a), b, tokens_b) / tokens_b)
                 estimate = [t for t in recorder.tokens]
-                rows.append((language, tokenizer, engine, base, shares, estimate))
+                rows.append((language, tokenizer, engine, base, shares, estimate,
+                             counting(tokenizer, [m for _, m, _ in recorder.requests])))
     print(f"Input tokens per turn, counted by the model's tokenizer ({args.turns}-turn "
           "conversations, the engine against the window-buffer baseline)\n")
     print("| language | tokenizer | engine t15 | baseline t15 | engine / baseline (target ≤ 0.25) "
           "| engine t6-15 | engine t51-60 | ratio (target ≤ 1.15) | the 4-chars estimate, t15 "
           "| cached, same stage (mean; min) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for language, tokenizer, engine, base, shares, estimate in rows:
+    for language, tokenizer, engine, base, shares, estimate, _ in rows:
         early, late = mean(engine[5:15]), mean(engine[50:60])
         ratio = f"{late / early:.2f}" if len(engine) >= 60 else "-"
         print(f"| {language} | {tokenizer} | {engine[14]} | {base[14]} | {engine[14] / base[14]:.2f} "
               f"| {early:.0f} | {late:.0f} | {ratio} | {estimate[14]} "
               f"| {mean(shares):.0%}; {min(shares):.0%} |")
+    print("\nThe prompt budget's count of turn 15's prompt, and its CPU per turn (µs)\n")
+    print("| language | tokenizer | estimate t15 | engine t15 | litellm t15 | estimate / engine "
+          "| µs: estimate | µs: litellm, whole prompt | µs: engine (each message once) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for language, tokenizer, *_, c in rows:
+        (e, e_us), (w, w_us), (n, n_us) = c["estimate"], c["litellm"], c["engine"]
+        print(f"| {language} | {tokenizer} | {e} | {n} | {w} | {e / n:.2f} | {e_us:.0f} "
+              f"| {w_us:.0f} | {n_us:.0f} |")
 
 
 if __name__ == "__main__":
