@@ -349,6 +349,8 @@ def approvals(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
     decided = sql.SQL("e.event IN ('approved', 'rejected', 'timeout')")
     wait = sql.SQL("(e.detail->>'waited')::float8")
     return sql.SQL(
+        "SELECT a.*, (SELECT count(*) FROM {c} c WHERE c.funnel = {funnel} AND c.mode = "
+        "'approval' AND c.held->>'to' = a.stage) AS waiting FROM ("
         "SELECT e.detail->>'to' AS stage, count(*) FILTER (WHERE e.event = 'approval') AS asked, "
         "count(*) FILTER (WHERE e.event = 'approved') AS approved, "
         "count(*) FILTER (WHERE e.event = 'rejected') AS rejected, "
@@ -358,11 +360,9 @@ def approvals(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
         "round((percentile_cont(0.5) WITHIN GROUP (ORDER BY {wait}) FILTER (WHERE {decided}))"
         "::numeric, 1) AS median_wait_seconds, "
         "round((percentile_cont(0.9) WITHIN GROUP (ORDER BY {wait}) FILTER (WHERE {decided}))"
-        "::numeric, 1) AS p90_wait_seconds, "
-        "(SELECT count(*) FROM {c} c WHERE c.funnel = {funnel} AND c.mode = 'approval' AND "
-        "c.held->>'to' = e.detail->>'to') AS waiting "
+        "::numeric, 1) AS p90_wait_seconds "
         "FROM {events} e WHERE e.funnel = {funnel} AND e.event IN ('approval', 'approved', "
-        "'rejected', 'timeout') AND e.created_at > NOW() - {since} GROUP BY 1 ORDER BY 1"
+        "'rejected', 'timeout') AND e.created_at > NOW() - {since} GROUP BY 1) a ORDER BY 1"
     ).format(wait=wait, decided=decided, c=sql.Identifier(ddl.CONTROL),
              events=sql.Identifier(ddl.CONTROL_EVENTS), funnel=b("funnel", spec.name, "text"),
              since=b.since())
