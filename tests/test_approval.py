@@ -73,7 +73,7 @@ class Counting:
 
 
 async def _engine(path: Path, store: Any, model: Counting, clock: Clock) -> Engine:
-    return await Engine.open(path, store=store, model=model, clock=clock)  # type: ignore[arg-type]
+    return await Engine.open(path, store=store, model=model, clock=clock)
 
 
 def _events(sql: Any, session: str) -> list[tuple[Any, ...]]:
