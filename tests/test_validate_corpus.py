@@ -157,7 +157,7 @@ def test_shared_funnel_name_names_the_other_file() -> None:
 
 
 def test_severities() -> None:
-    warnings = {"F009", "F106", "F403", "F404"}
+    warnings = {"F009", "F106", "F403", "F404", "F408"}
     for case in CASES:
         for d in diagnostics(case):
             assert d.severity == ("warning" if d.code in warnings else "error"), d.format()
