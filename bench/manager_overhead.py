@@ -1,5 +1,7 @@
 """What a manager's control costs a turn the bot answers: the control read (one indexed
-SELECT on ``funnel_control`` under the session's lease), next to the whole turn.
+SELECT on ``funnel_control`` under the session's lease; folded into the turn's first
+call since, so it costs no round trip), next to the whole turn, and the round trips a
+turn makes (connection checkouts: 2 with the read folded in, 3 before).
 
 Runs Puramur's full turn with a zero-latency scripted model, sequentially, on a
 throwaway schema, and prints the median turn time and the median time of the control
@@ -45,10 +47,20 @@ async def main() -> None:
             for n in range(20):  # warm: prepared statements, caches
                 await engine.handle(f"warm-{n}", "hi")
             times = []
+            checkouts = 0
+            connect = engine.store._conn
+
+            def counted() -> object:
+                nonlocal checkouts
+                checkouts += 1
+                return connect()
+
+            engine.store._conn = counted
             for n in range(args.turns):
                 started = time.perf_counter()
                 await engine.handle(f"s-{n % 50}", "hi")
                 times.append((time.perf_counter() - started) * 1000)
+            engine.store._conn = connect
             reads = []
             control = getattr(engine.store, "control", None)
             if control is not None:
@@ -59,6 +71,7 @@ async def main() -> None:
         finally:
             await engine.close()
     print(f"turn median        {statistics.median(times):.3f} ms ({args.turns} turns)")
+    print(f"round trips/turn   {checkouts / args.turns:.2f} (connection checkouts)")
     if reads:
         print(f"control read       {statistics.median(reads):.3f} ms median")
 

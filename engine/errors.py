@@ -10,7 +10,9 @@ path or session), what was expected, and what to do about it::
     │   ├── OrderConflict       an order id recorded before with other content
     │   ├── UnknownSession      no such session (an order names one the funnel never saw)
     │   ├── ReleaseRejected     a release's stage or field updates were refused: nothing written
-    │   └── NotTakenOver        a manager acted on a session no manager holds (take it over)
+    │   ├── NotTakenOver        a manager acted on a session no manager holds (take it over)
+    │   ├── NotAwaitingApproval a manager approved or rejected a session no approval holds
+    │   └── ApprovalRefused     the move an approval held no longer applies: nothing written
     ├── ConfigError             a funnel, template, schema or catalog is wrong
     │   ├── FunnelInvalid       `funnel validate` found errors (carries them all)
     │   ├── CatalogError        the catalog file is wrong (names file and line)
@@ -58,6 +60,8 @@ __all__ = [
     "OrderConflict",
     "OrderRejected",
     "NotTakenOver",
+    "NotAwaitingApproval",
+    "ApprovalRefused",
     "PromptTooLarge",
     "ReleaseRejected",
     "SchemaOutdated",
@@ -173,6 +177,27 @@ class NotTakenOver(InvalidInput):
         super().__init__(f"session {session_id!r} is answered by the bot, not by a manager: "
                          "take it over first (POST .../sessions/{id}/takeover)")
         self.session_id = session_id
+
+
+class NotAwaitingApproval(InvalidInput):
+    """A manager approved or rejected a session that waits for no approval (HTTP 409):
+    it was decided already (by another manager, or its timeout), or never asked."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} waits for no approval: it was approved, "
+                         "rejected or timed out already, or never asked; read its control "
+                         "(GET .../sessions/{id}/control)")
+        self.session_id = session_id
+
+
+class ApprovalRefused(InvalidInput):
+    """The move an approval held cannot be made now (HTTP 422): the session is no longer
+    where it was held, or the stage it led to is gone. Nothing was written; reject it."""
+
+    def __init__(self, session_id: str, problems: list[str]) -> None:
+        super().__init__(f"session {session_id!r}: the approved move cannot be made: "
+                         f"{'; '.join(problems)}; reject it instead")
+        self.problems = problems
 
 
 class ConfigError(FunnelError):

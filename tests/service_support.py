@@ -55,6 +55,8 @@ BOT_API: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]
                      "reply_markup": (dict,)}),
     "answerCallbackQuery": ({"callback_query_id": (str,)},
                             {"text": (str,), "show_alert": (bool,), "cache_time": (int,)}),
+    "editMessageText": ({"chat_id": (int, str), "message_id": (int,), "text": (str,)},
+                        {"parse_mode": (str,), "reply_markup": (dict,)}),
     "getMe": ({}, {}),
     "sendChatAction": ({"chat_id": (int, str), "action": (str,)},
                        {"message_thread_id": (int,), "business_connection_id": (str,)}),
@@ -93,6 +95,8 @@ class FakeTelegram:
     ``violations`` and answered 400). ``fail = True`` makes it answer HTTP 500;
     ``script`` is a list of (status, body) answers given to the next sendMessage
     calls, in order (then 200). ``blocked`` chat ids get 403 "bot was blocked".
+    ``editMessageText`` edits a message sent before, and is refused as the real one
+    refuses it: an unknown message, or a text that is the same as the message's.
     """
 
     def __init__(self, username: str = "puramur_shop_bot") -> None:
@@ -101,6 +105,7 @@ class FakeTelegram:
         self.fail = False
         self.script: list[tuple[int, dict[str, Any]]] = []
         self.blocked: set[int] = set()
+        self.texts: dict[int, str] = {}  # message_id -> its text (editMessageText)
         self.username = username
         self._lock = threading.Lock()
         fake = self
@@ -127,7 +132,8 @@ class FakeTelegram:
     def answer(self, token: str, method: str, data: Any) -> tuple[int, dict[str, Any]]:
         with self._lock:
             problems = bot_api_violations(method, data)
-            call = {"token": token, "method": method, "body": data, "status": 200}
+            call = {"token": token, "method": method, "body": data, "status": 200,
+                    "at": time.monotonic()}
             self.calls.append(call)
             if problems:
                 self.violations += problems
@@ -150,6 +156,18 @@ class FakeTelegram:
                 call["status"] = 500
                 return 500, {"ok": False, "error_code": 500,
                              "description": "Internal Server Error"}
+            if method == "editMessageText":
+                sent = self.texts.get(data["message_id"])
+                if sent is None or sent == data["text"]:  # as the real Bot API answers
+                    call["status"] = 400
+                    return 400, {"ok": False, "error_code": 400, "description": (
+                        "Bad Request: message to edit not found" if sent is None else
+                        "Bad Request: message is not modified: specified new message "
+                        "content and reply markup are exactly the same")}
+                self.texts[data["message_id"]] = data["text"]
+                return 200, {"ok": True, "result": {"message_id": data["message_id"]}}
+            if method == "sendMessage":
+                self.texts[len(self.calls)] = data["text"]
             return 200, {"ok": True, "result": {"message_id": len(self.calls)}}
 
     @property

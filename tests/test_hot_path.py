@@ -101,7 +101,7 @@ async def test_the_first_commit_alone_is_asynchronous(store: Any, puramur: Any, 
     await store.ensure_schema(puramur.spec)
     statement = Prepared(call(puramur.spec), TYPES)
     args = ("puramur", "s1", "Hi, a dog", "greeting", "puramur/s1", "h1", 6.0, 4, 0, False,
-            None, None)
+            None, None, True)
     async with store._conn() as conn:
         async with conn.transaction():
             await run(conn, statement, [encode(a) for a in args])
@@ -229,7 +229,7 @@ def test_the_machine_takes_the_explanations_verdicts_instead_of_evaluating_again
 
 
 @pytest.mark.postgres
-async def test_a_turn_is_three_round_trips(store: Any, puramur: Any) -> None:
+async def test_a_turn_is_two_round_trips(store: Any, puramur: Any) -> None:
     from engine import Engine, ScriptedModel
 
     engine = await Engine.open(puramur, store=store,
@@ -247,9 +247,8 @@ async def test_a_turn_is_three_round_trips(store: Any, puramur: Any) -> None:
     for text in ("I have a cat", "She is three"):
         result = await engine.handle("rt", text)
         assert result.stage_after == "discovery" and not result.fallback
-    # Per turn: the message, lease, row and window in one call; whether a manager holds
-    # the session (engine.turn.manager, under the lease) in a second; state, reply, turn
-    # record, explanation and the lease's release in the third. (The control read is not
-    # yet folded into the first call: a known cost of the manager API, issue 30.)
-    assert checkouts == 6
+    # Per turn: the message, lease, row, window and whether a manager holds the session
+    # (engine.turn.manager, under the lease) in one call; state, reply, turn record,
+    # explanation and the lease's release in the second.
+    assert checkouts == 4
     await engine.close()

@@ -109,6 +109,26 @@ class MaxIterations:
 
 
 @dataclass(frozen=True)
+class ApprovalSpec:
+    """Entering a stage waits for a manager's approval when ``when`` holds (None: always).
+
+    ``on_timeout`` is ``proceed``, ``reject``, ``handoff`` or a stage's name; ``timeout``
+    is in seconds.
+    """
+
+    when: str | None
+    timeout: float
+    on_timeout: str
+    holding_reply: str | None = None
+    reason: str | None = None
+    line: int = 0
+
+
+# What an approval's ``on_timeout`` may name besides a stage.
+APPROVAL_CHOICES = ("proceed", "reject", "handoff")
+
+
+@dataclass(frozen=True)
 class StageSpec:
     name: str
     description: str
@@ -127,6 +147,7 @@ class StageSpec:
     line: int = 0
     knowledge: StageKnowledge | None = None
     derived: bool = False  # the contract is derived from the funnel (engine.format.contract)
+    approval: ApprovalSpec | None = None  # entering the stage waits for a manager
 
 
 @dataclass(frozen=True)
@@ -344,6 +365,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             line=line_of("stages", name),
             knowledge=_stage_knowledge(raw.get("knowledge")),
             derived=derived,
+            approval=_approval(raw.get("approval"), line_of("stages", name, "approval")),
         )
 
     actions = {
@@ -438,6 +460,16 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
                                    lambda i: line_of("migrations", i)),
         schemas_dir=schemas_dir,
     )
+
+
+def _approval(raw: Any, line: int) -> ApprovalSpec | None:
+    if not raw:
+        return None
+    when = raw.get("when")
+    return ApprovalSpec(when=None if when is None else str(when),
+                        timeout=parse_duration(raw["timeout"]), on_timeout=raw["on_timeout"],
+                        holding_reply=raw.get("holding_reply"), reason=raw.get("reason"),
+                        line=line)
 
 
 def _stage_knowledge(raw: Any) -> StageKnowledge | None:

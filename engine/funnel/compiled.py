@@ -92,6 +92,10 @@ class CompiledFunnel:
             for t in (*spec.global_transitions,
                       *(t for st in spec.stages.values() for t in st.transitions))
             if t.when is not None}
+        # Each stage's approval gate (`approval.when`), compiled once; None: always asks.
+        self.approval_conditions = {
+            name: compile_condition(st.approval.when) if st.approval.when is not None else None
+            for name, st in spec.stages.items() if st.approval is not None}
         self.actions = ActionRunner(spec, self.catalog)
         self.stages: dict[str, CompiledStage] = {}
         for stage in spec.stages.values():

@@ -31,6 +31,8 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("presented_vs_bought", "Presented vs bought"),
 )
 TITLES = dict(SECTIONS)
+# Only for a funnel with approval gates (a stage's `approval:`): after the others.
+TITLES["approvals"] = "Approvals: moves that waited for a manager"
 
 
 def _num(value: Any) -> Any:
@@ -125,6 +127,8 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
                   "stages": _rows(sec["stage_costs"], ("pos",))},
     }
     report.update(purchase_sections(spec, sec, total, catalog_names))
+    gated = any(s.approval for s in spec.stages.values())
+    report["approvals"] = _rows(sec.get("approvals", [])) if gated else None
     return report
 
 
@@ -272,6 +276,15 @@ def render_table(report: dict[str, Any]) -> str:
           _fmt(s["fallback_pct"], "pct")] for s in r["costs"]["stages"]])
     section("costs", "turns in the window, per conversation and per stage", body)
     out += _purchase_tables(r)
+    if r.get("approvals") is not None:
+        section("approvals", "decided in the window; waits until the decision",
+                table(["stage", "asked", "approved", "rejected", "timed out", "waiting",
+                       "median wait", "p90 wait"],
+                      [[a["stage"] or "-", _fmt(a["asked"]), _fmt(a["approved"]),
+                        _fmt(a["rejected"]), _fmt(a["timeouts"]), _fmt(a["waiting"]),
+                        _fmt(a["median_wait_seconds"], "dur"),
+                        _fmt(a["p90_wait_seconds"], "dur")] for a in r["approvals"]])
+                if r["approvals"] else "  (no data)")
     return "\n".join(out) + "\n"
 
 

@@ -68,6 +68,9 @@ class TelegramBot:
     start_field: str | None = "source"  # where `/start PAYLOAD` is kept, if declared
     # The managers' chat: hand-off alerts go there with take over / release buttons.
     manager_chat: int | None = None
+    # Show the reply as the model writes it: a message edited at most once a second
+    # (engine.service.telegram.live).
+    stream: bool = False
 
 
 @dataclass
@@ -147,7 +150,8 @@ class ServiceConfig:
                     or None,
                     start_field=env.get(f"FUNNEL_TELEGRAM_START_FIELD_{suffix}") or "source",
                     manager_chat=_chat_id(env.get(f"FUNNEL_TELEGRAM_MANAGER_CHAT_{suffix}"),
-                                          f"FUNNEL_TELEGRAM_MANAGER_CHAT_{suffix}"))
+                                          f"FUNNEL_TELEGRAM_MANAGER_CHAT_{suffix}"),
+                    stream=env.get(f"FUNNEL_TELEGRAM_STREAM_{suffix}", "0") in _TRUE)
         secret = env.get("FUNNEL_SECRET", "")
         hooks_prefix = "FUNNEL_HANDOFF_WEBHOOK_"
         hooks = {name.removeprefix(hooks_prefix): url for name, url in env.items()

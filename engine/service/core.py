@@ -33,6 +33,7 @@ from ..errors import (
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..llm.models import Model, make_model
 from ..store import Store, open_store
+from ..turn import manager
 from ..turn.engine import Engine, TurnResult
 from ..turn.notify import Notifier, make_notifier
 from ..turn.stream import Listener
@@ -177,7 +178,8 @@ class Service:
     async def _dispatch_loop(self) -> None:
         """Every ``dispatch_interval`` seconds, deliver the outbox rows that are due (alerts
         and replies whose delivery failed, after their backoff, or that a crashed process
-        left), and answer the Telegram messages a dead worker accepted. Every worker runs
+        left), answer the Telegram messages a dead worker accepted, and apply the
+        ``on_timeout`` of approvals past their deadline. Every worker runs
         one; a claimed row is invisible to the others."""
         while not self._stopping.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
@@ -186,6 +188,12 @@ class Service:
                 return
             for name in list(self.engines):
                 try:
+                    engine = self.engines.get(name)
+                    if engine is not None and any(
+                            s.approval for s in engine.spec.stages.values()):
+                        # Approvals past their deadline get their on_timeout now, not
+                        # only at the customer's next message (engine.turn.approval).
+                        await manager.sweep(engine)
                     await self.telegram.sweep(name)
                     await self.telegram.deliver_due(name)
                     await self._measure_outbox()

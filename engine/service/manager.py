@@ -7,7 +7,10 @@ the request, calls it and maps its errors to statuses (docs/service.md#a-manager
   the text goes to the customer through the session's channel (Telegram: the outbox);
 - ``POST .../sessions/{id}/release`` ``{"manager": "Olena", "stage": "...", "updates":
   {...}}``: back to the bot, at the stage named, with the updates validated;
-- ``GET .../sessions/{id}/control``: who answers the session now.
+- ``GET .../sessions/{id}/control``: who answers the session now;
+- ``POST .../sessions/{id}/approve`` ``{"manager": "Olena"}`` and ``.../reject``
+  ``{"manager": "Olena", "note": "..."}``: decide the move an approval gate holds
+  (engine.turn.approval); 409 when none waits (decided already, timed out).
 
 ``manager`` is optional: without it the API key's client name is logged.
 """
@@ -22,8 +25,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import (
+    ApprovalRefused,
     ConcurrentUpdate,
     InvalidInput,
+    NotAwaitingApproval,
     NotTakenOver,
     ReleaseRejected,
     StoreUnavailable,
@@ -31,7 +36,17 @@ from ..errors import (
 )
 from ..turn import manager
 from .limits import RequestRefused, read_json
-from .models import Control, ManagerMessage, ManagerMessageIn, Released, ReleaseIn, TakeoverIn, parse
+from .models import (
+    Control,
+    Decided,
+    ManagerMessage,
+    ManagerMessageIn,
+    RejectIn,
+    Released,
+    ReleaseIn,
+    TakeoverIn,
+    parse,
+)
 from .routes import json_response, session_param
 
 if TYPE_CHECKING:
@@ -59,7 +74,9 @@ async def _call(service: Service, funnel: str, answer: type[BaseModel],
         raise RequestRefused(404, "not_found", str(exc)) from None
     except NotTakenOver as exc:
         raise RequestRefused(409, "not_taken_over", str(exc)) from None
-    except ReleaseRejected as exc:
+    except NotAwaitingApproval as exc:
+        raise RequestRefused(409, "not_awaiting_approval", str(exc)) from None
+    except (ReleaseRejected, ApprovalRefused) as exc:
         raise RequestRefused(422, "rejected", str(exc)) from None
     except InvalidInput as exc:
         raise RequestRefused(400, "bad_request", str(exc)) from None
@@ -110,3 +127,18 @@ async def control(request: Request, service: Service, funnel: str) -> Response:
     client = service.client(request, SCOPE)
     service.limiter.check(client.name)
     return await _call(service, funnel, Control, lambda e: manager.status(e, session))
+
+
+async def approve(request: Request, service: Service, funnel: str) -> Response:
+    session = session_param(request)
+    data = await _body(request, TakeoverIn)
+    who = _who(request, service, data.manager)
+    return await _call(service, funnel, Decided, lambda e: manager.approve(e, session, who))
+
+
+async def reject(request: Request, service: Service, funnel: str) -> Response:
+    session = session_param(request)
+    data = await _body(request, RejectIn)
+    who = _who(request, service, data.manager)
+    return await _call(service, funnel, Decided,
+                       lambda e: manager.reject(e, session, who, data.note))

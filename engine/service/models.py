@@ -286,14 +286,50 @@ class ReleaseIn(TakeoverIn):
     updates: dict[str, Any] | None = None
 
 
+class RejectIn(TakeoverIn):
+    """Who rejects (logged) and why: the note reaches the next turn's prompt."""
+
+    note: str | None = Field(None, json_schema_extra={"minLength": 1, "maxLength": 500,
+                                                      "pattern": TEXT_PATTERN})
+
+    @field_validator("note")
+    @classmethod
+    def _note(cls, note: str | None) -> str | None:
+        return checked_text(note) if note is not None else None
+
+
+class Approval(_Out):
+    """The move an approval holds: from ``stage`` into ``to``, until ``deadline``."""
+
+    stage: str | None
+    to: str | None
+    reason: str | None
+    on_timeout: str | None
+    deadline: str | None
+
+
 class Control(_Out):
-    """Who answers the session now."""
+    """Who answers the session now: the bot, a manager, or an approval that waits."""
 
     session_id: str
-    control: Literal["bot", "manager"]
+    control: Literal["bot", "manager", "approval"]
     manager: str | None
     since: str | None
     stage: str | None = None
+    approval: Approval | None = None
+
+
+class Decided(_Out):
+    """An approval decided: the session's stage after, and the stage entered (None: the
+    move was dropped)."""
+
+    session_id: str
+    decision: Literal["approved", "rejected", "timeout"]
+    manager: str | None
+    stage: str
+    entered: str | None
+    waited_seconds: float
+    state: dict[str, Any]
 
 
 class ManagerMessage(_Out):

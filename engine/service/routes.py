@@ -44,11 +44,12 @@ ERRORS: dict[int, str] = {
     403: "The API key lacks the scope, or the browser origin is not allowed.",
     404: "No such funnel or session.",
     409: "The Idempotency-Key's message is gone (purged by retention): use a new key; or, "
-         "for the manager API, no manager holds the session (take it over first).",
+         "for the manager API, no manager holds the session (take it over first), or no "
+         "approval waits (decided already, or timed out).",
     413: "The message is over its limit of characters (or the body too large).",
     422: "A field of the order is out of bounds (amount, currency, a line, the time), an "
          "Idempotency-Key was used before with another message, or a manager's release "
-         "was refused (nothing was written).",
+         "was refused, or an approved move no longer applies (nothing was written).",
     429: "Too many requests from this client; retry after `Retry-After` seconds.",
     503: "The database is unreachable, the table is behind the funnel, or this session "
          "has too many messages in flight; retry after `Retry-After` seconds. A message "

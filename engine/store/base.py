@@ -52,6 +52,9 @@ class Control:
     manager: str | None
     since: datetime
     holding_sent: bool = False
+    # An approval's: the move it holds (from, to, trigger, reason) and its deadline.
+    held: dict[str, Any] | None = None
+    deadline: datetime | None = None
 
 
 @dataclass
@@ -90,10 +93,16 @@ class TurnWrite:
     # The version of the funnel the turn ran on, when it is not the one the session was
     # opened with (a session pinned to an old version): its columns are the ones saved.
     spec: FunnelSpec | None = None
+    # A move held for a manager's approval (engine.turn.approval): the control row
+    # written with the turn, ``{"held": {...}, "deadline": datetime}``.
+    approval: dict[str, Any] | None = None
 
 
 class SessionAccess(Protocol):
-    """What :meth:`Store.session` yields."""
+    """What :meth:`Store.session` yields; ``control`` is the session's control row as
+    :meth:`load` read it under the lease (None: the bot answers)."""
+
+    control: Control | None
 
     async def load(self, window: int, *, text: str | None = None, current_id: int = 0,
                    inbound: Inbound | None = None
@@ -244,6 +253,16 @@ class Store(Protocol):
                               detail: Mapping[str, Any] | None = None) -> Control | None:
         """Give the session back to the bot (writing ``values`` when given); the control
         row it had, or None. Call it holding the session's lease."""
+
+    async def resolve_approval(self, funnel: FunnelSpec, session_id: str, event: str,
+                               manager: str | None, values: dict[str, Any] | None,
+                               expected_version: int, detail: Mapping[str, Any], at: datetime,
+                               outbox_items: Sequence[OutboxItem] = ()) -> Control | None:
+        """End the session's approval (approved, rejected, timeout), writing ``values``;
+        the approval's control row, or None (none waited). Under the session's lease."""
+
+    async def due_approvals(self, funnel: str, now: datetime, limit: int = 100) -> list[str]:
+        """The sessions whose approval is past its deadline at ``now``, oldest first."""
 
     async def knowledge_digest(self, funnel: str) -> str | None:
         """The digest of the funnel's indexed knowledge folder, or None when none is."""

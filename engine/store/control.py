@@ -14,8 +14,9 @@ A mixin of :class:`engine.store.postgres.PostgresStore`, like ``engine.store.del
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -32,15 +33,24 @@ _C = sql.Identifier(ddl.CONTROL)
 _E = sql.Identifier(ddl.CONTROL_EVENTS)
 _M = sql.Identifier(ddl.MESSAGES)
 
-READ = sql.SQL("SELECT mode, manager, since, holding_sent FROM {} WHERE funnel = %s AND "
+_COLUMNS = "mode, manager, since, holding_sent, held, deadline"
+READ = sql.SQL("SELECT " + _COLUMNS + " FROM {} WHERE funnel = %s AND "
                "session_id = %s").format(_C)
 TAKE = sql.SQL(
     "INSERT INTO {} AS c (funnel, session_id, mode, manager, since) VALUES (%s, %s, %s, %s, "
     "NOW()) ON CONFLICT (funnel, session_id) DO UPDATE SET mode = EXCLUDED.mode, "
     "manager = EXCLUDED.manager, since = CASE WHEN c.mode = EXCLUDED.mode THEN c.since "
-    "ELSE EXCLUDED.since END RETURNING mode, manager, since, holding_sent").format(_C)
+    "ELSE EXCLUDED.since END, held = NULL, deadline = NULL RETURNING " + _COLUMNS).format(_C)
 DROP = sql.SQL("DELETE FROM {} WHERE funnel = %s AND session_id = %s "
-               "RETURNING mode, manager, since, holding_sent").format(_C)
+               "RETURNING " + _COLUMNS).format(_C)
+# An approval's row only: a take-over that came first is not ended by an approval.
+DROP_APPROVAL = sql.SQL("DELETE FROM {} WHERE funnel = %s AND session_id = %s AND "
+                        "mode = 'approval' RETURNING " + _COLUMNS).format(_C)
+# The approvals past their deadline, oldest first (the sweep, engine.turn.approval).
+DUE = sql.SQL("SELECT session_id FROM {} WHERE funnel = %s AND mode = 'approval' AND "
+              "deadline <= %s ORDER BY deadline LIMIT %s").format(_C)
+EVENT_AT = sql.SQL("INSERT INTO {} (funnel, session_id, event, manager, detail, created_at) "
+                   "VALUES (%s, %s, %s, %s, %s, %s)").format(_E)
 EVENT = sql.SQL("INSERT INTO {} (funnel, session_id, event, manager, detail) "
                 "VALUES (%s, %s, %s, %s, %s)").format(_E)
 LOG = sql.SQL("INSERT INTO {} (funnel, session_id, role, content, stage, author, held) "
@@ -59,7 +69,18 @@ TARGET = sql.SQL(
 
 
 def _control(row: Any) -> Control | None:
-    return Control(row[0], row[1], row[2], bool(row[3])) if row else None
+    return Control(row[0], row[1], row[2], bool(row[3]), row[4], row[5]) if row else None
+
+
+def control_from_json(value: Mapping[str, Any] | None) -> Control | None:
+    """The control row as the turn function returns it (``to_jsonb``), or None."""
+    if not value:
+        return None
+    deadline = value.get("deadline")
+    return Control(str(value["mode"]), value.get("manager"),
+                   datetime.fromisoformat(str(value["since"])),
+                   bool(value.get("holding_sent")), value.get("held"),
+                   datetime.fromisoformat(str(deadline)) if deadline else None)
 
 
 def _json(value: Any) -> Jsonb:
@@ -84,7 +105,7 @@ async def hold(conn: psycopg.AsyncConnection[Any], spec: FunnelSpec, session_id:
 
 
 def _release_row(spec: FunnelSpec) -> sql.Composed:
-    columns = ["stage", "stage_iteration", "stage_history", *spec.state]
+    columns = ["stage", "stage_iteration", "stage_history", "notices", *spec.state]
     names = sql.SQL(", ").join(map(sql.Identifier, columns))
     return sql.SQL(
         "UPDATE {t} SET ({names}) = (SELECT {names} FROM jsonb_populate_record(NULL::{t}, "
@@ -159,3 +180,37 @@ class ControlMixin:
             await conn.execute(EVENT, (funnel.name, session_id, "release", manager,
                                        _json(dict(detail or {}))))
         return _control(row)
+
+    async def resolve_approval(self, funnel: FunnelSpec, session_id: str, event: str,
+                               manager: str | None, values: dict[str, Any] | None,
+                               expected_version: int, detail: Mapping[str, Any], at: datetime,
+                               outbox_items: Sequence[OutboxItem] = ()) -> Control | None:
+        """End the session's approval (``event``: approved, rejected, timeout), writing
+        ``values`` (stage, fields, notices) when the row is still at ``expected_version``,
+        and ``outbox_items``; the approval's control row (None: no approval waited, nothing
+        written). Call it holding the session's lease.
+
+        Raises:
+            ConcurrentUpdate: the row changed since it was read; nothing is written.
+        """
+        async with self._conn() as conn, conn.transaction():
+            row = await (await conn.execute(DROP_APPROVAL, (funnel.name, session_id))
+                         ).fetchone()
+            if row is None:
+                return None
+            if values is not None:
+                cur = await conn.execute(_release_row(funnel),
+                                         (_json(values), session_id, expected_version))
+                if cur.rowcount != 1:
+                    raise ConcurrentUpdate(session_id, expected_version, None)
+            if outbox_items:
+                await outbox.add(conn, funnel.name, session_id, list(outbox_items))
+            await conn.execute(EVENT_AT, (funnel.name, session_id, event, manager,
+                                          _json(dict(detail)), at))
+        return _control(row)
+
+    async def due_approvals(self, funnel: str, now: datetime, limit: int = 100) -> list[str]:
+        """The sessions whose approval is past its deadline at ``now``, oldest first."""
+        async with self._conn() as conn:
+            rows = await (await conn.execute(DUE, (funnel, now, limit))).fetchall()
+        return [str(r[0]) for r in rows]

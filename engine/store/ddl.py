@@ -352,4 +352,10 @@ SHARED_MIGRATIONS: list[str] = [
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{CONTROL_EVENTS}_session ON {CONTROL_EVENTS} "
     "(funnel, session_id, id)",
+    # An approval gate (a stage's `approval:`, engine.turn.approval): the move it holds
+    # (from, to, trigger, reason) and when it times out; the sweep finds the due ones.
+    f"ALTER TABLE {CONTROL} ADD COLUMN IF NOT EXISTS held JSONB, "
+    "ADD COLUMN IF NOT EXISTS deadline TIMESTAMPTZ",
+    f"CREATE INDEX IF NOT EXISTS idx_{CONTROL}_deadline ON {CONTROL} (funnel, deadline) "
+    "WHERE deadline IS NOT NULL",
 ]

@@ -3,7 +3,8 @@
 A turn's first round trip is one call: take the session's lease (or queue for
 it), log the user's message with the stage it arrived in, and, when the lease
 is ours, read the row (as one JSON object, decoded once) and the message
-window. With a delivery key (``p_ikey``: a Telegram update, an HTTP
+window, and the session's control row (a manager's take-over, an approval that
+waits). With a delivery key (``p_ikey``: a Telegram update, an HTTP
 ``Idempotency-Key``) it first records the key in ``funnel_inbound``; a key
 seen before logs nothing and takes no lease, and returns the first delivery's
 stored answer instead (``replayed``; see engine.store.idempotency). It is one
@@ -30,7 +31,7 @@ import psycopg
 from psycopg import sql
 
 from ..format.spec import FunnelSpec
-from .ddl import INBOUND, LEASES, MESSAGES
+from .ddl import CONTROL, INBOUND, LEASES, MESSAGES
 
 FUNCTION_COMMENT = "funnel turn function "
 _MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
@@ -126,6 +127,12 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    -- Who answers the session besides the bot (engine.store.control): read here, under
+    -- the lease, so that a turn needs no round trip of its own to learn it.
+    IF p_control THEN
+        SELECT to_jsonb(c) INTO control FROM {control} c
+        WHERE c.funnel = p_funnel AND c.session_id = p_session;
+    END IF;
     -- Replies logged after the current message (a turn that finished while this
     -- message waited for the lease) still belong to its window.
     SELECT COALESCE(jsonb_agg(jsonb_build_array(w.role, w.content, w.id) ORDER BY w.id), '[]')
@@ -140,9 +147,10 @@ END
 _SIGNATURE = (
     "p_funnel text, p_session text, p_text text, p_initial text, p_key text, p_holder text, "
     "p_seconds float8, p_window int, p_current bigint, p_queue boolean, p_channel text, "
-    "p_ikey text"
+    "p_ikey text, p_control boolean"
 )
-_RESULT = "message_id bigint, leased boolean, state jsonb, recent jsonb, replayed boolean"
+_RESULT = ("message_id bigint, leased boolean, state jsonb, recent jsonb, replayed boolean, "
+           "control jsonb")
 
 
 def begin_function(spec: FunnelSpec) -> tuple[str, list[sql.Composed], str]:
@@ -151,6 +159,7 @@ def begin_function(spec: FunnelSpec) -> tuple[str, list[sql.Composed], str]:
     body = _BODY.format(leases=sql.Identifier(LEASES).as_string(),
                         messages=sql.Identifier(MESSAGES).as_string(),
                         inbound=sql.Identifier(INBOUND).as_string(),
+                        control=sql.Identifier(CONTROL).as_string(),
                         table=sql.Identifier(spec.table).as_string())
     comment = FUNCTION_COMMENT + hashlib.sha1((_SIGNATURE + body).encode()).hexdigest()[:16]
     create = sql.SQL(
@@ -172,7 +181,8 @@ TYPES = [_TYPES[p.split()[1]] for p in _SIGNATURE.split(", ")]
 def call(spec: FunnelSpec) -> str:
     """The turn's first statement: ``$n`` parameters in the order of the signature
     (their types are :data:`TYPES`)."""
-    return sql.SQL("SELECT message_id, leased, state, recent, replayed FROM {}({})").format(
+    return sql.SQL("SELECT message_id, leased, state, recent, replayed, control "
+                   "FROM {}({})").format(
         sql.Identifier(begin_function_name(spec.table)),
         sql.SQL(", ").join(sql.SQL(f"${i}") for i in range(1, len(TYPES) + 1))).as_string()
 

@@ -30,7 +30,7 @@ from ..errors import ConcurrentUpdate, DuplicateDelivery, StoreUnavailable
 from ..format.spec import FunnelSpec
 from ..records.messages import Message
 from . import control, wire
-from .base import Held, Inbound, TurnWrite
+from .base import Control, Held, Inbound, TurnWrite
 from .statements import RELEASE, Statements
 
 Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
@@ -83,6 +83,8 @@ class SessionHandle:
         self.renew = renew  # the heartbeat: keeps this turn's lease and key claim alive
         self.inbound: Inbound | None = None
         self.message_id = 0
+        # Who answers the session besides the bot, read with the row under the lease.
+        self.control: Control | None = None
 
     async def load(self, window: int, *, text: str | None = None, current_id: int = 0,
                    inbound: Inbound | None = None
@@ -134,10 +136,10 @@ class SessionHandle:
                 encode(self.key), encode(self.holder), encode(float(table.lease_seconds)),
                 encode(window), encode(current_id), encode(queue),
                 encode(inbound.channel if inbound else None),
-                encode(inbound.key if inbound else None)])
-        # One row of text values: bigint, boolean, jsonb, jsonb, boolean.
-        message_id, leased, state, recent, replayed = (
-            result.get_value(0, i) for i in range(5))
+                encode(inbound.key if inbound else None), b"t"])
+        # One row of text values: bigint, boolean, jsonb, jsonb, boolean, jsonb.
+        message_id, leased, state, recent, replayed, held_by = (
+            result.get_value(0, i) for i in range(6))
         self.locked = leased == b"t"
         if replayed == b"t":
             assert inbound is not None
@@ -147,6 +149,7 @@ class SessionHandle:
         logged = int(message_id) if text is not None and message_id is not None else None
         if not self.locked:
             return logged, None, []
+        self.control = control.control_from_json(orjson.loads(held_by)) if held_by else None
         # A manager's message reads as the business's side of the chat (engine.turn.manager).
         messages = [Message("assistant" if r[0] == "manager" else r[0], r[1], r[2])
                     for r in orjson.loads(recent or b"[]")]

@@ -112,7 +112,8 @@ class Statements:
         # One statement saves the whole turn: the state (if the version still
         # matches), the reply, the turn record and the outbox rows. Atomic, one
         # round trip, one commit; nothing but the state is written on a mismatch.
-        def whole_turn(write: sql.Composable, outbox: bool, inbound: bool) -> str:
+        def whole_turn(write: sql.Composable, outbox: bool, inbound: bool,
+                       gate: bool = False) -> str:
             # Most turns notify no one: they skip the outbox's part of the plan.
             return sql.SQL(
                 "WITH s AS ({write}), "
@@ -128,7 +129,7 @@ class Statements:
                 # store saves them (almost always '{{}}': nothing to insert).
                 "ex AS (INSERT INTO {exits} (digest, exits) SELECT key, value FROM "
                 "jsonb_each(%(__exits)s::jsonb) ON CONFLICT (digest) DO NOTHING){outbox_part}"
-                "{inbound_part} SELECT row_version FROM s"
+                "{inbound_part}{gate_part} SELECT row_version FROM s"
             ).format(write=write, messages=sql.Identifier(ddl.MESSAGES),
                      outbox_part=sql.SQL(
                          ", o AS (INSERT INTO {} (idempotency_key, funnel, session_id, kind, "
@@ -142,6 +143,19 @@ class Statements:
                          "%(__now)s FROM s WHERE funnel = %(__funnel)s AND channel = "
                          "%(__channel)s AND key = %(__key)s)"
                      ).format(sql.Identifier(ddl.INBOUND)) if inbound else sql.SQL(""),
+                     # A move held for a manager's approval (engine.turn.approval): the
+                     # control row, with the state, so that the next customer message
+                     # finds it (or the save fails, and neither is written).
+                     gate_part=sql.SQL(
+                         ", g AS (INSERT INTO {c} (funnel, session_id, mode, since, held, "
+                         "deadline) SELECT %(__funnel)s, %(session_id)s, 'approval', %(__now)s, "
+                         "%(__held)s::jsonb, %(__deadline)s::timestamptz FROM s ON CONFLICT "
+                         "(funnel, session_id) DO NOTHING), "
+                         "ge AS (INSERT INTO {e} (funnel, session_id, event, detail, created_at) "
+                         "SELECT %(__funnel)s, %(session_id)s, 'approval', %(__held)s::jsonb, "
+                         "%(__now)s FROM s)"
+                     ).format(c=sql.Identifier(ddl.CONTROL), e=sql.Identifier(ddl.CONTROL_EVENTS)
+                              ) if gate else sql.SQL(""),
                      leases=sql.Identifier(ddl.LEASES), turn_columns=turn_columns,
                      exits=sql.Identifier(ddl.EXITS),
                      turn_values=turn_values,
@@ -152,12 +166,15 @@ class Statements:
         self.lease_seconds = LEASE_SECONDS
         # (new session?, anything for the outbox?, a delivery key?) -> the statement
         # Sent on libpq directly (engine.store.wire), the parameters' types inferred.
-        self.saves: dict[tuple[bool, bool, bool], tuple[Prepared, tuple[str, ...]]] = {}
+        # (... , a move held for approval?): built when first needed (rare).
+        self.saves: dict[tuple[bool, bool, bool, bool], tuple[Prepared, tuple[str, ...]]] = {}
+        self._whole_turn = whole_turn
+        self._writes = (update, upsert)
         for new in (False, True):
             for out in (False, True):
                 for key in (False, True):
                     query, order = positional(whole_turn(upsert if new else update, out, key))
-                    self.saves[new, out, key] = (Prepared(query), order)
+                    self.saves[new, out, key, False] = (Prepared(query), order)
         # The row alone, as `funnel state` and Engine.state show it.
         # Never prepared (see PostgresStore.load): after `funnel migrate` adds a column
         # under a running server, a prepared `SELECT *` fails ("cached plan must not
@@ -197,8 +214,12 @@ class Statements:
     def statement(self, write: TurnWrite) -> tuple[Prepared, tuple[str, ...]]:
         """INSERT-or-update for a new session, UPDATE for one the turn loaded: the
         statement, and the name of each of its parameters in :meth:`params`."""
-        return self.saves[write.expected_version == 0, bool(write.outbox),
-                          write.inbound is not None]
+        which = (write.expected_version == 0, bool(write.outbox), write.inbound is not None,
+                 write.approval is not None)
+        if which not in self.saves:
+            query, order = positional(self._whole_turn(self._writes[which[0]], *which[1:]))
+            self.saves[which] = (Prepared(query), order)
+        return self.saves[which]
 
     def params(self, write: TurnWrite) -> dict[str, Any]:
         # Timestamps come from the engine's clock (tests and scenarios move it);
@@ -222,6 +243,9 @@ class Statements:
             out["__response"] = Jsonb(response(write), dumps=dumps)
         if self.spec.memory.summary:
             out["__summary"] = write.summary
+        if write.approval is not None:
+            out["__held"] = Jsonb(write.approval["held"], dumps=dumps)
+            out["__deadline"] = write.approval["deadline"]
         return out
 
 

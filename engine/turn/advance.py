@@ -50,6 +50,9 @@ class Mover:
     accepted: list[str] = field(default_factory=list)  # the action types applied this turn
     # Every stage's exits as evaluated this turn (engine.turn.explain), for the turn record.
     explanation: list[dict[str, Any]] = field(default_factory=list)
+    # A move into a stage whose `approval:` gate held (engine.turn.approval): not made;
+    # what it would have been (from, to, trigger, when, reason).
+    held: dict[str, Any] | None = None
 
     def context(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The names conditions read: every declared field plus the turn's facts."""
@@ -62,16 +65,41 @@ class Mover:
         return ctx
 
     def fire(self, trigger: str, ctx: Mapping[str, Any], *, notify: bool = True,
-             verdicts: Mapping[str, bool] | None = None) -> list[Firing]:
-        """Fire one trigger; enter the stage it leads to. Condition errors become notices."""
+             verdicts: Mapping[str, bool] | None = None,
+             gate: Mapping[str, Any] | None = None) -> list[Firing]:
+        """Fire one trigger; enter the stage it leads to. Condition errors become notices.
+
+        With ``gate`` (the conditions' context), a move into a stage whose ``approval``
+        holds on it is not made: it is kept in :attr:`held`, and nothing fired.
+        """
         session = self.funnel.machine.fire(self.pos["stage"], trigger, ctx, verdicts)
         if notify:
             self.scratch.notices.extend(f"(engine) {e}" for e in session.errors)
+        if gate is not None and session.fired and session.state != self.pos["stage"] \
+                and self._gated(session.fired[-1], gate):
+            return []
         if session.fired and session.state != self.pos["stage"]:
             enter(self.pos, session.state, self.now)
             self.scratch.stage = session.state
             self.scratch.stage_iteration = 0
         return session.fired
+
+    def _gated(self, firing: Firing, ctx: Mapping[str, Any]) -> bool:
+        """Whether the move ``firing`` made waits for a manager (then it is :attr:`held`)."""
+        if firing.dest not in self.funnel.approval_conditions:
+            return False
+        condition = self.funnel.approval_conditions[firing.dest]
+        try:
+            asks = condition is None or bool(condition(ctx))
+        except Exception as exc:  # fail closed: a manager decides what code cannot
+            self.scratch.notices.append(f"(engine) the approval condition of stage "
+                                        f"'{firing.dest}' failed ({exc}); a manager decides")
+            asks = True
+        if asks:
+            self.held = {"from": firing.source, "to": firing.dest, "trigger": firing.trigger,
+                         "when": firing.spec.when if firing.spec else None,
+                         "reason": firing.spec.reason if firing.spec else None}
+        return asks
 
     def advance(self, state: dict[str, Any]) -> list[Firing]:
         """Exit transitions, chained while they fire, then the iteration count and limit."""
@@ -93,7 +121,9 @@ class Mover:
             # condition failed is evaluated again: the machine records its error).
             fired = self.fire("advance", ctx, verdicts={
                 t["when"]: t["held"] for t in step["transitions"]
-                if t["when"] is not None and t["held"] is not None})
+                if t["when"] is not None and t["held"] is not None}, gate=ctx)
+            if self.held is not None:  # the turn stays; the move waits for a manager
+                return firings
             if not fired:
                 break
             step["fired"] = fired[-1].dest
@@ -113,7 +143,7 @@ class Mover:
             self.explanation[-1]["iterations"] = {"count": pos["stage_iteration"],
                                                   "limit": limit.limit, "to": limit.to}
         if limit and limit.to and pos["stage_iteration"] >= limit.limit:
-            fired = self.fire("iteration_limit", {})
+            fired = self.fire("iteration_limit", {}, gate=self.context(state))
             if fired:
                 if self.explanation:
                     self.explanation[-1]["fired"] = fired[-1].dest

@@ -58,6 +58,8 @@ class TurnResult:
     # A manager holds the session (engine.turn.manager): the bot logged the message and
     # called no model; ``reply`` is the funnel's holding reply, or empty.
     held: bool = False
+    # The stage a move into which waits for a manager's approval (engine.turn.approval).
+    approval: str | None = None
 
 
 @dataclass

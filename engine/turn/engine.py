@@ -49,7 +49,7 @@ from ..memory.summary import RollingSummary, Summarizer
 from ..records.messages import Message
 from ..records.orders import Conversion, make_order
 from ..store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
-from . import held, language, steps
+from . import approval, held, language, steps
 from .advance import Mover, Position, handoff_payload, record_current, start_position
 from .budget import bound_notices
 from .data import Incoming, Turn, TurnResult, turn_record
@@ -259,9 +259,19 @@ class Engine:
             try:
                 async with self.store.session(self.spec, session_id) as access:
                     turn = await self._load(access, inbound)
-                    # Under the lease: a take-over is either before this (the turn is
-                    # held) or after it (the bot answers first), never both.
-                    control = await self.store.control(self.spec.name, session_id)
+                    # Read with the row, under the lease: a take-over is either before
+                    # this (the turn is held) or after it (the bot answers first).
+                    control = access.control
+                    if approval.due(control, turn.now):
+                        # The approval's time is up: on_timeout applies, then the turn
+                        # runs on the session as that left it (the message is logged).
+                        assert control is not None
+                        decided = await approval.resolve(self.store, turn, control,
+                                                         "timeout", None)
+                        if decided["alerted"]:
+                            self._background(self._dispatch_quietly(session_id))
+                        turn = await self._load(access, inbound)
+                        control = access.control
                     if control is not None:
                         result = await held.hold(access, turn, control)
                         break
@@ -287,7 +297,7 @@ class Engine:
                 raise
         if inbound.stream is not None:
             inbound.stream.finish(result.reply)
-        if result.handoff:
+        if result.handoff or result.approval:
             # Deliver after the reply, never before it: a slow manager webhook must not
             # delay the customer. A delivery that fails is retried by the next dispatch.
             self._background(self._dispatch_quietly(session_id))
@@ -407,6 +417,12 @@ class Engine:
                 key=f"{spec.name}:{turn.session_id}:handoff", kind="handoff",
                 payload=handoff_payload(turn.funnel, turn.session_id, state, turn.channel)))
         reply = str(answer.envelope["reply"])
+        gated = approval.gate(turn)  # a move held for a manager (engine.turn.approval)
+        if gated is not None:
+            outbox.append(gated[1])
+            waiting = turn.funnel.stages[gated[0]["held"]["to"]].spec.approval
+            if waiting is not None and waiting.holding_reply:
+                reply = waiting.holding_reply
         if turn.inbound.reply_to is not None:  # delivered by the outbox, with retries
             outbox.insert(0, OutboxItem(
                 key=f"{spec.name}:{turn.session_id}:reply:{turn.inbound.message_id}",
@@ -425,7 +441,8 @@ class Engine:
             session_id=turn.session_id, values=values, expected_version=turn.expected,
             reply=reply, stage_after=pos["stage"], turn=record, outbox=outbox,
             message_time=turn.now, summary=turn.folded[0] if turn.folded else None,
-            summary_upto=turn.folded[1] if turn.folded else None, spec=spec))
+            summary_upto=turn.folded[1] if turn.folded else None, spec=spec,
+            approval=gated[0] if gated is not None else None))
         return TurnResult(
             session_id=turn.session_id, reply=reply, stage_before=turn.stage_before,
             stage_after=pos["stage"], state=values, transitions=transitions,
@@ -438,7 +455,8 @@ class Engine:
             returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
             message_id=turn.inbound.message_id or 0,
             model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
-            explain=turn.mover.explanation)
+            explain=turn.mover.explanation,
+            approval=gated[0]["held"]["to"] if gated is not None else None)
 
     async def _fail(self, access: SessionAccess, turn: Turn, exc: Exception) -> TurnResult:
         """A turn that failed after its message was logged still ends well: the stage's

@@ -1,4 +1,5 @@
-"""A customer's turn while a manager holds the session: logged, held, no model called.
+"""A customer's turn while a manager holds the session, or while an approval waits
+(engine.turn.approval): logged, held, no model called.
 
 See engine.turn.manager for the take-over and the release; this is the turn's side,
 called by :meth:`engine.turn.engine.Engine.handle` under the session's lease.
@@ -7,6 +8,7 @@ called by :meth:`engine.turn.engine.Engine.handle` under the session's lease.
 from __future__ import annotations
 
 from ..store import Control, Held, OutboxItem, SessionAccess
+from . import approval
 from .data import Turn, TurnResult
 
 
@@ -14,8 +16,11 @@ async def hold(access: SessionAccess, turn: Turn, control: Control) -> TurnResul
     """End a customer's turn without the bot: a manager holds the session."""
     spec, stage = turn.spec, turn.pos["stage"]
     message_id = turn.inbound.message_id or 0
-    holding = spec.handoff.holding_reply if spec.handoff and not control.holding_sent \
-        else None
+    if control.mode == "approval":  # every message is answered while the approval waits
+        holding = approval.holding_reply(turn, control)
+    else:
+        holding = spec.handoff.holding_reply if spec.handoff and not control.holding_sent \
+            else None
     outbox = []
     if holding is not None and turn.inbound.reply_to is not None:
         outbox.append(OutboxItem(key=f"{spec.name}:{turn.session_id}:holding:{message_id}",

@@ -9,6 +9,8 @@ Used by the fault, concurrency and hostile-input tests after they run, and by
   turn record lacks its customer message; messages ``held`` while a manager held the
   session (engine.turn.manager) have no turn, by design, and are not counted;
 - a session a manager holds (``funnel_control``) exists in the funnel's table;
+- an approval that waits (engine.turn.approval) holds a move from the session's stage
+  into a stage with an ``approval`` gate, and has a deadline;
 - a customer message with no turn (the database went away mid-turn, the
   session stayed busy) is reported as a warning: the message is kept, the
   customer got an error to retry, nothing else was written;
@@ -135,11 +137,39 @@ async def check_funnel(funnel: CompiledFunnel, url: str | None = None) -> list[V
         for session_id, mode in await orphans.fetchall():
             out.append(Violation("error", session_id, "control without session",
                                  f"a {mode} holds a session the funnel's table lacks"))
+        waiting = await conn.execute(sql.SQL(_APPROVALS).format(
+            control=sql.Identifier(CONTROL), table=sql.Identifier(funnel.spec.table)),
+            {"funnel": funnel.spec.name})
+        for session_id, stage, held, deadline in await waiting.fetchall():
+            out.extend(check_approval(funnel, session_id, stage, held, deadline))
     return out
+
+
+def check_approval(funnel: CompiledFunnel, session_id: str, stage: str, held: Any,
+                   deadline: Any) -> list[Violation]:
+    """An approval that waits (engine.turn.approval): it holds a move from the stage the
+    session is in, into a stage with an ``approval`` gate, and has a deadline."""
+    problems = []
+    held = held if isinstance(held, dict) else {}
+    if deadline is None or not held:
+        problems.append("it has no held move or no deadline")
+    if held and held.get("from") != stage:
+        problems.append(f"it holds a move from stage {held.get('from')!r}, but the session "
+                        f"is in {stage!r}")
+    to = funnel.stages.get(str(held.get("to")))
+    if held and (to is None or to.spec.approval is None):
+        problems.append(f"it leads to {held.get('to')!r}, which has no `approval:` gate")
+    return [Violation("error", session_id, "approval", p) for p in problems]
 
 
 # A take-over names a session the table has (the API refuses others; a purge deletes both).
 _CONTROL_ORPHANS = """
 SELECT c.session_id, c.mode FROM {control} c WHERE c.funnel = %(funnel)s
 AND NOT EXISTS (SELECT 1 FROM {table} s WHERE s.session_id = c.session_id)
+"""
+
+# The approvals that wait, with the stage their session is in.
+_APPROVALS = """
+SELECT c.session_id, s.stage, c.held, c.deadline FROM {control} c JOIN {table} s
+ON s.session_id = c.session_id WHERE c.funnel = %(funnel)s AND c.mode = 'approval'
 """

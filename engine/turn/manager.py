@@ -18,18 +18,30 @@ first) or by nobody automatic (the take-over did), never both.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..boundary.customer import check_input
-from ..errors import InvalidInput, NotTakenOver, ReleaseRejected, UnknownSession
+from ..errors import (
+    ConcurrentUpdate,
+    FunnelError,
+    InvalidInput,
+    NotAwaitingApproval,
+    NotTakenOver,
+    ReleaseRejected,
+    UnknownSession,
+)
 from ..funnel.state import plain
 from ..store import Control, OutboxItem
+from . import approval
 from .advance import enter
 from .data import Incoming
 from .engine import Engine
+
+log = logging.getLogger("funnel.manager")
 
 MAX_MANAGER_NAME = 80
 # The channels whose customer a manager's message reaches through the outbox; the
@@ -164,7 +176,8 @@ async def release(engine: Engine, session_id: str, manager: str, *, stage: Any =
 
 
 async def status(engine: Engine, session_id: str) -> dict[str, Any]:
-    """Who answers the session now: ``bot`` or ``manager`` (with the manager and since)."""
+    """Who answers the session now: ``bot``, ``manager`` (with the manager and since) or
+    ``approval`` (with the move it holds and its deadline)."""
     control = await engine.store.control(engine.spec.name, session_id)
     return _body(session_id, control, None)
 
@@ -174,6 +187,79 @@ def _body(session_id: str, control: Control | None, stage: str | None) -> dict[s
                            "control": control.mode if control else "bot",
                            "manager": control.manager if control else None,
                            "since": control.since.isoformat() if control else None}
+    if control is not None and control.mode == "approval":
+        held = control.held or {}
+        out["approval"] = {"stage": held.get("from"), "to": held.get("to"),
+                           "reason": held.get("reason"),
+                           "on_timeout": held.get("on_timeout"),
+                           "deadline": control.deadline.isoformat() if control.deadline
+                           else None}
     if stage is not None:
         out["stage"] = stage
     return out
+
+
+async def approve(engine: Engine, session_id: str, manager: str) -> dict[str, Any]:
+    """Make the move the session's approval holds.
+
+    Raises:
+        UnknownSession: the funnel has no such session.
+        NotAwaitingApproval: no approval waits (decided already, timed out, never asked).
+        ApprovalRefused: the move no longer applies (nothing written; reject it).
+    """
+    return await _decide(engine, session_id, "approved", manager)
+
+
+async def reject(engine: Engine, session_id: str, manager: str, note: str | None = None
+                 ) -> dict[str, Any]:
+    """Drop the move the session's approval holds; ``note`` reaches the next prompt.
+
+    Raises:
+        UnknownSession: the funnel has no such session.
+        NotAwaitingApproval: no approval waits.
+    """
+    return await _decide(engine, session_id, "rejected", manager, note)
+
+
+async def sweep(engine: Engine, limit: int = 100) -> int:
+    """Apply ``on_timeout`` to every approval of the funnel past its deadline; how many.
+
+    Safe to run on every worker at once: each session's decision is taken under its
+    lease, and a decided one is skipped.
+    """
+    done = 0
+    for session_id in await engine.store.due_approvals(engine.spec.name, engine.clock(), limit):
+        try:
+            await _decide(engine, session_id, "timeout", None)
+        except (NotAwaitingApproval, UnknownSession, ConcurrentUpdate):
+            continue  # decided meanwhile, or purged: nothing to do
+        except FunnelError as exc:  # the database away: the next sweep tries again
+            log.warning("approval timeout of session %r not applied yet: %s", session_id, exc)
+            continue
+        done += 1
+    return done
+
+
+async def _decide(engine: Engine, session_id: str, decision: str, manager: str | None,
+                  note: str | None = None) -> dict[str, Any]:
+    """Decide the session's approval under its lease (engine.turn.approval.resolve)."""
+    check_input(session_id, decision)
+    store, spec = engine.store, engine.spec
+    async with store.session(spec, session_id) as access:
+        _, row, _ = await access.load(0)
+        if row is None:
+            raise UnknownSession(f"no session {session_id!r} in funnel '{spec.name}'")
+        control = access.control
+        if control is None or control.mode != "approval":
+            raise NotAwaitingApproval(session_id)
+        await engine.routing.prepare(row)  # the session's own version
+        turn = engine._start(Incoming(session_id, "", "manager", time.perf_counter()),
+                             engine.clock(), row, [])
+        if decision == "timeout" and not approval.due(control, turn.now):
+            raise NotAwaitingApproval(session_id)  # decided, and asked again, meanwhile
+        outcome = await approval.resolve(store, turn, control, decision, manager, note)
+    if outcome.pop("alerted"):
+        engine._background(engine._dispatch_quietly(session_id))
+    return outcome
+
+

@@ -18,6 +18,7 @@ from jinja2 import TemplateSyntaxError, nodes
 from ..errors import did_you_mean
 from ..format.names import SHARED_TABLES
 from ..format.spec import (
+    APPROVAL_CHOICES,
     COLUMN_TYPE,
     CONDITION_NAMES,
     ENGINE_COLUMNS,
@@ -102,9 +103,34 @@ def _check_stage_refs(
                       f"'{name}': `max_iterations` has both `to` and `offer`; the session moves "
                       "at the end of the turn that reaches the limit, so the offer never reaches "
                       "the prompt: keep one of them", key=True)
+        _check_approval(data, stages, names, name, as_dict(raw.get("approval")), report)
         if raw.get("final") and raw.get("transitions"):
             report.at(("stages", name, "transitions"), "warning", "F106", f"stage '{name}' is "
                       "final, so its transitions never fire; remove them or `final: true`")
+
+
+def _check_approval(data: dict[str, Any], stages: dict[str, Any], names: list[str], name: str,
+                    approval: dict[str, Any], report: Report) -> None:
+    """A stage's ``approval.on_timeout``: a known choice or stage (F406); ``handoff`` needs
+    the funnel's ``handoff`` section (F407); the initial stage is never entered by a move,
+    so its gate never waits (F408)."""
+    if not approval:
+        return
+    keys = ("stages", name, "approval", "on_timeout")
+    choice = approval.get("on_timeout")
+    if isinstance(choice, str) and choice not in APPROVAL_CHOICES and choice not in stages:
+        report.at(keys, "error", "F406", f"stage '{name}': `approval.on_timeout: {choice}` is "
+                  f"neither {', '.join(APPROVAL_CHOICES)} nor a stage"
+                  f"{did_you_mean(choice, [*APPROVAL_CHOICES, *names])}; stages are: "
+                  f"{', '.join(names)}")
+    if choice == "handoff" and not as_dict(data.get("handoff")).get("stage"):
+        report.at(keys, "error", "F407", f"stage '{name}': `approval.on_timeout: handoff` needs "
+                  "the funnel's `handoff:` section (its stage is where the session goes); "
+                  "declare it or name a stage")
+    if name == data.get("initial"):
+        report.at(("stages", name, "approval"), "warning", "F408", f"stage '{name}' is the "
+                  "initial stage: a session starts there without a move, so its approval "
+                  "never waits; put it on the stage the approved change leads to", key=True)
 
 
 def _stage_names(values: Iterable[Any]) -> set[str]:
@@ -127,6 +153,14 @@ def _successors(data: dict[str, Any], stages: dict[str, Any]) -> dict[str, set[s
     if isinstance(idle, str) and idle in stages:
         for name in out:
             out[name].add(idle)
+    # A move held for approval may time out into another stage, from where it was held.
+    handoff = as_dict(data.get("handoff")).get("stage")
+    for nxt in out.values():
+        for gated in list(nxt):
+            target = as_dict(as_dict(stages.get(gated)).get("approval")).get("on_timeout")
+            target = handoff if target == "handoff" else target
+            if isinstance(target, str) and target in stages:
+                nxt.add(target)
     return out
 
 
@@ -220,6 +254,8 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
     for name, raw in as_dict(data.get("stages")).items():
         for i, t in enumerate(as_list(as_dict(raw).get("transitions"))):
             conditions.append((("stages", name, "transitions", i, "when"), as_dict(t).get("when")))
+        conditions.append((("stages", name, "approval", "when"),
+                           as_dict(as_dict(raw).get("approval")).get("when")))
     known = _condition_names(data, state)
     max_points = sum(
         max(0, int(as_dict(r).get("points", 0)))

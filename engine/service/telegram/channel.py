@@ -6,7 +6,9 @@ turn then runs in the background of the worker that took it, and saves its
 reply as an outbox row (kind ``reply``) in the turn's own transaction. The
 dispatcher delivers it with ``sendMessage``: a 429 waits its ``retry_after``, a
 5xx or a network error backs off, a 403 marks the session unreachable and stops.
-A session's replies go out in order. A re-delivered update finds its key taken
+A session's replies go out in order. With streaming on for the bot, the reply is shown
+while the model writes it, in one message edited at most once a second, and its
+delivery is that message's last edit (engine.service.telegram.live). A re-delivered update finds its key taken
 and is acknowledged without a second turn or a second reply, on any worker. An
 update acknowledged by a worker that died before answering is claimed, once its
 claim ran out, by the sweep of another worker: the message log is the queue.
@@ -30,6 +32,7 @@ from ..config import TelegramBot
 from ..limits import MAX_UPDATE_BYTES, RequestRefused, error, read_json
 from . import managers
 from .botapi import MAX_TEXT, BotApi, backoff
+from .live import LiveReply
 from .updates import Incoming, parse
 
 if TYPE_CHECKING:
@@ -65,6 +68,11 @@ class TelegramChannel:
         # session -> (lock, turns holding or awaiting it): its turns run in arrival order
         self._order: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._usernames: dict[str, str] = {}
+        # Live replies (engine.service.telegram.live): the message each turn's reply was
+        # streamed into, by the message's delivery key, until the reply is delivered;
+        # and when each chat last got a call of theirs.
+        self._live: dict[str, tuple[int, str]] = {}
+        self._last_call: dict[Any, float] = {}
         # Hand-off alerts also go to a funnel's managers' chat, when it has one.
         for name, notifier in service.notifiers.items():
             bot = service.config.telegram_bot(name)
@@ -187,11 +195,22 @@ class TelegramChannel:
         users[0] += 1
         try:
             async with lock:
-                self._typing(funnel, meta.get("reply_to") or {})
-                await self.service.converse(
-                    funnel, session_id, text, channel=CHANNEL, key=key,
-                    reply_to={**meta.get("reply_to", {}), "key": key},
-                    message_id=message_id, facts=meta.get("facts"))
+                target = meta.get("reply_to") or {}
+                self._typing(funnel, target)
+                bot = self.service.config.telegram_bot(funnel)
+                live = LiveReply(self.api, bot.token, target, self._last_call) if (
+                    bot is not None and bot.stream and target.get("chat_id") is not None
+                ) else None
+                try:
+                    await self.service.converse(
+                        funnel, session_id, text, channel=CHANNEL, key=key,
+                        reply_to={**target, "key": key}, message_id=message_id,
+                        facts=meta.get("facts"),
+                        stream=live.listener if live is not None else None)
+                finally:
+                    shown = await live.close() if live is not None else None
+                    if shown is not None:
+                        self._live[key] = shown
         except DuplicateDelivery:
             pass  # answered already (another worker's sweep got there first)
         except RequestRefused as exc:
@@ -271,6 +290,12 @@ class TelegramChannel:
         key = payload.get("key") if isinstance(payload.get("key"), str) else None
         if not text.strip():
             return Outcome()  # nothing to say: nothing to send
+        store = self.service.engines[funnel].store
+        if key is not None and key in self._live:
+            done = await self._finish_live(bot.token, store, funnel, session_id, key, text,
+                                           payload, row)
+            if done is not None:
+                return done
         body: dict[str, Any] = {"chat_id": payload.get("chat_id"), "text": text}
         if type(payload.get("message_thread_id")) is int:
             body["message_thread_id"] = payload["message_thread_id"]
@@ -278,7 +303,6 @@ class TelegramChannel:
             body["reply_parameters"] = {"message_id": payload["reply_to_message_id"],
                                         "allow_sending_without_reply": True}
         result = await self.api.call(bot.token, "sendMessage", body)
-        store = self.service.engines[funnel].store
         metrics = self.service.metrics
         if result.ok:
             metrics.count("funnel_telegram_replies_delivered_total", funnel=funnel)
@@ -294,6 +318,27 @@ class TelegramChannel:
             return Outcome(result.problem, give_up=True)
         attempts = int(row.get("attempts") or 1)
         return Outcome(result.problem, retry_in=result.retry_in or backoff(attempts))
+
+    async def _finish_live(self, token: str, store: Any, funnel: str, session_id: str,
+                           key: str, text: str, payload: Mapping[str, Any],
+                           row: Mapping[str, Any]) -> Outcome | None:
+        """Deliver a reply that was streamed into a live message: the message's last edit
+        (none when it shows the reply already). None: it cannot be edited, send it."""
+        message_id, shown = self._live[key]
+        if shown != text:
+            result = await self.api.call(token, "editMessageText", {
+                "chat_id": payload.get("chat_id"), "message_id": message_id, "text": text})
+            if not result.ok and "not modified" not in result.problem:
+                if not result.final:  # 429, 5xx: the outbox tries the edit again
+                    attempts = int(row.get("attempts") or 1)
+                    return Outcome(result.problem,
+                                   retry_in=result.retry_in or backoff(attempts))
+                del self._live[key]  # gone, too old to edit: a message of its own
+                return None
+        del self._live[key]
+        self.service.metrics.count("funnel_telegram_replies_delivered_total", funnel=funnel)
+        await self._record(store, funnel, session_id, key, "delivered")
+        return Outcome()
 
     async def _record(self, store: Any, funnel: str, session_id: str, key: str | None,
                       delivery: str, unreachable: str | None = None) -> None:

@@ -4,7 +4,8 @@ and hand it back (``FUNNEL_TELEGRAM_MANAGER_CHAT_<NAME>``).
 A hand-off alert is one more target of the funnel's notifier (``telegram``),
 delivered and retried by the outbox like the others: a message to the managers'
 chat naming the session, the reason and the customer, with two inline buttons,
-*Take over* and *Back to the bot*. A press in that chat (and only there: the chat is
+*Take over* and *Back to the bot* (an approval gate's alert, engine.turn.approval:
+*Approve* and *Reject*). A press in that chat (and only there: the chat is
 who may manage) runs engine.turn.manager's take-over or release under the manager's
 Telegram name, and the button answers with what happened.
 """
@@ -30,13 +31,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("funnel.service.telegram")
 
 MAX_CALLBACK_DATA = 64  # bytes (Bot API: InlineKeyboardButton.callback_data)
-_PRESS = re.compile(r"^(takeover|release):(.+)$")
+_PRESS = re.compile(r"^(takeover|release|approve|reject):(.+)$")
+_HAND_OFF = (("takeover", "Take over"), ("release", "Back to the bot"))
+_APPROVAL = (("approve", "Approve"), ("reject", "Reject"))
 
 
-def buttons(session_id: str) -> dict[str, Any] | None:
-    """The alert's inline keyboard; None when the session id is too long for a button."""
+def buttons(session_id: str, approval: bool = False) -> dict[str, Any] | None:
+    """The alert's inline keyboard (an approval's: *Approve* / *Reject*); None when the
+    session id is too long for a button."""
     rows = [{"text": label, "callback_data": f"{action}:{session_id}"}
-            for action, label in (("takeover", "Take over"), ("release", "Back to the bot"))]
+            for action, label in (_APPROVAL if approval else _HAND_OFF)]
     if any(len(b["callback_data"].encode()) > MAX_CALLBACK_DATA for b in rows):
         return None
     return {"inline_keyboard": [rows]}
@@ -49,11 +53,22 @@ def alert(api: BotApi, bot: TelegramBot) -> Notifier:
         customer = payload.get("customer") or {}
         who = ", ".join(f"{k}: {v}" for k, v in customer.items() if v) if isinstance(
             customer, dict) else ""
-        text = (f"Hand-off in {payload.get('funnel')}: session {session} "
-                f"({payload.get('channel')}), reason: {payload.get('reason') or 'unspecified'}"
-                + (f"\nCustomer: {who}" if who else ""))
+        approval = payload.get("event") == "approval"
+        if approval:  # a move that waits for a manager (engine.turn.approval)
+            text = (f"Approval needed in {payload.get('funnel')}: session {session} "
+                    f"({payload.get('channel')}) moving from {payload.get('stage')} to "
+                    f"{payload.get('to')}, reason: {payload.get('reason') or 'unspecified'}; "
+                    f"by {payload.get('deadline')}, else {payload.get('on_timeout')}")
+        else:
+            text = (f"Hand-off in {payload.get('funnel')}: session {session} "
+                    f"({payload.get('channel')}), reason: "
+                    f"{payload.get('reason') or 'unspecified'}")
+        cart = payload.get("cart")
+        if approval and isinstance(cart, dict) and cart.get("total") is not None:
+            text += f"\nCart total: {cart['total']}"
+        text += f"\nCustomer: {who}" if who else ""
         body: dict[str, Any] = {"chat_id": bot.manager_chat, "text": text[:MAX_TEXT]}
-        keyboard = buttons(session)
+        keyboard = buttons(session, approval)
         if keyboard is not None:
             body["reply_markup"] = keyboard
         result = await api.call(bot.token, "sendMessage", body)
@@ -87,6 +102,12 @@ async def _run(service: Service, funnel: str, action: str, session: str,
         if action == "takeover":
             await manager.take_over(engine, session, who)
             return f"{who} took over {session}: the bot is silent there."
+        if action == "approve":
+            done = await manager.approve(engine, session, who)
+            return f"{who} approved {session}: it is in {done['stage']} now."
+        if action == "reject":
+            await manager.reject(engine, session, who)
+            return f"{who} rejected the move of {session}: it stays in its stage."
         await manager.release(engine, session, who)
         return f"{session} is back with the bot."
     except FunnelError as exc:  # no such session, not taken over, the database away
