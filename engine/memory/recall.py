@@ -33,7 +33,7 @@ from ..errors import FunnelError
 from ..format.spec import FunnelSpec, RecallSettings
 from ..llm.embed import Embedder, LiteLLMEmbedder
 from ..store import Store
-from ..store.recall import Match, VectorSupport
+from ..store.base import Match, VectorSupport
 
 __all__ = ["INDEX_BATCH", "Recall", "Snippet", "make_embedder", "snippets", "waited"]
 

@@ -19,9 +19,9 @@ from ..records.orders import Conversion, Order
 
 if TYPE_CHECKING:
     from .idempotency import Pending
-    from .recall import Match, VectorSupport
 
-__all__ = ["Control", "Held", "Inbound", "OutboxItem", "SessionAccess", "Store", "TurnWrite"]
+__all__ = ["Control", "Held", "Inbound", "Match", "OutboxItem", "SessionAccess", "Store",
+           "TurnWrite", "VectorSupport"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,30 @@ class TurnWrite:
     # The version of the funnel the turn ran on, when it is not the one the session was
     # opened with (a session pinned to an old version): its columns are the ones saved.
     spec: FunnelSpec | None = None
+
+
+@dataclass(frozen=True)
+class VectorSupport:
+    """How this server searches embeddings: ``mode`` is ``pgvector`` or ``array``;
+    ``schema`` where pgvector's type lives; ``missing`` why not pgvector (for the
+    start-up warning), empty when it is used."""
+
+    mode: str
+    schema: str | None = None
+    missing: str = ""
+
+
+@dataclass(frozen=True)
+class Match:
+    """A message of a recalled stretch: its position in the session (``n``), and the
+    match it was found around (``hit``, ``similarity``)."""
+
+    id: int
+    role: str
+    content: str
+    n: int
+    hit: int
+    similarity: float
 
 
 class SessionAccess(Protocol):

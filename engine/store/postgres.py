@@ -28,7 +28,7 @@ from ..records.orders import Conversion, Order
 from . import conversions, ddl, jobs, retention, turns
 from . import knowledge as knowledge_sql
 from . import recall as recall_sql
-from .base import TurnWrite
+from .base import Match, TurnWrite, VectorSupport
 from .connect import safe_url
 from .control import ControlMixin
 from .delivery import DeliveryMixin
@@ -184,7 +184,7 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
         self.turn_wait = timeout * 24
         self.health = health or _Health()
         self._tables: dict[tuple[str, int], Statements] = {}
-        self._vectors: recall_sql.VectorSupport | None = None  # recall_prepare's answer
+        self._vectors: VectorSupport | None = None  # recall_prepare's answer
         self.heartbeat = Heartbeat(self._conn)
 
     @classmethod
@@ -423,7 +423,7 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
             return await knowledge_sql.search(conn, funnel, query, limit)
 
     # -- semantic recall (engine/memory/recall.py, docs/memory.md) ----------------------
-    async def recall_prepare(self) -> recall_sql.VectorSupport:
+    async def recall_prepare(self) -> VectorSupport:
         async with self._conn() as conn:
             self._vectors = await recall_sql.prepare(conn)
             return self._vectors
@@ -440,7 +440,7 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
 
     async def recall_search(self, funnel: str, session_id: str, model: str,
                             query: Sequence[float], *, upto: int, top_k: int, before: int,
-                            after: int, min_similarity: float) -> list[recall_sql.Match]:
+                            after: int, min_similarity: float) -> list[Match]:
         vectors = self._vectors or await self.recall_prepare()
         async with self._conn() as conn:
             return await recall_sql.search(conn, vectors, funnel, session_id, model, query,

@@ -23,7 +23,6 @@ statement.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -32,6 +31,7 @@ from psycopg import sql
 from ..errors import first_line
 from ..format.names import EMBEDDINGS, MESSAGES
 from .anonymize import ANONYMIZED
+from .base import Match, VectorSupport
 
 __all__ = ["Match", "VectorSupport", "pending", "prepare", "save", "search"]
 
@@ -43,30 +43,6 @@ INSTALL_HINT = ("install pgvector on the server (Debian/Ubuntu with the PGDG rep
                 "`apt-get install postgresql-<version>-pgvector`; or build it from "
                 "https://github.com/pgvector/pgvector), then `CREATE EXTENSION vector` as a "
                 "superuser")
-
-
-@dataclass(frozen=True)
-class VectorSupport:
-    """How this server searches embeddings: ``mode`` is ``pgvector`` or ``array``;
-    ``schema`` where pgvector's type lives; ``missing`` why not pgvector (for the
-    start-up warning), empty when it is used."""
-
-    mode: str
-    schema: str | None = None
-    missing: str = ""
-
-
-@dataclass(frozen=True)
-class Match:
-    """A message of a recalled stretch: its position in the session (``n``), and the
-    match it was found around (``hit``, ``similarity``)."""
-
-    id: int
-    role: str
-    content: str
-    n: int
-    hit: int
-    similarity: float
 
 
 async def support(conn: psycopg.AsyncConnection[Any]) -> tuple[str | None, bool]:
