@@ -8,6 +8,7 @@ database that cannot be reached fails the tests: it never skips them.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import re
@@ -102,7 +103,12 @@ def _shared_folder(factory: pytest.TempPathFactory) -> Path:
 def _embedded(tmp: Path) -> str:
     from engine.store.embedded import embedded_url
 
-    return embedded_url(tmp / "pgdata")
+    # One worker at a time: two initdb runs in one folder break each other; the later
+    # ones attach to the server the first started.
+    tmp.mkdir(parents=True, exist_ok=True)
+    with open(tmp.parent / f"{tmp.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return embedded_url(tmp / "pgdata")
 
 
 # The fixtures that reach a database; a test using any of them is marked `postgres`, so

@@ -13,7 +13,7 @@ Off unless the funnel sets ``memory.recall.embedder``. Then:
   Without a vector in time the turn goes on without recall.
 - **The search.** The ``top_k`` most similar messages of this session (never another's)
   older than the prompt's window, each with ``before`` messages before it and ``after``
-  after it; stretches that overlap or touch are merged. They reach the model in the
+  after it; stretches that overlap are merged, each message shown once. They reach the model in the
   turn's ``<data>`` message (engine.turn.budget), within ``memory.recall.budget``
   tokens, the best first; the prompt budget cuts them before anything else.
 
@@ -64,7 +64,7 @@ def make_embedder(settings: RecallSettings, api_base: str | None = None) -> Embe
 
 
 def snippets(matches: Sequence[Match], settings: RecallSettings) -> list[Snippet]:
-    """The stretches around the matches, merged where they overlap or touch, best first,
+    """The stretches around the matches, merged where they overlap, best first,
     as many as fit in ``settings.budget`` tokens (one that does not fit is skipped)."""
     rows: dict[int, Match] = {}
     score: dict[int, float] = {}  # a message's best match (a neighbour of several hits)
@@ -72,20 +72,26 @@ def snippets(matches: Sequence[Match], settings: RecallSettings) -> list[Snippet
         rows[m.n] = m
         score[m.n] = max(score.get(m.n, -math.inf), m.similarity)
     stretches: list[tuple[int, int, float]] = []  # (first n, last n, best similarity)
-    for n in sorted(rows):
-        if stretches and n <= stretches[-1][1] + 1:
-            first, _, sim = stretches[-1]
-            stretches[-1] = (first, n, max(sim, score[n]))
+    # A hit's stretch is a run of the session's messages, so two runs that overlap in
+    # the log's order share messages: merged, each message once.
+    groups = sorted(sorted(m.n for m in matches if m.hit == hit)
+                    for hit in {m.hit for m in matches})
+    for group in groups:
+        if stretches and group[0] <= stretches[-1][1]:
+            first, last, sim = stretches[-1]
+            stretches[-1] = (first, max(last, group[-1]),
+                             max([sim, *(score[n] for n in group)]))
         else:
-            stretches.append((n, n, score[n]))
+            stretches.append((group[0], group[-1], max(score[n] for n in group)))
     out: list[Snippet] = []
     for first, last, sim in stretches:
-        lines = [f"{_ROLES.get(rows[n].role, rows[n].role)}: "
-                 f"{printable(' '.join(rows[n].content.split()), settings.message_chars)}"
-                 for n in range(first, last + 1) if n in rows]
+        shown = [rows[n] for n in sorted(rows) if first <= n <= last]
+        lines = [f"{_ROLES.get(m.role, m.role)}: "
+                 f"{printable(' '.join(m.content.split()), settings.message_chars)}"
+                 for m in shown]
         text = "\n".join(lines)
         out.append(Snippet(first, sim, text, math.ceil(len(text) / 4) + 1,
-                           tuple(rows[n].id for n in range(first, last + 1) if n in rows)))
+                           tuple(m.id for m in shown)))
     out.sort(key=lambda s: (-s.similarity, s.position))
     kept, used = [], 0
     for s in out:

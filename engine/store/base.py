@@ -106,8 +106,8 @@ class VectorSupport:
 
 @dataclass(frozen=True)
 class Match:
-    """A message of a recalled stretch: its position in the session (``n``), and the
-    match it was found around (``hit``, ``similarity``)."""
+    """A message of a recalled stretch: its place in the session's order (``n``: its id
+    in the message log), and the match it was found around (``hit``, ``similarity``)."""
 
     id: int
     role: str

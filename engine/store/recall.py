@@ -16,8 +16,8 @@ Two ways to search, chosen once per store by :func:`prepare`:
   (bench/recall.py measures both).
 
 A search takes the session's best matches older than the prompt's window and their
-neighbours in the session's order (``before`` and ``after`` messages), in one
-statement.
+neighbours in the session's order (``before`` and ``after`` messages, older than the
+window too), in one statement.
 """
 
 from __future__ import annotations
@@ -137,17 +137,21 @@ def _dims(vs: VectorSupport) -> sql.Composable:
     return sql.SQL("cardinality(e.embedding)")
 
 
+# The session's embeddings are ranked (an exact scan of one session: recall never
+# crosses sessions), then each of the best few gets its neighbours by the message log's
+# index (funnel, session_id, id DESC): only they are read, however long the session.
+_NEAR = ("SELECT id, role, content FROM {m} WHERE funnel = %(f)s AND session_id = %(s)s "
+         "AND role <> 'system' AND ")
 _SEARCH = (
-    "WITH s AS MATERIALIZED (SELECT id, role, content, row_number() OVER (ORDER BY id) AS n "
-    "FROM {m} WHERE funnel = %(f)s AND session_id = %(s)s AND id < %(upto)s "
-    "AND role <> 'system'), "
-    "hits AS MATERIALIZED (SELECT s.n, {sim} AS similarity FROM {e} e JOIN s ON "
-    "s.id = e.message_id WHERE e.funnel = %(f)s AND e.session_id = %(s)s AND "
-    "e.model = %(model)s AND {dims} = %(d)s ORDER BY similarity DESC, s.n DESC "
+    "WITH hits AS MATERIALIZED (SELECT e.message_id AS id, {sim} AS similarity FROM {e} e "
+    "WHERE e.funnel = %(f)s AND e.session_id = %(s)s AND e.model = %(model)s AND "
+    "e.message_id < %(upto)s AND {dims} = %(d)s ORDER BY similarity DESC, e.message_id DESC "
     "LIMIT %(k)s) "
-    "SELECT s.id, s.role, s.content, s.n, h.n, h.similarity FROM hits h JOIN s ON "
-    "s.n BETWEEN h.n - %(before)s AND h.n + %(after)s WHERE h.similarity > %(min)s "
-    "ORDER BY h.similarity DESC, h.n, s.n")
+    "SELECT m.id, m.role, m.content, m.id, h.id, h.similarity FROM hits h CROSS JOIN LATERAL ("
+    "(" + _NEAR + "id < h.id ORDER BY id DESC LIMIT %(before)s) UNION ALL "
+    "(" + _NEAR + "id = h.id) UNION ALL "
+    "(" + _NEAR + "id > h.id AND id < %(upto)s ORDER BY id LIMIT %(after)s)) m "
+    "WHERE h.similarity > %(min)s ORDER BY h.similarity DESC, h.id, m.id")
 
 
 def search_statement(vs: VectorSupport) -> sql.Composed:
