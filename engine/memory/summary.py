@@ -15,9 +15,9 @@
      append-only between reflections, so providers' prompt caches keep hitting;
    * the extractive summary, offline (the scripted model): a clipped transcript
      of the messages that left the window, under ``memory.summary_budget``.
-4. Semantic recall: left out on purpose. The state row already holds the
-   facts a sales funnel needs; recall over old messages would add an
-   embedding model and pgvector for little gain here.
+4. Semantic recall (``memory.recall``, off by default): the session's past messages
+   most like the current one, outside the window, with their neighbours
+   (:mod:`engine.memory.recall`).
 
 Prompt budgets (``memory.prompt_budget``) live in :mod:`engine.turn.budget`: the
 window goes first, then the summary, the notices, and the state is compacted;

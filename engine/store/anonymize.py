@@ -10,7 +10,7 @@ by the same declaration:
   ``["anonymized"]``; ``row_version`` moves on, so a turn that read the row before
   (and lost its lease) can no longer save over it;
 - the message log: every message's text (the customer's and the replies, which
-  may quote them);
+  may quote them), and the messages' embeddings (semantic recall), deleted;
 - the turn records: the model's raw output, the explanation (the values its
   conditions read), an error's text, the refusals' reasons;
 - the outbox: the hand-off alert's copy of the customer and of the state, a
@@ -55,6 +55,10 @@ async def anonymize_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelS
         "UPDATE {} SET content = %s WHERE funnel = %s AND session_id = ANY(%s)").format(
             sql.Identifier(ddl.MESSAGES)), (ANONYMIZED, funnel.name, ids))
     counts["messages"] += cur.rowcount
+    # Embeddings are a copy of the messages (semantic recall): after the text, so that
+    # an embedding being saved meanwhile either lands before this or not at all
+    # (engine.store.recall).
+    await forget_embeddings(conn, funnel, ids)
     # Delivery keys replay the reply they stored: gone with the text.
     await conn.execute(sql.SQL("DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)")
                        .format(sql.Identifier(ddl.INBOUND)), (funnel.name, ids))
@@ -68,6 +72,13 @@ async def anonymize_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelS
         "'[]') WHERE funnel = %s AND session_id = ANY(%s)"
     ).format(sql.Identifier(ddl.TURNS)), (ANONYMIZED, funnel.name, ids))
     return len(ids)
+
+
+async def forget_embeddings(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
+                            ids: list[str]) -> None:
+    """Delete the sessions' message embeddings (semantic recall's copy of the text)."""
+    await conn.execute(sql.SQL("DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)")
+                       .format(sql.Identifier(ddl.EMBEDDINGS)), (funnel.name, ids))
 
 
 async def _state_rows(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,

@@ -20,7 +20,8 @@ from ..records.orders import Conversion, Order
 if TYPE_CHECKING:
     from .idempotency import Pending
 
-__all__ = ["Control", "Held", "Inbound", "OutboxItem", "SessionAccess", "Store", "TurnWrite"]
+__all__ = ["Control", "Held", "Inbound", "Match", "OutboxItem", "SessionAccess", "Store",
+           "TurnWrite", "VectorSupport"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,30 @@ class TurnWrite:
     # A move held for a manager's approval (engine.turn.approval): the control row
     # written with the turn, ``{"held": {...}, "deadline": datetime}``.
     approval: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class VectorSupport:
+    """How this server searches embeddings: ``mode`` is ``pgvector`` or ``array``;
+    ``schema`` where pgvector's type lives; ``missing`` why not pgvector (for the
+    start-up warning), empty when it is used."""
+
+    mode: str
+    schema: str | None = None
+    missing: str = ""
+
+
+@dataclass(frozen=True)
+class Match:
+    """A message of a recalled stretch: its place in the session's order (``n``: its id
+    in the message log), and the match it was found around (``hit``, ``similarity``)."""
+
+    id: int
+    role: str
+    content: str
+    n: int
+    hit: int
+    similarity: float
 
 
 class SessionAccess(Protocol):
@@ -274,6 +299,24 @@ class Store(Protocol):
     async def knowledge_search(self, funnel: str, query: str, limit: int
                                ) -> list[tuple[Chunk, float]]:
         """The funnel's best chunks for a query, best first, with their ranks."""
+
+    async def recall_prepare(self) -> VectorSupport:
+        """Get the embeddings table ready for semantic recall: pgvector where the server
+        has it, else the ``real[]`` fallback (engine.store.recall); which, and why."""
+
+    async def recall_pending(self, funnel: str, session_id: str, model: str, limit: int
+                             ) -> list[tuple[int, str]]:
+        """The session's newest messages that ``model`` has not embedded: (id, text)."""
+
+    async def recall_save(self, funnel: str, model: str,
+                          vectors: Sequence[tuple[int, Sequence[float]]]) -> None:
+        """Store messages' embeddings (unit vectors) by ``model``."""
+
+    async def recall_search(self, funnel: str, session_id: str, model: str,
+                            query: Sequence[float], *, upto: int, top_k: int, before: int,
+                            after: int, min_similarity: float) -> list[Match]:
+        """The session's messages before ``upto`` most similar to ``query``, with their
+        neighbours (engine.store.recall.search); never another session's."""
 
     async def save_version(self, funnel: str, version: int, digest: str, entry: str,
                            files: dict[str, str]) -> bool:

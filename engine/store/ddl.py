@@ -9,6 +9,7 @@ from psycopg import sql
 from ..format.names import CONTROL as CONTROL
 from ..format.names import CONTROL_EVENTS as CONTROL_EVENTS
 from ..format.names import CONVERSIONS as CONVERSIONS
+from ..format.names import EMBEDDINGS as EMBEDDINGS
 from ..format.names import EXITS as EXITS
 from ..format.names import INBOUND as INBOUND  # the shared tables' names, re-exported
 from ..format.names import JOBS as JOBS
@@ -358,4 +359,17 @@ SHARED_MIGRATIONS: list[str] = [
     "ADD COLUMN IF NOT EXISTS deadline TIMESTAMPTZ",
     f"CREATE INDEX IF NOT EXISTS idx_{CONTROL}_deadline ON {CONTROL} (funnel, deadline) "
     "WHERE deadline IS NOT NULL",
+    # Semantic recall (engine.memory.recall, docs/memory.md): one embedding per logged
+    # message, a unit vector by the model named; `real[]` here, turned into pgvector's
+    # `vector` at start where the server has it (engine.store.recall). A copy of the
+    # message: deleted with it (the cascade), and by an anonymization.
+    f"""CREATE TABLE IF NOT EXISTS {EMBEDDINGS} (
+        message_id BIGINT PRIMARY KEY REFERENCES {MESSAGES} (id) ON DELETE CASCADE,
+        funnel TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        embedding REAL[] NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{EMBEDDINGS}_session ON {EMBEDDINGS} (funnel, session_id)",
 ]

@@ -27,7 +27,8 @@ from ..records.messages import Message
 from ..records.orders import Conversion, Order
 from . import conversions, ddl, jobs, retention, turns
 from . import knowledge as knowledge_sql
-from .base import TurnWrite
+from . import recall as recall_sql
+from .base import Match, TurnWrite, VectorSupport
 from .connect import safe_url
 from .control import ControlMixin
 from .delivery import DeliveryMixin
@@ -183,6 +184,7 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
         self.turn_wait = timeout * 24
         self.health = health or _Health()
         self._tables: dict[tuple[str, int], Statements] = {}
+        self._vectors: VectorSupport | None = None  # recall_prepare's answer
         self.heartbeat = Heartbeat(self._conn)
 
     @classmethod
@@ -419,6 +421,31 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
                                ) -> list[tuple[Chunk, float]]:
         async with self._conn() as conn:
             return await knowledge_sql.search(conn, funnel, query, limit)
+
+    # -- semantic recall (engine/memory/recall.py, docs/memory.md) ----------------------
+    async def recall_prepare(self) -> VectorSupport:
+        async with self._conn() as conn:
+            self._vectors = await recall_sql.prepare(conn)
+            return self._vectors
+
+    async def recall_pending(self, funnel: str, session_id: str, model: str, limit: int
+                             ) -> list[tuple[int, str]]:
+        async with self._conn() as conn:
+            return await recall_sql.pending(conn, funnel, session_id, model, limit)
+
+    async def recall_save(self, funnel: str, model: str,
+                          vectors: Sequence[tuple[int, Sequence[float]]]) -> None:
+        async with self._conn() as conn:
+            await recall_sql.save(conn, funnel, model, vectors)
+
+    async def recall_search(self, funnel: str, session_id: str, model: str,
+                            query: Sequence[float], *, upto: int, top_k: int, before: int,
+                            after: int, min_similarity: float) -> list[Match]:
+        vectors = self._vectors or await self.recall_prepare()
+        async with self._conn() as conn:
+            return await recall_sql.search(conn, vectors, funnel, session_id, model, query,
+                                           upto=upto, top_k=top_k, before=before,
+                                           after=after, min_similarity=min_similarity)
 
 
 __all__ = ["PostgresStore", "SessionHandle"]

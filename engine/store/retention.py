@@ -17,7 +17,7 @@ from psycopg import sql
 
 from ..format.spec import FunnelSpec
 from . import ddl, idempotency
-from .anonymize import ANONYMIZED, anonymize_sessions
+from .anonymize import ANONYMIZED, anonymize_sessions, forget_embeddings
 from .session import Connect
 
 __all__ = ["ANONYMIZED", "anonymize_sessions", "delete_sessions", "give_back", "preview",
@@ -181,6 +181,7 @@ async def _orphan_messages(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpe
     rows = await (await conn.execute(change.format(m=sql.Identifier(ddl.MESSAGES)),
                                      {**params, "ids": held})).fetchall()
     if anonymize:
+        await forget_embeddings(conn, funnel, held)
         await give_back(conn, funnel, held)
     else:
         await _free_leases(conn, funnel, held)

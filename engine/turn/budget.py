@@ -9,9 +9,11 @@ A stage's prompt is built from parts, from most to least important:
 3. notices (what the engine refused last turn): bounded in count and length,
    deduplicated, quoting at most a short excerpt of model or customer text;
 4. the rolling summary;
-5. the window of recent messages, oldest dropped first.
+5. the window of recent messages, oldest dropped first;
+6. the messages recalled from earlier in the session (semantic recall,
+   engine.memory.recall), the least similar stretch dropped first.
 
-Parts 3 and 4 come from customers and models, so they never enter the system
+Parts 3, 4 and 6 come from customers and models, so they never enter the system
 message: they travel in delimited data messages (:func:`data_message`) that the
 system message tells the model to read as information, not instructions.
 
@@ -35,7 +37,8 @@ consecutive prompts of a stage share their longest possible start:
 4. the window of recent messages: append-only between folds and cuts;
 5. the turn part (system): the template's ``{% block turn %}``, what changes
    every turn (the knowledge found for this message, a round counter, an offer);
-6. the notices (a ``<data>`` user message), then the customer's message.
+6. the notices and the recalled messages (a ``<data>`` user message), then the
+   customer's message.
 
 Parts 1-4 (:func:`stable_part`) are what the next turn of the stage repeats; 5 and 6
 (:func:`turn_part`) change every turn. :attr:`Fitted.stable` counts the messages of the
@@ -106,14 +109,25 @@ def _compact(value: Any, chars: int, items: int, keys: int) -> Any:
     return value
 
 
-def data_message(summary: str, notices: Sequence[str]) -> str:
-    """The delimited data block for text derived from customers and models ("" if none)."""
+RECALL_HEADING = ("Earlier messages of this conversation that may matter now (recalled; "
+                  "the latest messages follow in the chat):")
+
+
+def data_message(summary: str, notices: Sequence[str],
+                 recall: Sequence[tuple[int, str]] = ()) -> str:
+    """The delimited data block for text derived from customers and models ("" if none).
+
+    ``recall``: recalled stretches as (position in the session, text), shown in the
+    conversation's order."""
     parts = []
     if summary:
         parts.append(f"Summary of earlier messages:\n{printable(summary)}")
     if notices:
         parts.append("Notes from the shop (it refused these last turn):\n"
                      + "\n".join(f"- {n}" for n in notices))
+    if recall:
+        parts.append(RECALL_HEADING + "\n" + "\n…\n".join(
+            text for _, text in sorted(recall)))
     if not parts:
         return ""
     # The closing tag inside the data would end the block early: break it.
@@ -124,12 +138,13 @@ def data_message(summary: str, notices: Sequence[str]) -> str:
 @dataclass(frozen=True)
 class Cut:
     """What the prompt keeps: ``level`` of state compaction, whether the notices and the
-    summary are shown, and how many window messages."""
+    summary are shown, how many window messages, and how many recalled stretches."""
 
     level: int
     notices: bool
     summary: bool
     window: int
+    recall: int = 0
 
 
 @dataclass
@@ -147,6 +162,11 @@ class Fitted:
     @property
     def dropped_summary(self) -> bool:
         return not self.cut.summary
+
+    @property
+    def recalled(self) -> int:
+        """How many recalled stretches the prompt kept."""
+        return self.cut.recall
 
 
 class Parts(NamedTuple):
@@ -185,21 +205,23 @@ def stable_part(parts: Parts, summary: str, history: Sequence[Message]
     return out
 
 
-def turn_part(parts: Parts, notices: Sequence[str], text: str) -> list[dict[str, str]]:
+def turn_part(parts: Parts, notices: Sequence[str], text: str,
+              recall: Sequence[tuple[int, str]] = ()) -> list[dict[str, str]]:
     """The end of :func:`assemble`'s chat, new every turn: the turn part, the notices and
-    the customer's message."""
+    the recalled messages, and the customer's message."""
     out = []
     if parts.turn:
         out.append({"role": "system", "content": parts.turn})
-    if notices:
-        out.append({"role": "user", "content": data_message("", notices)})
+    if notices or recall:
+        out.append({"role": "user", "content": data_message("", notices, recall)})
     out.append({"role": "user", "content": text})
     return out
 
 
-def cuts(window: int, has_notices: bool, has_summary: bool, keep: int | None = None
-         ) -> list[Cut]:
+def cuts(window: int, has_notices: bool, has_summary: bool, keep: int | None = None,
+         recall: int = 0) -> list[Cut]:
     """The cuts :func:`fit` tries, in order: each gives up one more low-priority part.
+    The ``recall`` recalled stretches go first, the least similar (the last) first.
 
     ``window`` messages are at hand; past the stage's own window (``keep``) they are the
     ones the observer has not seen yet. Those go all at once, not one a turn: the window
@@ -207,7 +229,8 @@ def cuts(window: int, has_notices: bool, has_summary: bool, keep: int | None = N
     every turn would change the prompt's start of the window every turn."""
     keep = window if keep is None else min(keep, window)
     sizes = [window, *range(keep, -1, -1)] if keep < window else range(window, -1, -1)
-    out = [Cut(0, has_notices, has_summary, n) for n in sizes]
+    out = [Cut(0, has_notices, has_summary, window, r) for r in range(recall, 0, -1)]
+    out += [Cut(0, has_notices, has_summary, n) for n in sizes]
     if has_summary:
         out.append(Cut(0, has_notices, False, 0))
     if has_notices:
@@ -219,13 +242,14 @@ def cuts(window: int, has_notices: bool, has_summary: bool, keep: int | None = N
 def fit(stage: str, render: Callable[[int], Parts], summary: str, notices: Sequence[str],
         history: Sequence[Message], text: str, budget: int | None,
         count: Callable[[list[dict[str, str]]], int] = estimate_tokens,
-        window: int | None = None) -> Fitted:
+        window: int | None = None, recall: Sequence[tuple[int, str]] = ()) -> Fitted:
     """Build the chat within ``budget`` tokens, cutting the lowest priorities first.
 
     ``render(level)`` renders the stage's prompt (its :class:`Parts`) with the state
     compacted to ``level``. ``history`` is the messages at hand, ``window`` the stage's
-    own window: what is past it goes at once (:func:`cuts`). Without a budget, nothing
-    is cut.
+    own window: what is past it goes at once (:func:`cuts`). ``recall``: the recalled
+    stretches, best first, as (position, text); cut before anything else. Without a
+    budget, nothing is cut.
 
     Raises:
         MessageTooLong: only the customer's message keeps the floor over the budget.
@@ -240,10 +264,10 @@ def fit(stage: str, render: Callable[[int], Parts], summary: str, notices: Seque
         kept = history[len(history) - cut.window:] if cut.window else []
         parts = rendered[cut.level]
         stable = stable_part(parts, summary if cut.summary else "", kept)
-        return [*stable, *turn_part(parts, notices if cut.notices else [], message)], \
-            len(stable)
+        return [*stable, *turn_part(parts, notices if cut.notices else [], message,
+                                    recall[:cut.recall])], len(stable)
 
-    plan = cuts(len(history), bool(notices), bool(summary), window)
+    plan = cuts(len(history), bool(notices), bool(summary), window, len(recall))
     for cut in plan if budget is not None else plan[:1]:
         messages, stable = build(cut, text)
         tokens = count(messages)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ class TurnResult:
     held: bool = False
     # The stage a move into which waits for a manager's approval (engine.turn.approval).
     approval: str | None = None
+    recalled: list[int] = field(default_factory=list)  # messages semantic recall showed
 
 
 @dataclass
@@ -102,6 +104,12 @@ class Turn:
     folded: tuple[str, int] | None = None  # (summary, last id) folded inside the turn
     summary_job: SummaryJob | None = None  # folded after the reply
     knowledge: list[str] = field(default_factory=list)  # ids of the chunks the prompt got
+    # Semantic recall (engine.memory.recall): the customer message's embedding, asked for
+    # when the turn starts; the vector once it came; the messages the prompt recalled.
+    recall_task: asyncio.Task[list[float] | None] | None = None
+    recall_started: float = 0.0
+    query_vector: list[float] | None = None
+    recalled: list[int] = field(default_factory=list)
     lang: language.Decision = field(default_factory=lambda: language.Decision(
         None, None, frozenset()))
 

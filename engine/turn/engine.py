@@ -44,7 +44,9 @@ from ..experiments.router import Variants
 from ..funnel.actions import TurnScratch
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..funnel.state import defaults, plain
+from ..llm.embed import Embedder
 from ..llm.models import LiteLLMModel, Model, make_model
+from ..memory.recall import Recall, make_embedder
 from ..memory.summary import RollingSummary, Summarizer
 from ..records.messages import Message
 from ..records.orders import Conversion, make_order
@@ -93,13 +95,15 @@ class Engine:
         self.summary = RollingSummary(funnel.spec, store, self._window, model=model,
                                       clock=self.clock)
         self.routing = Routing(funnel, store)  # versions and variants (engine.turn.routing)
+        self.recall: Recall | None = None  # semantic recall, when the funnel sets it
 
     @classmethod
     async def open(cls, funnel: str | Path | CompiledFunnel, *, db: str | None = None,
                    model: str | Model | None = None, api_base: str | None = None,
                    notifier: Notifier | None = None, store: Store | None = None,
                    clock: Callable[[], datetime] | None = None,
-                   summarizer: Summarizer | None = None) -> Engine:
+                   summarizer: Summarizer | None = None,
+                   embedder: Embedder | None = None) -> Engine:
         """Load the funnel, open the store (embedded PostgreSQL without ``db``), check the table.
 
         Raises:
@@ -110,7 +114,9 @@ class Engine:
         ``model`` defaults to the funnel's ``model.name``; ``summarizer`` to observational
         memory written by ``memory.summarizer_model`` when set, else by ``model`` when it
         is a real (litellm) model, at its ``api_base``; with the scripted model, to the
-        offline extractive summary (docs/memory.md).
+        offline extractive summary (docs/memory.md). With ``memory.recall`` set, the
+        store is readied for semantic recall (pgvector, else the ``real[]`` fallback, with
+        a warning saying so) and ``embedder`` defaults to ``memory.recall.embedder``.
         """
         compiled = funnel if isinstance(funnel, CompiledFunnel) else load_funnel(funnel)
         if model is None:
@@ -131,6 +137,11 @@ class Engine:
                                                   compiled.spec.language_policy.candidates))
             await asyncio.gather(*warm_ups)
             engine = cls(compiled, store, model, notifier=notifier, clock=clock)
+            settings = compiled.spec.memory.recall
+            if settings is not None:
+                engine.recall = Recall(compiled.spec, store, embedder or make_embedder(
+                    settings, api_base or compiled.spec.model.api_base), settings)
+                await engine.recall.start()
             await engine.routing.versions.store_newest(compiled, strict=False)  # for when it is old
         except BaseException:
             if owns:
@@ -162,6 +173,8 @@ class Engine:
         self._window = max(self._window, *(s.spec.memory.window
                                            for s in funnel.stages.values()))
         self.summary.spec, self.summary.window = funnel.spec, self._window
+        if self.recall is not None and funnel.spec.memory.recall is not None:
+            self.recall.spec, self.recall.settings = funnel.spec, funnel.spec.memory.recall
         if self._own_notifier:
             self.notifier = make_notifier(funnel.spec)
 
@@ -303,6 +316,12 @@ class Engine:
             self._background(self._dispatch_quietly(session_id))
         if turn.summary_job is not None:
             self._background(self.summary.run(session_id, turn.summary_job))
+        if self.recall is not None and not result.held:
+            # Off the hot path: the message (with the vector its query computed) and the
+            # reply embedded after the reply; what fails is left to the next turn's job.
+            known = {inbound.message_id: turn.query_vector} \
+                if inbound.message_id and turn.query_vector else {}
+            self._background(self.recall.index(session_id, known))
         return result
 
     async def _dispatch_quietly(self, session_id: str) -> None:
@@ -328,12 +347,23 @@ class Engine:
     # -- the turn, step by step ----------------------------------------------------------
     async def _run(self, access: SessionAccess, turn: Turn) -> TurnResult:
         """LOAD (done) -> route -> ask -> apply -> advance -> SAVE."""
-        await self._fold_summary(turn)
-        # The steps that may run hooks run off the event loop when the funnel has any.
-        await steps.off_loop(turn, steps.route, turn)
-        steps.decide_language(turn)
-        answer = await steps.ask_model(turn, self.summary, self.store, self.model,
-                                       turn.inbound.stream)
+        recall = self.recall if turn.spec.memory.recall is not None else None
+        if recall is not None:
+            # The query's embedding travels while the summary is planned and the stage
+            # routed; the prompt waits for what is left of its deadline (steps.recalled).
+            turn.recall_started = time.monotonic()
+            turn.recall_task = asyncio.get_running_loop().create_task(
+                recall.embed_query(turn.text))
+        try:
+            await self._fold_summary(turn)
+            # The steps that may run hooks run off the event loop when the funnel has any.
+            await steps.off_loop(turn, steps.route, turn)
+            steps.decide_language(turn)
+            answer = await steps.ask_model(turn, self.summary, self.store, self.model,
+                                           turn.inbound.stream, recall)
+        finally:
+            if turn.recall_task is not None and not turn.recall_task.done():
+                turn.recall_task.cancel()
         await steps.off_loop(turn, _apply_and_advance, turn, answer)
         return await self._record(access, turn, answer)
 
@@ -453,7 +483,7 @@ class Engine:
             cached_prompt_tokens=record["cached_prompt_tokens"],
             cache_write_tokens=record["cache_write_tokens"],
             returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
-            message_id=turn.inbound.message_id or 0,
+            message_id=turn.inbound.message_id or 0, recalled=list(turn.recalled),
             model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
             explain=turn.mover.explanation,
             approval=gated[0]["held"]["to"] if gated is not None else None)

@@ -5,6 +5,7 @@ runs them in order; loading and saving (the session's lease) stay there."""
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,7 +17,9 @@ from ..funnel.actions import ActionOutcome
 from ..funnel.hooks import call_off_loop
 from ..llm.models import Model
 from ..llm.tokens import token_counter
+from ..memory.recall import Recall, Snippet, waited
 from ..memory.summary import RollingSummary
+from ..records.messages import Message
 from ..store import Store
 from . import language
 from .advance import enter
@@ -87,13 +90,35 @@ def reply_check(turn: Turn) -> Callable[[dict[str, Any]], str | None]:
                                                    str(envelope.get("reply", "")))
 
 
+async def recalled(turn: Turn, recall: Recall | None, history: list[Message]
+                   ) -> tuple[list[Snippet], float]:
+    """The stretches semantic recall finds for the turn, outside ``history`` (the window
+    the prompt shows), and the seconds the turn waited for the query's vector: at most
+    what is left of ``memory.recall.deadline`` since the turn asked for it."""
+    if recall is None or turn.recall_task is None:
+        return [], 0.0
+    started = time.monotonic()
+    vector = await waited(turn.recall_task, recall.settings.deadline
+                          - (started - turn.recall_started))
+    spent = time.monotonic() - started
+    if vector is None:
+        return [], spent
+    turn.query_vector = vector
+    upto = min((m.id for m in history if m.id), default=turn.inbound.message_id or 0)
+    found = await recall.find(turn.session_id, vector, upto)
+    return found, spent
+
+
 async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Model,
-                    stream: ReplyStream | None = None) -> Answer:
+                    stream: ReplyStream | None = None, recall: Recall | None = None
+                    ) -> Answer:
     """Render the stage prompt within its budget and ask the model (validated, repaired
-    once, else the stage's fallback); with ``stream``, the reply is shown as it grows."""
+    once, else the stage's fallback); with ``stream``, the reply is shown as it grows;
+    with ``recall``, the session's earlier messages like this one are in the prompt."""
     stage = turn.funnel.stage(turn.pos["stage"])
     window = stage.spec.memory.window
     history = memory.history(turn.recent, turn.row, window)
+    memories, spent = await recalled(turn, recall, history)
     context = build_context(turn.funnel, stage, turn.state, turn.pos,
                             customer_message=turn.text, messages=history,
                             returning=turn.mover.returning, idle_seconds=turn.idle,
@@ -107,7 +132,8 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
         fitted = fit(stage.spec.name, lambda level: render_parts(
             stage, at_level(turn.funnel, stage, turn.state, context, level)),
             summary, notices, history, turn.text, stage.spec.memory.prompt_budget,
-            count=token_counter(model), window=window)
+            count=token_counter(model), window=window,
+            recall=[(s.position, s.text) for s in memories])
     except MessageTooLong as exc:
         # Not the model's fault nor the session's: ask the customer to shorten it.
         return Answer({"reply": stage.spec.memory.too_long_reply}, [], fallback=True,
@@ -115,6 +141,7 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
     except PromptTooLarge as exc:
         # The customer still gets an answer; the turn record keeps the sizes.
         return Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
+    turn.recalled = [i for s in memories[:fitted.recalled] for i in s.ids]
     if fitted.dropped_messages and memory.observational and not (
             turn.summary_job or turn.folded):
         # The budget cut messages the observer has not seen: observe them now, below
@@ -123,7 +150,7 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
                                        turn.text, crowded=True)
     return await ask(model, stage, fitted.messages, turn.session_id,
                      turn.pos["turns"] + 1, turn.text, reply_check=reply_check(turn),
-                     stable=fitted.stable, stream=stream)
+                     stable=fitted.stable, stream=stream, spent=spent)
 
 
 def apply(turn: Turn, answer: Answer) -> None:

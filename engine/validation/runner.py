@@ -28,6 +28,7 @@ from .files import check_catalog, check_stage_files
 from .format import check_format
 from .knowledge import check_knowledge, check_language
 from .migrations import check_migrations
+from .recall import check_recall
 from .semantics import check_semantics
 from .storage import StorageNames
 
@@ -109,6 +110,7 @@ def check_file(
     check_catalog(data, report)
     check_language(data, report)
     check_knowledge(data, report)
+    check_recall(data, report)
     check_migrations(data, state, report)
     check_experiment(data, report)
     (names if names is not None else StorageNames()).check(data, report)
