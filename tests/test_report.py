@@ -196,19 +196,23 @@ def test_active_sessions_by_stage(report: dict[str, Any]) -> None:
     assert a["total"] == 3
 
 
-def test_the_funnel_in_declared_stage_order(report: dict[str, Any]) -> None:
+def test_the_funnel_main_path_first_then_its_side_branches(report: dict[str, Any]) -> None:
     f = report["stage_funnel"]
     assert f["sessions"] == 7  # H started before the window
-    assert [(s["stage"], s["sessions"], s["pct_of_first"], s["stopped_here"])
+    assert [(s["stage"], s["sessions"], s["pct_of_first"], s["stopped_here"], s["branch"])
             for s in f["stages"]] == [
-        ("greeting", 7, 100.0, 0),
-        ("discovery", 7, 100.0, 2),             # E and G stop there
-        ("presentation", 4, 57.1, 0),           # A B C D
-        ("objection_handling", 1, 14.3, 1),     # D
-        ("cart_building", 2, 28.6, 0),          # A B
-        ("contact_collection", 2, 28.6, 0),
-        ("handoff", 4, 57.1, 4),                # A B C F
+        ("greeting", 7, 100.0, 0, False),
+        ("discovery", 7, 100.0, 2, False),             # E and G stop there
+        ("presentation", 4, 57.1, 1, False),           # A B C D; D went no further
+        ("cart_building", 2, 28.6, 0, False),          # A B
+        ("contact_collection", 2, 28.6, 0, False),
+        ("handoff", 4, 57.1, 4, False),                # A B C F
+        # Objection handling leaves the main path and comes back: a side branch, never
+        # a step between presentation and cart building.
+        ("objection_handling", 1, 14.3, 0, True),      # D
     ]
+    side = by(f["stages"])["objection_handling"]
+    assert (side["branch_from"], side["ended_here"]) == ("presentation", 1)  # D is in it
     assert f["biggest_drop_off"] == {"stage": "discovery", "stopped": 2, "reached": 7,
                                      "pct": 28.6}
 

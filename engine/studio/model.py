@@ -45,6 +45,7 @@ class Sent:
     stage: str
     messages: list[dict[str, str]]
     stable: int
+    trimmed: tuple[str, ...] = ()
 
     def view(self) -> dict[str, Any]:
         """The call as the prompt panel shows it: each message with its token estimate;
@@ -54,7 +55,7 @@ class Sent:
                               "tokens": estimate_tokens([m]),
                               "breakpoint": self.stable > 0 and i == self.stable - 1}
                              for i, m in enumerate(self.messages)],
-                "tokens": estimate_tokens(self.messages)}
+                "tokens": estimate_tokens(self.messages), "trimmed": list(self.trimmed)}
 
 
 @dataclass
@@ -97,7 +98,8 @@ class StudioModel:
     def _record(self, request: ModelRequest) -> None:
         calls = self._sent.pop(request.session_id, None) or deque(maxlen=2 * _TURNS)
         calls.append(Sent(request.turn, request.attempt, request.stage,
-                          [dict(m) for m in request.messages], request.stable))
+                          [dict(m) for m in request.messages], request.stable,
+                          request.trimmed))
         self._sent[request.session_id] = calls
         while len(self._sent) > _SESSIONS:
             self._sent.popitem(last=False)

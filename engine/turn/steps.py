@@ -122,7 +122,7 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
                                        turn.text, crowded=True)
     return await ask(model, stage, fitted.messages, turn.session_id,
                      turn.pos["turns"] + 1, turn.text, reply_check=reply_check(turn),
-                     stable=fitted.stable, stream=stream)
+                     stable=fitted.stable, stream=stream, trimmed=fitted.trimmed)
 
 
 def apply(turn: Turn, answer: Answer) -> None:
