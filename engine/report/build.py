@@ -245,15 +245,15 @@ def render_table(report: dict[str, Any]) -> str:
     body = table(["stage", "sessions", "% of first", "went no further"],
                  [[s["stage"], _fmt(s["sessions"]), _fmt(s["pct_of_first"], "pct"),
                    "-" if s["final"] else _fmt(s["stopped_here"])] for s in main])
+    d = f["biggest_drop_off"]
+    if d:
+        body += (f"\n  biggest drop-off: {d['stage']}: {d['stopped']} of {d['reached']} sessions "
+                 f"({d['pct']:.1f}%) went no further")
     if side:
         body += "\n\n  side branches (off the main path):\n" + table(
             ["branch", "from", "sessions", "% of first", "in it now"],
             [[s["stage"], s["branch_from"] or "any stage", _fmt(s["sessions"]),
               _fmt(s["pct_of_first"], "pct"), _fmt(s["ended_here"])] for s in side])
-    d = f["biggest_drop_off"]
-    if d:
-        body += (f"\n  biggest drop-off: {d['stage']}: {d['stopped']} of {d['reached']} sessions "
-                 f"({d['pct']:.1f}%) went no further")
     section("stage_funnel", f"{f['sessions']} sessions", body)
     section("stage_time", "completed visits",
             table(["stage", "visits", "average", "median"],

@@ -2,9 +2,9 @@
 
 The main path (`engine.format.main_path`: the shortest chain of exits from the initial
 stage to the final stage furthest from it) runs down one column. Every other stage is
-a side branch (objection handling, a not-a-fit stage), drawn in a column of its own beside the stage that first leads to
-it, so a branch reads as a branch and never as a step of the main path. Global
-transitions come from an "any stage" box at the top.
+a side branch (objection handling, a not-a-fit stage), drawn in a column of its own
+beside the stage that first leads to it, so a branch reads as a branch and never as a
+step of the main path. Global transitions come from an "any stage" box at the top.
 
 Nodes and edges carry ``data-stage`` / ``data-from``, ``data-to``, ``data-when`` so
 that the page marks the current stage, where the session has been, and each exit
