@@ -404,7 +404,9 @@ def render_html(report: dict[str, Any], *, link: Link | None = None) -> str:
     out.append(f"<footer>Computed in SQL by <code>funnel report</code>. The same queries are "
                f"views for analysts: <code>{_e(r['table'])}_v_*</code> (see docs/analytics.md)."
                "</footer>")
+    # The empty icon: a browser asks no /favicon.ico of the studio that serves the page.
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<link rel=\"icon\" href=\"data:,\">"
             f"<title>{_e(r['funnel'])} funnel report</title>"
             "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
             f"<style>{CSS}</style></head><body><main>" + "".join(out) + "</main></body></html>\n")
