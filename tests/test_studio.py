@@ -144,6 +144,7 @@ def test_studio_in_headless_chromium(driver: Any, db_url: str, tmp_path: Path) -
         assert "pet.type 25 + pet.problems 25" in why  # how the derived value came about
         assert "pet" in text_of("state-changed")
         assert "user" in text_of("prompt-panel") and "raw output" in text_of("prompt-panel")
+        assert text_of("prompt-trimmed") == "the budget trimmed nothing"  # three short turns
 
         # An invalid answer: the errors as the repair call would quote them; no turn ran.
         answer("She is 99", "Noted.", {"updates.pet.age_years": 99},
@@ -365,6 +366,8 @@ def test_report_numbers_open_their_sessions_in_chromium(driver: Any, db_url: str
                 "report-branch-now-objection_handling": {"D"},
                 "report-fallbacks": {"D", "E"}, "report-fallbacks-discovery": {"E"},
                 "report-fallbacks-objection_handling": {"D"}, "report-buyers": {"A", "D"}}
+    d.get("about:blank")  # the module's browser: an earlier test's page polled its studio
+    d.get_log("browser")  # ... which is gone now; what it logged is not this test's
     with running(create_studio_app(_opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url:
         d.get(url + "/")
         wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, '[data-testid="stage-greeting"]'))
@@ -401,3 +404,32 @@ def test_report_numbers_open_their_sessions_in_chromium(driver: Any, db_url: str
         wait.until(lambda _: listed() == set(PLAYED))
         severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
         assert not severe, severe
+
+
+def test_the_prompt_panel_says_what_the_budget_trimmed(db_url: str, tmp_path: Path) -> None:
+    """A tight prompt budget: the panel's call lists the window messages the budget cut;
+    a roomy one says it cut nothing."""
+    funnel = copy_puramur(tmp_path)
+    funnel.write_text(funnel.read_text("utf-8").replace("prompt_budget: 1000",
+                                                         "prompt_budget: 700"), "utf-8")
+    with running(create_studio_app(_opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url, \
+            httpx.Client(base_url=url, timeout=60) as c:
+        def turn(text: str, reply: str) -> dict[str, Any]:
+            r = c.post("/api/turn", json={"funnel": "puramur", "session": "tight", "text": text,
+                                          "answer": {"reply": reply, "language": "en"}})
+            assert r.status_code == 200, r.text
+            view: dict[str, Any] = r.json()
+            return view
+
+        first = turn("Hi!", "Hello! Is your pet a cat or a dog?")
+        assert first["prompt"][0]["trimmed"] == []
+        for i in range(4):  # long messages, still in discovery: the window outgrows 700
+            last = turn(f"message {i}: " + "my pet has a long story " * 12,
+                        f"reply {i}: " + "tell me more about the story " * 12)
+        assert last["stage"] == "discovery"
+        trimmed = last["prompt"][0]["trimmed"]
+        assert any("oldest message" in t and "of the window left out" in t for t in trimmed)
+        assert trimmed[-1] == "to fit the stage's prompt_budget of 700 tokens"
+        # the panel's messages are the chat as sent: under the budget, each with its cost
+        call = last["prompt"][0]
+        assert call["tokens"] <= 700 and all(m["tokens"] > 0 for m in call["messages"])
