@@ -121,6 +121,8 @@ def test_studio_in_headless_chromium(driver: Any, db_url: str, tmp_path: Path) -
         tid("model-form-submit").click()
         wait.until(lambda _: done())
 
+    d.get("about:blank")  # the module's browser: what an earlier test's page logged
+    d.get_log("browser")  # (polling its studio, gone now) is not this test's
     with running(create_studio_app(_opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url:
         d.get(url + "/")
         wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, '[data-testid="stage-greeting"]'))
