@@ -173,6 +173,29 @@ def test_budget_cuts_the_window_then_the_summary_then_the_notices_then_the_state
     assert not isinstance(info.value, MessageTooLong)
 
 
+def test_fit_says_what_the_budget_trimmed() -> None:
+    """What the studio's prompt panel shows: each part the cut gave up, in order."""
+    history = [Message("user", "x" * 400), Message("assistant", "y" * 400)]
+
+    def render(level: int) -> Parts:
+        return Parts("RULES", turn="s" * (200 // (level + 1)))
+
+    def trimmed(budget: int | None) -> tuple[str, ...]:
+        return fit("s", render, "S" * 400, ["N" * 100], history, "hi", budget).trimmed
+
+    full = fit("s", render, "S" * 400, ["N" * 100], history, "hi", None)
+    assert trimmed(None) == () and trimmed(full.tokens) == ()
+    assert trimmed(full.tokens - 50) == (
+        "the 1 oldest message of the window left out (1 kept)",
+        f"to fit the stage's prompt_budget of {full.tokens - 50} tokens")
+    assert trimmed(full.tokens - 360)[:3] == (
+        "the 2 oldest messages of the window left out (0 kept)",
+        "the summary of older messages left out", "the notices of the last turn left out")
+    smallest = trimmed(floor_tokens(render) + 4)
+    assert "the state compacted to level 2 of 2 (strings to 30 characters, lists to 2 items, " \
+        "objects to 10 keys)" in smallest
+
+
 def test_the_floor_of_every_shipped_stage_fits_its_budget(puramur: Any) -> None:
     for stage in puramur.stages.values():
         floor = prompt_floor(puramur, stage)

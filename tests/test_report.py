@@ -188,6 +188,21 @@ def test_the_conversations_went_where_expected(filled: Filled) -> None:
 
 
 # -- every section, against the conversations ------------------------------------------
+def test_trends_this_period_against_the_previous_one(report: dict[str, Any]) -> None:
+    t = report["trends"]
+    # Every calendar day (UTC) the 7-day window touches: the first and today partial.
+    today = datetime.now(UTC).date()
+    assert [d["day"] for d in t["days"]] == [
+        str(today - timedelta(days=n)) for n in range(7, -1, -1)]
+    assert sum(d["sessions"] for d in t["days"]) == t["sessions"] == 7
+    assert t["days"][-1] == {"day": str(today), "sessions": 7, "conversions": 4}
+    # H started ten days ago: in the previous seven days. Every order was placed today
+    # (H's too: a conversion counts on the day it was placed).
+    assert (t["previous_sessions"], t["sessions_change_pct"]) == (1, 600.0)
+    assert (t["conversions"], t["previous_conversions"], t["conversions_change_pct"]) == (
+        4, 0, None)
+
+
 def test_active_sessions_by_stage(report: dict[str, Any]) -> None:
     # D, E and G are neither handed off nor older than a day; H wrote 10 days ago.
     a = report["active_by_stage"]
@@ -196,19 +211,23 @@ def test_active_sessions_by_stage(report: dict[str, Any]) -> None:
     assert a["total"] == 3
 
 
-def test_the_funnel_in_declared_stage_order(report: dict[str, Any]) -> None:
+def test_the_funnel_main_path_first_then_its_side_branches(report: dict[str, Any]) -> None:
     f = report["stage_funnel"]
     assert f["sessions"] == 7  # H started before the window
-    assert [(s["stage"], s["sessions"], s["pct_of_first"], s["stopped_here"])
+    assert [(s["stage"], s["sessions"], s["pct_of_first"], s["stopped_here"], s["branch"])
             for s in f["stages"]] == [
-        ("greeting", 7, 100.0, 0),
-        ("discovery", 7, 100.0, 2),             # E and G stop there
-        ("presentation", 4, 57.1, 0),           # A B C D
-        ("objection_handling", 1, 14.3, 1),     # D
-        ("cart_building", 2, 28.6, 0),          # A B
-        ("contact_collection", 2, 28.6, 0),
-        ("handoff", 4, 57.1, 4),                # A B C F
+        ("greeting", 7, 100.0, 0, False),
+        ("discovery", 7, 100.0, 2, False),             # E and G stop there
+        ("presentation", 4, 57.1, 1, False),           # A B C D; D went no further
+        ("cart_building", 2, 28.6, 0, False),          # A B
+        ("contact_collection", 2, 28.6, 0, False),
+        ("handoff", 4, 57.1, 4, False),                # A B C F
+        # Objection handling leaves the main path and comes back: a side branch, never
+        # a step between presentation and cart building.
+        ("objection_handling", 1, 14.3, 0, True),      # D
     ]
+    side = by(f["stages"])["objection_handling"]
+    assert (side["branch_from"], side["ended_here"]) == ("presentation", 1)  # D is in it
     assert f["biggest_drop_off"] == {"stage": "discovery", "stopped": 2, "reached": 7,
                                      "pct": 28.6}
 
@@ -357,7 +376,8 @@ def test_the_views_give_the_report_numbers(filled: Filled, report: dict[str, Any
     names = [view_name(spec, s) for s in section_queries(spec, 1)]
     assert names == [f"{TABLE}_v_{s}" for s in (
         "active_by_stage", "stage_funnel", "stage_time", "products", "handoff_reasons",
-        "conversation_costs", "stage_costs", "purchases", "revenue", "presented_vs_bought")]
+        "conversation_costs", "stage_costs", "purchases", "revenue", "presented_vs_bought",
+        "trend_days", "trend_totals")]
     assert run(f"SELECT stage, sessions FROM {TABLE}_v_active_by_stage") == [
         ("discovery", 2), ("objection_handling", 1)]
     assert [r[0] for r in run(f"SELECT sessions FROM {TABLE}_v_stage_funnel")] == [
@@ -389,7 +409,7 @@ def test_migrate_creates_the_views_once(filled: Filled) -> None:
     assert "up to date" in out.stdout
     [(n,)] = filled.sql("SELECT count(*) FROM pg_views WHERE schemaname = current_schema() "
                         "AND viewname LIKE %s", (f"{TABLE}_v_%",))
-    assert n == 10
+    assert n == 12
 
 
 def test_migrate_keeps_the_views_in_step_with_the_funnel(db_url: str, sql: Any,
@@ -457,7 +477,13 @@ def test_table_output(filled: Filled) -> None:
     rows = [ln for ln in funnel.splitlines() if re.search(r"\d%", ln) and "drop-off" not in ln]
     assert [r.split()[:3] for r in rows][2] == ["presentation", "4", "57.1%"]
     # Columns line up: numbers are right-aligned under their headers.
-    assert len({r.index("%") for r in rows}) == 1 and len(rows) == 7
+    assert len({r.index("%") for r in rows}) == 1 and len(rows) == 6
+    # The side branch is listed apart from the main path, with where it leaves it.
+    side = text.split("side branches (off the main path):")[1].split("\n\n")[0]
+    assert [ln.split() for ln in side.splitlines()[3:]] == [
+        ["objection_handling", "presentation", "1", "14.3%", "1"]]
+    trends = text.split("Trends: sessions and conversions a day")[1]
+    assert re.search(r"sessions\s+7\s+1\s+\+600\.0%", trends), trends
     assert "PR251010  Exotic Spa shampoo" in text
     assert "3 orders from 2 of 7 sessions (28.6% bought)" in text
     purchases = text.split("Purchases and revenue")[1].split("Presented vs bought")[0]
@@ -537,4 +563,14 @@ def test_html_report_in_headless_chromium(filled: Filled, tmp_path: Path) -> Non
     for _, title in SECTIONS:
         assert f">{title}</h2>" in dom.replace("&amp;", "&"), title
     assert "Biggest drop-off: discovery." in dom
+    # The side branch is drawn apart from the main path's bars; no number is a link
+    # outside the studio.
+    branches = re.search(r'<svg[^>]*data-testid="report-branches".*?</svg>', dom, re.S)
+    funnel = re.search(r'<svg[^>]*data-testid="report-funnel".*?</svg>', dom, re.S)
+    assert branches and funnel
+    assert "objection handling" in branches.group(0) and "from presentation" in branches.group(0)
+    assert "objection handling" not in funnel.group(0) and "cart building" in funnel.group(0)
+    assert "<a " not in dom
+    trend = re.search(r'<svg[^>]*data-testid="report-trend".*?</svg>', dom, re.S)
+    assert trend and len(re.findall(r'<g class="day"', trend.group(0))) == 8
     assert "Exotic Spa shampoo" in dom and "cart_confirmed" in dom

@@ -121,6 +121,8 @@ def test_studio_in_headless_chromium(driver: Any, db_url: str, tmp_path: Path) -
         tid("model-form-submit").click()
         wait.until(lambda _: done())
 
+    d.get("about:blank")  # the module's browser: what an earlier test's page logged
+    d.get_log("browser")  # (polling its studio, gone now) is not this test's
     with running(create_studio_app(_opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url:
         d.get(url + "/")
         wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, '[data-testid="stage-greeting"]'))
@@ -144,6 +146,7 @@ def test_studio_in_headless_chromium(driver: Any, db_url: str, tmp_path: Path) -
         assert "pet.type 25 + pet.problems 25" in why  # how the derived value came about
         assert "pet" in text_of("state-changed")
         assert "user" in text_of("prompt-panel") and "raw output" in text_of("prompt-panel")
+        assert text_of("prompt-trimmed") == "the budget trimmed nothing"  # three short turns
 
         # An invalid answer: the errors as the repair call would quote them; no turn ran.
         answer("She is 99", "Noted.", {"updates.pet.age_years": 99},
@@ -304,3 +307,131 @@ def test_studio_mounted_in_serve_for_admin_keys(db_url: str) -> None:
                       json={"funnel": "puramur", "session": "studio-m1", "text": "Hi!",
                             "answer": {"reply": "Hello! Cat or dog?", "language": "en"}})
         assert turn.status_code == 200 and turn.json()["stage"] == "discovery"
+
+
+# -- the report, served by the studio ------------------------------------------------------
+SAY = {"hello": {"reply": "Hello! Cat or dog?", "language": "en"},
+       "sphynx": {"reply": "Sphynx skin needs care.", "updates": {
+           "pet": {"type": "cat", "breed": "Sphynx", "problems": ["dry_skin"]}}},
+       "show": {"reply": "Exotic Spa.", "actions": [{"type": "present_products",
+                                                     "skus": ["PR251010"]}]},
+       "expensive": {"reply": "I understand.",
+                     "actions": [{"type": "record_objection", "objection": "price"}]},
+       "operator": {"reply": "Connecting you.",
+                    "actions": [{"type": "request_handoff", "reason": "explicit_request"}]},
+       "garbage": {"output": "not json", "repair": "still not json"}}  # -> the fallback
+# Who did what: E and G stop in discovery, E falls back there; A, C and D reach the
+# presentation; D goes into objection handling (a side branch) and falls back in it; A
+# and C are handed off; A and D buy.
+PLAYED = {"A": ["hello", "sphynx", "show", "operator"], "C": ["hello", "sphynx", "operator"],
+          "D": ["hello", "sphynx", "show", "expensive", "garbage"],
+          "E": ["hello", "garbage"], "G": ["hello"]}
+
+
+def _play_for_the_report(funnel: Path, db: str) -> None:
+    from engine import Engine
+    from engine.llm.models import ScriptedModel
+
+    async def play() -> None:
+        model = ScriptedModel.from_data({"match": [{"pattern": f"^{text}$", "output": out}
+                                                   for text, out in SAY.items()]})
+        async with await Engine.open(funnel, db=db, model=model) as engine:
+            for session, messages in PLAYED.items():
+                for text in messages:
+                    await engine.handle(session, text, channel="test")
+            for session in ("A", "D"):
+                await engine.record_conversion(session, f"{session}-1", "100.00", "UAH",
+                                               [{"sku": "PR251010", "qty": 1, "price": "100.00"}])
+
+    asyncio.run(play())
+
+
+@pytest.mark.slow
+def test_report_numbers_open_their_sessions_in_chromium(driver: Any, db_url: str,
+                                                        tmp_path: Path) -> None:
+    """Each number of the report links to the sessions list filtered to exactly the
+    sessions it counts: a stage's, the fallbacks', the buyers', a side branch's."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    funnel = copy_puramur(tmp_path)
+    _play_for_the_report(funnel, db_url)
+    d, wait = driver, WebDriverWait(driver, 90)
+
+    def listed() -> set[str]:
+        return set(d.execute_script(
+            "return [...document.querySelectorAll('#sessions-list tr')].map(r => r.dataset.session)"))
+
+    expected = {"report-sessions": set(PLAYED), "report-stopped-discovery": {"E", "G"},
+                "report-reached-presentation": {"A", "C", "D"},
+                "report-branch-objection_handling": {"D"},
+                "report-branch-now-objection_handling": {"D"},
+                "report-fallbacks": {"D", "E"}, "report-fallbacks-discovery": {"E"},
+                "report-fallbacks-objection_handling": {"D"}, "report-buyers": {"A", "D"}}
+    d.get("about:blank")  # the module's browser: an earlier test's page polled its studio
+    d.get_log("browser")  # ... which is gone now; what it logged is not this test's
+    with running(create_studio_app(_opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url:
+        d.get(url + "/")
+        wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, '[data-testid="stage-greeting"]'))
+        report = d.find_element(By.CSS_SELECTOR, '[data-testid="open-report"]')
+        assert report.get_attribute("href") == url + "/report?funnel=puramur"
+        report.click()
+        wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, '[data-testid="report-funnel"]'))
+        # The side branch apart from the main path; the trend a bar per day (8 for 7 days).
+        branches = d.find_element(By.CSS_SELECTOR, '[data-testid="report-branches"]')
+        assert "objection handling" in branches.text
+        main = d.find_element(By.CSS_SELECTOR, '[data-testid="report-funnel"]')
+        assert "objection handling" not in main.text and "cart building" in main.text
+        assert len(d.find_elements(By.CSS_SELECTOR, '[data-testid="report-trend"] g.day')) == 8
+        # (an <a> inside the SVG charts has no string .href: resolve its attribute)
+        links = {t: (text, href) for t, text, href in d.execute_script(
+            "return [...document.querySelectorAll('a.drill')].map(a => [a.dataset.testid, "
+            "a.textContent, new URL(a.getAttribute('href'), location.href).href])")}
+        assert set(expected) <= set(links), sorted(links)
+        for testid, sessions in expected.items():
+            number = int(re.sub(r"\D", "", links[testid][0]))
+            d.get(links[testid][1])  # as the click does: the list, filtered by the address
+            wait.until(lambda _: not d.find_element(By.ID, "sessions").get_attribute("hidden")
+                       and d.find_elements(By.CSS_SELECTOR, "#sessions-list tr"))
+            wait.until(lambda _, want=sessions: listed() == want,
+                       f"{testid} -> {links[testid][1]}: not the sessions {sorted(sessions)}")
+            assert number == len(listed()), (testid, number, listed())
+            assert d.find_element(By.CSS_SELECTOR, '[data-testid="report-filter"]').is_displayed()
+        # A real click on a number of the page does the same.
+        d.get(url + "/report?funnel=puramur")
+        d.find_element(By.CSS_SELECTOR, '[data-testid="report-buyers"]').click()
+        wait.until(lambda _: listed() == {"A", "D"})
+        assert "bought" in d.find_element(By.CSS_SELECTOR, '[data-testid="report-filter"]').text
+        d.find_element(By.CSS_SELECTOR, '[data-testid="report-filter-clear"]').click()
+        wait.until(lambda _: listed() == set(PLAYED))
+        severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+        assert not severe, severe
+
+
+def test_the_prompt_panel_says_what_the_budget_trimmed(db_url: str, tmp_path: Path) -> None:
+    """A tight prompt budget: the panel's call lists the window messages the budget cut;
+    a roomy one says it cut nothing."""
+    funnel = copy_puramur(tmp_path)
+    funnel.write_text(funnel.read_text("utf-8").replace("prompt_budget: 1000",
+                                                         "prompt_budget: 700"), "utf-8")
+    with running(create_studio_app(_opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url, \
+            httpx.Client(base_url=url, timeout=60) as c:
+        def turn(text: str, reply: str) -> dict[str, Any]:
+            r = c.post("/api/turn", json={"funnel": "puramur", "session": "tight", "text": text,
+                                          "answer": {"reply": reply, "language": "en"}})
+            assert r.status_code == 200, r.text
+            view: dict[str, Any] = r.json()
+            return view
+
+        first = turn("Hi!", "Hello! Is your pet a cat or a dog?")
+        assert first["prompt"][0]["trimmed"] == []
+        for i in range(4):  # long messages, still in discovery: the window outgrows 700
+            last = turn(f"message {i}: " + "my pet has a long story " * 12,
+                        f"reply {i}: " + "tell me more about the story " * 12)
+        assert last["stage"] == "discovery"
+        trimmed = last["prompt"][0]["trimmed"]
+        assert any("oldest message" in t and "of the window left out" in t for t in trimmed)
+        assert trimmed[-1] == "to fit the stage's prompt_budget of 700 tokens"
+        # the panel's messages are the chat as sent: under the budget, each with its cost
+        call = last["prompt"][0]
+        assert call["tokens"] <= 700 and all(m["tokens"] > 0 for m in call["messages"])

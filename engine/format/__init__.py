@@ -4,7 +4,8 @@ Holds the typed declaration (`spec`, with the model, memory, language and
 knowledge `settings`), the YAML reader that keeps line numbers (`_yaml`), the
 engine's fixed names (`names`), the project confinement of files (`paths`), the
 catalog (`catalog`), an A/B experiment's declaration (`experiment`), the
-declared state migrations between versions (`migrations`) and the phone numbers of
+declared state migrations between versions (`migrations`), the main path and side
+branches of the stages (`main_path`) and the phone numbers of
 `format: phone` fields (`phones`, libphonenumber's rules).
 
 May import: `engine.errors`, `engine.boundary`, `engine.records`. Nothing here

@@ -33,6 +33,9 @@ class ModelRequest:
     # How many leading messages the next turn repeats (engine.turn.budget.Fitted.stable): a
     # prompt cache's second breakpoint goes on the last of them. 0: not said.
     stable: int = 0
+    # What the prompt budget cut from this chat, as sentences (engine.turn.budget.Fitted
+    # .trimmed): the studio's prompt panel shows them. Empty: nothing was cut.
+    trimmed: tuple[str, ...] = ()
     # Streaming: called with the answer's text so far each time it grows ("" when an
     # attempt begins: what an earlier attempt sent is void). None: no streaming.
     on_text: Callable[[str], None] | None = field(default=None, compare=False)

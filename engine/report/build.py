@@ -15,6 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from ..format.main_path import stage_paths
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.analytics_sql import fetch_report
@@ -29,6 +30,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("costs", "Cost, tokens and quality"),
     ("purchases", "Purchases and revenue"),
     ("presented_vs_bought", "Presented vs bought"),
+    ("trends", "Trends: sessions and conversions a day"),
 )
 TITLES = dict(SECTIONS)
 # Only for a funnel with approval gates (a stage's `approval:`): after the others.
@@ -83,12 +85,16 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
 
     active = _rows(sec["active_by_stage"], ("pos",))
     stages = _rows(sec["stage_funnel"], ("pos", "total_sessions"))
-    if not stages:  # no table: every declared stage with zero sessions
-        stages = [{"stage": s.name, "final": s.final, "sessions": 0, "pct_of_first": None,
-                   "stopped_here": 0} for s in spec.stages.values()]
+    if not stages:  # no table: every stage with zero sessions, main path first
+        paths = stage_paths(spec)
+        stages = [{"stage": n, "final": spec.stages[n].final, "sessions": 0, "pct_of_first": None,
+                   "stopped_here": 0, "branch": n in paths.branches,
+                   "branch_from": paths.branches.get(n), "ended_here": 0}
+                  for n in (*paths.main, *paths.branches)]
     total = int(sec["stage_funnel"][0]["total_sessions"]) if sec["stage_funnel"] else 0
     drop = None
-    candidates = [s for s in stages if not s["final"] and s["stopped_here"] > 0]
+    candidates = [s for s in stages if not s["final"] and not s["branch"]
+                  and s["stopped_here"] > 0]
     if candidates:
         worst = max(candidates, key=lambda s: (s["stopped_here"], -stages.index(s)))
         drop = {"stage": worst["stage"], "stopped": worst["stopped_here"],
@@ -111,7 +117,8 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
         "conversations": 0, "turns": 0, "prompt_tokens": 0, "completion_tokens": 0,
         "cost": None, "avg_turns": None, "avg_tokens": None, "avg_cost": None,
         "median_cost": None, "turns_without_cost": 0, "cached_prompt_tokens": 0,
-        "cached_prompt_pct": None, "cache_write_tokens": 0, "cache_write_pct": None}
+        "cached_prompt_pct": None, "cache_write_tokens": 0, "cache_write_pct": None,
+        "fallback_sessions": 0}
     report = {
         "funnel": spec.name, "version": spec.version, "table": spec.table,
         "generated_at": _num(data["now"]), "since": since_text(since),
@@ -129,7 +136,19 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
     report.update(purchase_sections(spec, sec, total, catalog_names))
     gated = any(s.approval for s in spec.stages.values())
     report["approvals"] = _rows(sec.get("approvals", [])) if gated else None
+    report["trends"] = trends(sec)
     return report
+
+
+def trends(sec: dict[str, Any]) -> dict[str, Any]:
+    """Per calendar day (UTC) of the period, new sessions and conversions (orders placed);
+    the period's totals against the previous period of the same length, with the change."""
+    totals = _rows(sec.get("trend_totals", []))
+    head = totals[0] if totals else {
+        "sessions": 0, "previous_sessions": 0, "conversions": 0, "previous_conversions": 0,
+        "sessions_change_pct": None, "conversions_change_pct": None}
+    days = [{**d, "day": str(d["day"])} for d in _rows(sec.get("trend_days", []))]
+    return {**head, "days": days}
 
 
 def purchase_sections(spec: FunnelSpec, sec: dict[str, Any], sessions: int,
@@ -225,13 +244,20 @@ def render_table(report: dict[str, Any]) -> str:
     section("active_by_stage", "last 24 h, not handed off",
             table(["stage", "sessions"], [[x["stage"], _fmt(x["sessions"])] for x in a["rows"]]))
     f = r["stage_funnel"]
+    main = [s for s in f["stages"] if not s.get("branch")]
+    side = [s for s in f["stages"] if s.get("branch")]
     body = table(["stage", "sessions", "% of first", "went no further"],
                  [[s["stage"], _fmt(s["sessions"]), _fmt(s["pct_of_first"], "pct"),
-                   "-" if s["final"] else _fmt(s["stopped_here"])] for s in f["stages"]])
+                   "-" if s["final"] else _fmt(s["stopped_here"])] for s in main])
     d = f["biggest_drop_off"]
     if d:
         body += (f"\n  biggest drop-off: {d['stage']}: {d['stopped']} of {d['reached']} sessions "
                  f"({d['pct']:.1f}%) went no further")
+    if side:
+        body += "\n\n  side branches (off the main path):\n" + table(
+            ["branch", "from", "sessions", "% of first", "in it now"],
+            [[s["stage"], s["branch_from"] or "any stage", _fmt(s["sessions"]),
+              _fmt(s["pct_of_first"], "pct"), _fmt(s["ended_here"])] for s in side])
     section("stage_funnel", f"{f['sessions']} sessions", body)
     section("stage_time", "completed visits",
             table(["stage", "visits", "average", "median"],
@@ -285,7 +311,27 @@ def render_table(report: dict[str, Any]) -> str:
                         _fmt(a["median_wait_seconds"], "dur"),
                         _fmt(a["p90_wait_seconds"], "dur")] for a in r["approvals"]])
                 if r["approvals"] else "  (no data)")
+    out += _trend_tables(r["trends"])
     return "\n".join(out) + "\n"
+
+
+def _change(now: int, before: int, pct: float | None) -> str:
+    if pct is None:
+        return "new" if now and not before else "-"
+    return f"{pct:+.1f}%"
+
+
+def _trend_tables(t: dict[str, Any]) -> list[str]:
+    body = table(["", "this period", "previous period", "change"],
+                 [["sessions", _fmt(t["sessions"]), _fmt(t["previous_sessions"]),
+                   _change(t["sessions"], t["previous_sessions"], t["sessions_change_pct"])],
+                  ["conversions", _fmt(t["conversions"]), _fmt(t["previous_conversions"]),
+                   _change(t["conversions"], t["previous_conversions"],
+                           t["conversions_change_pct"])]])
+    body += "\n\n" + table(["day (UTC)", "sessions", "conversions"],
+                            [[d["day"], _fmt(d["sessions"]), _fmt(d["conversions"])]
+                             for d in t["days"]])
+    return ["", f"{TITLES['trends']} (conversions: orders placed that day)", body]
 
 
 def _purchase_tables(r: dict[str, Any]) -> list[str]:

@@ -2,10 +2,16 @@
 
 Inline CSS and inline SVG charts only: no scripts, no fonts, no network. The
 input is the report of :func:`engine.report.build_report`.
+
+Given a ``link`` (the studio serves the page at ``/report``), the numbers that count
+sessions link to the studio's sessions list filtered to exactly those sessions: those
+that reached a stage, went no further, are in a side branch, fell back, bought. The
+file ``funnel report --format html`` writes has no links (no studio to open them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from html import escape
 from typing import Any
 
@@ -48,11 +54,37 @@ margin-right:6px}
 .callout{margin:12px 0 0;padding:10px 14px;border-radius:10px;background:#fef2f2;color:#7f1d1d;
 border:1px solid #fecaca}
 .bad{color:#dc2626;font-weight:600}
+.good{color:#16a34a;font-weight:600}
+.muted{color:#646b80}
+a.drill{color:inherit;text-decoration:underline dotted;text-underline-offset:3px}
+svg a.drill tspan{text-decoration:underline dotted}
 .empty{color:#8a90a3;font-style:italic;margin:6px 0}
 .note{margin:14px 0 0;padding:10px 14px;border-radius:10px;background:#fffbeb;border:1px solid #fde68a}
 footer{margin-top:22px;color:#8a90a3;font-size:12.5px}
 code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
 """
+
+
+# The studio's sessions list filtered: its query parameters -> the address of the list.
+Link = Callable[[Mapping[str, str]], str]
+
+
+class _Links:
+    """The numbers as links into the sessions list, or as plain text without a ``link``."""
+
+    def __init__(self, link: Link | None, since_seconds: float) -> None:
+        self.link = link
+        self.since = f"{int(since_seconds)}s"
+
+    def __call__(self, text: str, testid: str, **params: str) -> str:
+        if self.link is None:
+            return text
+        href = self.link(params)
+        return (f'<a href="{_e(href)}" data-testid="{_e(testid)}" class="drill">{text}</a>')
+
+    def started(self, text: str, testid: str, **params: str) -> str:
+        """Among the sessions started in the report's window."""
+        return self(text, testid, started=self.since, **params)
 
 
 def _e(value: Any) -> str:
@@ -98,17 +130,22 @@ def hbars(rows: list[tuple[str, float, str]], *, color: str = ACCENT, width: int
             + "".join(parts) + "</svg>")
 
 
-def funnel_chart(stages: list[dict[str, Any]], drop_stage: str | None, width: int = 1040) -> str:
-    """Centred bars, one per stage, widths in proportion to the sessions that reached it."""
-    if not stages or not stages[0]["sessions"] and not any(s["sessions"] for s in stages):
+def funnel_chart(stages: list[dict[str, Any]], drop_stage: str | None, width: int = 1040,
+                 links: _Links | None = None) -> str:
+    """Centred bars, one per main-path stage, widths in proportion to the sessions that
+    reached it; the side branches apart below (``data-testid="report-branches"``)."""
+    links = links or _Links(None, 0)
+    if not stages or not any(s["sessions"] for s in stages):
         return '<p class="empty">No sessions started in this period.</p>'
+    main = [s for s in stages if not s.get("branch")]
+    side = [s for s in stages if s.get("branch")]
     top = max(s["sessions"] for s in stages) or 1
     label_w, right_w, row_h, gap = 170, 250, 32, 8
     area = width - label_w - right_w
     cx = label_w + area / 2
     parts = []
     prev: tuple[float, float] | None = None
-    for i, s in enumerate(stages):
+    for i, s in enumerate(main):
         y = i * (row_h + gap)
         w = max(4.0, area * s["sessions"] / top) if s["sessions"] else 4.0
         x = cx - w / 2
@@ -122,34 +159,131 @@ def funnel_chart(stages: list[dict[str, Any]], drop_stage: str | None, width: in
         parts.append(f'<text x="{label_w - 12}" y="{y + 22}" text-anchor="end">'
                      f'{_e(s["stage"].replace("_", " "))}</text>')
         pct = "" if s["pct_of_first"] is None else f'  ·  {s["pct_of_first"]:.1f}%'
-        drop = (f'<tspan fill="{WARN}" font-weight="600">  ▼ {s["stopped_here"]:,} stopped</tspan>'
-                if s["stage"] == drop_stage else "")
-        parts.append(f'<text x="{label_w + area + 12}" y="{y + 22}"><tspan font-weight="600">'
-                     f'{s["sessions"]:,}</tspan><tspan class="muted">{_e(pct)}</tspan>{drop}</text>')
+        reached = links.started(f'<tspan font-weight="600">{s["sessions"]:,}</tspan>',
+                                f"report-reached-{s['stage']}", reached=s["stage"])
+        stopped = ""
+        if not s["final"] and s["stopped_here"]:
+            warn = s["stage"] == drop_stage
+            style = f' fill="{WARN}" font-weight="600"' if warn else ' class="muted"'
+            stopped = links.started(f'<tspan{style}>  {"▼ " if warn else ""}'
+                                    f'{s["stopped_here"]:,} stopped</tspan>',
+                                    f"report-stopped-{s['stage']}", stopped=s["stage"])
+        parts.append(f'<text x="{label_w + area + 12}" y="{y + 22}">{reached}'
+                     f'<tspan class="muted">{_e(pct)}</tspan>{stopped}</text>')
         prev = (x, w)
-    h = len(stages) * (row_h + gap) - gap
-    return (f'<svg viewBox="0 0 {width} {h}" role="img" aria-label="funnel chart">'
-            + "".join(parts) + "</svg>")
+    h = len(main) * (row_h + gap) - gap
+    out = (f'<svg viewBox="0 0 {width} {h}" role="img" aria-label="funnel chart" '
+           'data-testid="report-funnel">' + "".join(parts) + "</svg>")
+    return out + (_branches(side, top, width, area, label_w, links) if side else "")
 
 
-def _kpis(r: dict[str, Any]) -> str:
+def _branches(side: list[dict[str, Any]], top: int, width: int, area: float, label_w: int,
+              links: _Links) -> str:
+    """The side branches: outlined bars off the main path, each with where it leaves it."""
+    row_h, gap = 26, 8
+    parts = ['<text x="0" y="16" class="muted">Side branches, off the main path '
+             '(objection handling, a not-a-fit stage): not steps of the funnel</text>']
+    for i, s in enumerate(side):
+        y = 28 + i * (row_h + gap)
+        w = max(4.0, area * s["sessions"] / top) if s["sessions"] else 4.0
+        x = label_w
+        src = (s.get("branch_from") or "any stage").replace("_", " ")
+        reached = links.started(f'<tspan font-weight="600">{s["sessions"]:,}</tspan>',
+                                f"report-branch-{s['stage']}", reached=s["stage"])
+        now = links.started(f'{s["ended_here"]:,} in it now', f"report-branch-now-{s['stage']}",
+                            stage=s["stage"])
+        parts.append(
+            f'<g class="branch" data-stage="{_e(s["stage"])}">'
+            f'<text x="{label_w - 12}" y="{y + 18}" text-anchor="end">'
+            f'{_e(s["stage"].replace("_", " "))}</text>'
+            f'<rect x="{x}" y="{y}" width="{w:.1f}" height="{row_h}" rx="5" fill="#eef0f6" '
+            f'stroke="#9aa1b5" stroke-dasharray="4 3"/>'
+            f'<text x="{x + w + 10:.1f}" y="{y + 18}">{reached}<tspan class="muted">'
+            f'  ·  from {_e(src)}  ·  </tspan><tspan class="muted">{now}</tspan></text></g>')
+    h = 28 + len(side) * (row_h + gap)
+    return (f'<svg viewBox="0 0 {width} {h}" role="img" aria-label="side branches" '
+            f'class="branches" data-testid="report-branches">' + "".join(parts) + "</svg>")
+
+
+def trend_chart(t: dict[str, Any], width: int = 1040, height: int = 170) -> str:
+    """Sessions a day as bars, conversions a day as dots on a line, over the period."""
+    days = t["days"]
+    if not days:
+        return '<p class="empty">No data in this period.</p>'
+    left, bottom, top_pad = 40, 24, 12
+    plot_h = height - bottom - top_pad
+    top = max(max(d["sessions"] for d in days), max(d["conversions"] for d in days), 1)
+    step = (width - left) / len(days)
+    bar = max(3.0, min(40.0, step * 0.6))
+    parts = [f'<line x1="{left}" y1="{top_pad + plot_h}" x2="{width}" y2="{top_pad + plot_h}" '
+             'stroke="#e3e5ee"/>',
+             f'<text x="{left - 6}" y="{top_pad + 10}" text-anchor="end" class="muted">'
+             f'{top:,}</text>']
+    points = []
+    label_every = max(1, len(days) // 10)
+    for i, d in enumerate(days):
+        cx = left + step * i + step / 2
+        h = plot_h * d["sessions"] / top
+        cy = top_pad + plot_h - plot_h * d["conversions"] / top
+        points.append(f"{cx:.1f},{cy:.1f}")
+        label = (f'<text x="{cx:.1f}" y="{height - 6}" text-anchor="middle" class="muted">'
+                 f'{_e(d["day"][5:])}</text>') if i % label_every == 0 else ""
+        parts.append(
+            f'<g class="day" data-day="{_e(d["day"])}" data-sessions="{d["sessions"]}" '
+            f'data-conversions="{d["conversions"]}"><title>{_e(d["day"])}: {d["sessions"]:,} '
+            f'sessions, {d["conversions"]:,} conversions</title>'
+            f'<rect x="{cx - bar / 2:.1f}" y="{top_pad + plot_h - h:.1f}" width="{bar:.1f}" '
+            f'height="{h:.1f}" rx="3" fill="{ACCENT}" opacity=".75"/>'
+            f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3.5" fill="{GOOD}"/>{label}</g>')
+    parts.insert(2, f'<polyline points="{" ".join(points)}" fill="none" stroke="{GOOD}" '
+                 'stroke-width="2"/>')
+    return (f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="trend chart" '
+            'data-testid="report-trend">' + "".join(parts) + "</svg>")
+
+
+def _change(now: int, before: int, pct: float | None) -> str:
+    if pct is None:
+        return "new" if now and not before else "no change" if not now else "–"
+    cls = "good" if pct > 0 else "bad" if pct < 0 else "muted"
+    return f'<span class="{cls}">{pct:+.1f}%</span>'
+
+
+def _trends(r: dict[str, Any]) -> str:
+    t = r["trends"]
+    rows = [[label, _n(t[key]), _n(t[f"previous_{key}"]),
+             _change(t[key], t[f"previous_{key}"], t[f"{key}_change_pct"])]
+            for label, key in (("sessions started", "sessions"), ("conversions (orders)",
+                                                                  "conversions"))]
+    body = (trend_chart(t) + '<p class="sub">▮ sessions started · ● conversions (orders '
+            'placed), per calendar day (UTC)</p>'
+            + _table(["", "this period", "previous period", "change"], rows, {1, 2, 3}))
+    return _section("trends", f"the last {r['since']} against the {r['since']} before", body)
+
+
+def _kpis(r: dict[str, Any], links: _Links) -> str:
     f, c = r["stage_funnel"], r["costs"]["conversations"]
     handed = sum(h["handoffs"] for h in r["handoff_reasons"] or [])
     rate = f" ({100.0 * handed / f['sessions']:.0f}%)" if f["sessions"] else ""
     turns = sum(s["turns"] for s in r["costs"]["stages"])
     fallbacks = sum(s["fallback_turns"] for s in r["costs"]["stages"])
+    fell = c.get("fallback_sessions") or 0
     cards = [
-        (f"{f['sessions']:,}", f"sessions started, last {r['since']}"),
+        (links.started(f"{f['sessions']:,}", "report-sessions"),
+         f"sessions started, last {r['since']}"),
         (f"{r['active_by_stage']['total']:,}", "active in the last 24 h"),
         (f"{handed:,}{rate}" if r["handoff_reasons"] is not None else "–", "handed off"),
-        (f"{r['purchases']['buyers']:,}" + (f" ({r['purchases']['purchase_pct']:.0f}%)"
-                                            if r["purchases"]["purchase_pct"] is not None
-                                            else ""), "bought (orders recorded)"),
-        (_n(c["avg_cost"], "cost"), "cost per conversation"),
-        (f"{100.0 * fallbacks / turns:.1f}%" if turns else "–", "turns that fell back"),
+        (links.started(f"{r['purchases']['buyers']:,}", "report-buyers", bought="true")
+         + (f" ({r['purchases']['purchase_pct']:.0f}%)"
+            if r["purchases"]["purchase_pct"] is not None else ""), "bought (orders recorded)"),
+        (_e(_n(c["avg_cost"], "cost")), "cost per conversation"),
+        (f"{100.0 * fallbacks / turns:.1f}%" if turns else "–",
+         "turns that fell back, in "
+         + links(f"{fell:,} conversation{'' if fell == 1 else 's'}", "report-fallbacks",
+                 fell_back=links.since)),
     ]
+    # The values are escaped where they are made (a link is markup).
     return '<div class="kpis">' + "".join(
-        f'<div class="kpi"><b>{_e(v)}</b><span>{_e(t)}</span></div>' for v, t in cards) + "</div>"
+        f'<div class="kpi"><b>{v}</b><span>{t}</span></div>' for v, t in cards) + "</div>"
 
 
 def _purchases(r: dict[str, Any]) -> list[str]:
@@ -177,23 +311,27 @@ def _purchases(r: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: dict[str, Any], *, link: Link | None = None) -> str:
+    """The page. ``link``: the address of the sessions list for its filters (the studio's);
+    without it, the numbers are plain text."""
     r = report
+    links = _Links(link, r["since_seconds"])
     when = str(r["generated_at"])[:16].replace("T", " ")
     out = [f"<header><h1>{_e(r['funnel'])} · funnel report</h1><p>Sessions started in the last "
            f"{_e(r['since'])} · generated {_e(when)} UTC · funnel v{r['version']}, table "
-           f"<code>{_e(r['table'])}</code></p></header>", _kpis(r)]
+           f"<code>{_e(r['table'])}</code></p></header>", _kpis(r, links)]
     out += [f'<p class="note">{_e(n)}</p>' for n in r["notes"]]
 
     f = r["stage_funnel"]
     d = f["biggest_drop_off"]
-    body = funnel_chart(f["stages"], d["stage"] if d else None)
+    body = funnel_chart(f["stages"], d["stage"] if d else None, links=links)
     if d:
         body += (f'<p class="callout"><b>Biggest drop-off: {_e(d["stage"])}.</b> '
                  f'{d["stopped"]:,} of {d["reached"]:,} sessions that reached it '
                  f'({d["pct"]:.0f}%) went no further.</p>')
     out.append(_section("stage_funnel", f"{f['sessions']:,} sessions started in the last "
                         f"{r['since']}; the percentage is of the first stage", body))
+    out.append(_trends(r))
 
     a = r["active_by_stage"]
     active = hbars([(x["stage"].replace("_", " "), x["sessions"], f"{x['sessions']:,}")
@@ -253,19 +391,25 @@ def render_html(report: dict[str, Any]) -> str:
              _n(s["prompt_tokens"] + s["completion_tokens"]), _n(s["cached_prompt_pct"], "pct"),
              _n(s["cache_write_pct"], "pct"),
              _n(s["cost"], "cost"), _n(s["cost_per_conversation"], "cost"),
-             rate(s["validation_failure_pct"]), rate(s["fallback_pct"])] for s in stages]
+             rate(s["validation_failure_pct"]), rate(s["fallback_pct"]),
+             links(_n(s.get("fallback_sessions") or 0), f"report-fallbacks-{s['stage']}",
+                   fell_back=links.since, fallback_stage=s["stage"])
+             if s.get("fallback_sessions") else _n(0)] for s in stages]
     table = _table(["stage", "turns", "conversations", "tokens", "cached", "written", "cost",
-                    "cost / conversation", "validation failed", "fallback"], rows,
-                   {1, 2, 3, 4, 5, 6, 7, 8, 9}) if rows else ""
+                    "cost / conversation", "validation failed", "fallback",
+                    "conversations that fell back"], rows,
+                   {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) if rows else ""
     out.append(_section("costs", summary if c["conversations"] else "No turn in this period.",
                         chart + table))
     out.append(f"<footer>Computed in SQL by <code>funnel report</code>. The same queries are "
                f"views for analysts: <code>{_e(r['table'])}_v_*</code> (see docs/analytics.md)."
                "</footer>")
+    # The empty icon: a browser asks no /favicon.ico of the studio that serves the page.
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<link rel=\"icon\" href=\"data:,\">"
             f"<title>{_e(r['funnel'])} funnel report</title>"
             "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
             f"<style>{CSS}</style></head><body><main>" + "".join(out) + "</main></body></html>\n")
 
 
-__all__ = ["funnel_chart", "hbars", "render_html"]
+__all__ = ["Link", "funnel_chart", "hbars", "render_html", "trend_chart"]

@@ -23,6 +23,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from ..errors import StoreUnavailable, first_line
+from ..format.main_path import stage_paths
 from ..format.spec import FunnelSpec
 from . import ddl
 from .connect import safe_url
@@ -124,39 +125,71 @@ def active_by_stage(spec: FunnelSpec, b: _Binder) -> sql.Composed:
 
 
 # -- (2) the funnel: sessions that reached each stage ----------------------------------
+def _path_stages(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    """The stages in the funnel chart's order, the main path first then the side
+    branches (``engine.format.main_path``): ``st(stage, final, pos, branch, branch_from)``."""
+    paths = stage_paths(spec)
+    order = [*paths.main, *paths.branches]
+    return sql.SQL(
+        "st AS (SELECT s.stage, s.final, s.pos::int AS pos, s.pos > {n} AS branch, s.src "
+        "AS branch_from FROM unnest({}, {}, {}) WITH ORDINALITY AS s(stage, final, src, pos))"
+    ).format(b("path_stages", order, "text[]"),
+             b("path_finals", [spec.stages[n].final for n in order], "boolean[]"),
+             b("path_from", [None] * len(paths.main) + list(paths.branches.values()), "text[]"),
+             n=b("path_main", len(paths.main), "int"))
+
+
+def furthest_main_stage(main: list[str], history: sql.Composable,
+                        value: sql.Composable) -> sql.Composed:
+    """The position (1-based) on the main path ``main`` of the furthest main stage in
+    ``history`` (a session's ``stage_history``): where the session "went no further".
+    ``value`` is where the main path goes in (a placeholder or a literal); the studio's
+    sessions list filters with this same expression."""
+    return sql.SQL("(SELECT max(array_position({}::text[], h->>'stage')) FROM "
+                   "jsonb_array_elements({}) h)").format(value, history)
+
+
 def stage_funnel(spec: FunnelSpec, b: _Binder) -> sql.Composed:
-    # Per session, one small aggregate over its history: the declared stages it
-    # reached (a bit mask of their positions) and the furthest one. Sessions are
-    # then counted per (mask, furthest), a handful of groups, so no sort of all
-    # sessions and nothing per session leaves the scan. A session "stopped" at
-    # the furthest stage it reached, in declared order.
-    stages = b("stages", list(spec.stages), "text[]")
+    # Per session, one small aggregate over its history: the stages it reached (a bit
+    # mask of their positions in the chart's order), the furthest main-path stage and
+    # the stage it is in now. Sessions are then counted per (mask, furthest, now), a
+    # handful of groups, so no sort of all sessions and nothing per session leaves the
+    # scan. A session "stopped" at the furthest main-path stage it reached: a side
+    # branch (objection handling) is not a step further; a branch counts the sessions
+    # that are in it now ("ended_here").
+    paths = stage_paths(spec)
+    main = list(paths.main)
+    order = b("path_stages", [*paths.main, *paths.branches], "text[]")
     if len(spec.stages) <= 62:
-        per_session = sql.SQL(
-            "SELECT bit_or(1::bigint << (x.p - 1)) AS mask, max(x.p) AS furthest FROM ("
-            "SELECT array_position({stages}, h->>'stage') AS p "
-            "FROM jsonb_array_elements(t.stage_history) h) x").format(stages=stages)
+        mask = sql.SQL("bit_or(1::bigint << (x.p - 1))")
         has = sql.SQL("s.mask & (1::bigint << (st.pos - 1)) <> 0")
     else:  # too many stages for a bigint mask: an array of positions
-        per_session = sql.SQL(
-            "SELECT array_agg(DISTINCT x.p) AS mask, max(x.p) AS furthest FROM ("
-            "SELECT array_position({stages}, h->>'stage') AS p "
-            "FROM jsonb_array_elements(t.stage_history) h) x").format(stages=stages)
+        mask = sql.SQL("array_agg(DISTINCT x.p)")
         has = sql.SQL("st.pos = ANY(s.mask)")
+    per_session = sql.SQL(
+        "SELECT {mask} AS mask, {furthest} AS furthest FROM ("
+        "SELECT array_position({order}, h->>'stage') AS p "
+        "FROM jsonb_array_elements(t.stage_history) h) x").format(
+            mask=mask, order=order, furthest=furthest_main_stage(
+                main, sql.SQL("t.stage_history"), b("main_stages", main)))
     return sql.SQL(
-        "WITH {st}, s AS (SELECT r.mask, r.furthest, count(*) AS n FROM {t} t "
-        "CROSS JOIN LATERAL ({per_session}) r WHERE {recent} GROUP BY 1, 2), "
+        "WITH {st}, s AS (SELECT r.mask, r.furthest, array_position({order}, t.stage) AS cur, "
+        "count(*) AS n FROM {t} t "
+        "CROSS JOIN LATERAL ({per_session}) r WHERE {recent} GROUP BY 1, 2, 3), "
         "c AS (SELECT st.pos, sum(s.n) FILTER (WHERE {has}) AS reached, "
-        "sum(s.n) FILTER (WHERE s.furthest = st.pos) AS stopped FROM st CROSS JOIN s "
+        "sum(s.n) FILTER (WHERE s.furthest = st.pos AND NOT st.branch) AS stopped, "
+        "sum(s.n) FILTER (WHERE s.cur = st.pos) AS ended FROM st CROSS JOIN s "
         "GROUP BY st.pos) "
         "SELECT st.pos, st.stage, st.final, COALESCE(c.reached, 0)::bigint AS sessions, "
         "round(100.0 * COALESCE(c.reached, 0) / NULLIF(first_value(COALESCE(c.reached, 0)) "
         "OVER (ORDER BY st.pos), 0), 1) AS pct_of_first, "
         "COALESCE(c.stopped, 0)::bigint AS stopped_here, "
-        "(SELECT COALESCE(sum(n), 0) FROM s)::bigint AS total_sessions "
+        "(SELECT COALESCE(sum(n), 0) FROM s)::bigint AS total_sessions, "
+        # New columns go last: the analysts' views are replaced in place.
+        "st.branch, st.branch_from, COALESCE(c.ended, 0)::bigint AS ended_here "
         "FROM st LEFT JOIN c ON c.pos = st.pos ORDER BY st.pos"
-    ).format(st=_stages(spec, b), t=sql.Identifier(spec.table), per_session=per_session,
-             recent=_recent(b), has=has)
+    ).format(st=_path_stages(spec, b), order=order, t=sql.Identifier(spec.table),
+             per_session=per_session, recent=_recent(b), has=has)
 
 
 # -- (3) time in each stage ------------------------------------------------------------
@@ -243,12 +276,15 @@ def conversation_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         # Of the prompt tokens, those written to the prompt cache (billed above the input).
         "COALESCE(sum(c.cache_write_tokens), 0) AS cache_write_tokens, "
         "round(100.0 * sum(c.cache_write_tokens) / NULLIF(sum(c.prompt_tokens), 0), 1) "
-        "AS cache_write_pct "
+        "AS cache_write_pct, "
+        # The conversations with at least one turn that fell back.
+        "count(*) FILTER (WHERE c.fallbacks > 0) AS fallback_sessions "
         "FROM (SELECT tr.session_id, count(*) AS turns, sum(tr.prompt_tokens) AS prompt_tokens, "
         "sum(tr.completion_tokens) AS completion_tokens, sum(tr.cost) AS cost, "
         "count(*) FILTER (WHERE tr.cost IS NULL) AS uncosted, "
         "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens, "
-        "sum(tr.cache_write_tokens) AS cache_write_tokens "
+        "sum(tr.cache_write_tokens) AS cache_write_tokens, "
+        "count(*) FILTER (WHERE tr.fallback) AS fallbacks "
         "FROM {turns} tr WHERE {where} GROUP BY tr.session_id) c"
     ).format(turns=sql.Identifier(ddl.TURNS), where=_turns_where(spec, b))
 
@@ -265,8 +301,10 @@ def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens, "
         "sum(tr.cache_write_tokens) AS cache_write_tokens "
         "FROM {turns} tr WHERE {where} GROUP BY 1), "
-        "s AS (SELECT x.stage, count(*) AS sessions FROM (SELECT DISTINCT tr.stage_before AS stage, "
-        "tr.session_id FROM {turns} tr WHERE {where}) x GROUP BY 1) "
+        "s AS (SELECT x.stage, count(*) AS sessions, count(*) FILTER (WHERE x.fell_back) "
+        "AS fallback_sessions FROM (SELECT tr.stage_before AS stage, tr.session_id, "
+        "bool_or(tr.fallback) AS fell_back FROM {turns} tr WHERE {where} GROUP BY 1, 2) x "
+        "GROUP BY 1) "
         "SELECT a.stage, st.pos, a.turns, s.sessions, a.prompt_tokens, a.completion_tokens, "
         "a.cost, round(a.cost / s.sessions, 6) AS cost_per_conversation, "
         "round((a.prompt_tokens + a.completion_tokens)::numeric / a.turns, 1) "
@@ -277,7 +315,7 @@ def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "round(100.0 * a.cached_prompt_tokens / NULLIF(a.prompt_tokens, 0), 1) "
         "AS cached_prompt_pct, a.cache_write_tokens, "
         "round(100.0 * a.cache_write_tokens / NULLIF(a.prompt_tokens, 0), 1) "
-        "AS cache_write_pct "
+        "AS cache_write_pct, s.fallback_sessions "
         "FROM a JOIN s ON s.stage = a.stage LEFT JOIN st ON st.stage = a.stage "
         "ORDER BY st.pos NULLS LAST, a.stage"
     ).format(st=_stages(spec, b), turns=sql.Identifier(ddl.TURNS), where=where)
@@ -368,8 +406,50 @@ def approvals(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
              since=b.since())
 
 
+# -- (10) trends: sessions and conversions a day, this period against the previous one --
+# Days are calendar days in UTC, clipped to the window: the first and the last are
+# partial, and the days add up to the period's totals. A conversion is an order placed
+# (``ordered_at``) that day, whichever session it came from.
+def _orders_in(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    return sql.SQL("c.funnel = {}").format(b("funnel", spec.name, "text"))
+
+
+def trend_days(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    return sql.SQL(
+        "WITH d AS (SELECT g AS day FROM generate_series(date_trunc('day', NOW() - {since}, "
+        "'UTC'), date_trunc('day', NOW(), 'UTC'), INTERVAL '1 day') g), "
+        "s AS (SELECT date_trunc('day', t.created_at, 'UTC') AS day, count(*) AS n FROM {t} t "
+        "WHERE {recent} GROUP BY 1), "
+        "o AS (SELECT date_trunc('day', c.ordered_at, 'UTC') AS day, count(*) AS n FROM {c} c "
+        "WHERE {orders} AND c.ordered_at > NOW() - {since} GROUP BY 1) "
+        "SELECT (d.day AT TIME ZONE 'UTC')::date AS day, COALESCE(s.n, 0) AS sessions, "
+        "COALESCE(o.n, 0) AS conversions FROM d LEFT JOIN s ON s.day = d.day "
+        "LEFT JOIN o ON o.day = d.day ORDER BY d.day"
+    ).format(since=b.since(), t=sql.Identifier(spec.table), recent=_recent(b),
+             c=sql.Identifier(ddl.CONVERSIONS), orders=_orders_in(spec, b))
+
+
+def trend_totals(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+    since = b.since()
+    return sql.SQL(
+        "SELECT x.*, round(100.0 * (x.sessions - x.previous_sessions) / "
+        "NULLIF(x.previous_sessions, 0), 1) AS sessions_change_pct, "
+        "round(100.0 * (x.conversions - x.previous_conversions) / "
+        "NULLIF(x.previous_conversions, 0), 1) AS conversions_change_pct FROM (SELECT "
+        "(SELECT count(*) FROM {t} t WHERE t.created_at > NOW() - {since}) AS sessions, "
+        "(SELECT count(*) FROM {t} t WHERE t.created_at > NOW() - 2 * {since} "
+        "AND t.created_at <= NOW() - {since}) AS previous_sessions, "
+        "(SELECT count(*) FROM {c} c WHERE {orders} AND c.ordered_at > NOW() - {since}) "
+        "AS conversions, "
+        "(SELECT count(*) FROM {c} c WHERE {orders} AND c.ordered_at > NOW() - 2 * {since} "
+        "AND c.ordered_at <= NOW() - {since}) AS previous_conversions) x"
+    ).format(t=sql.Identifier(spec.table), since=since, c=sql.Identifier(ddl.CONVERSIONS),
+             orders=_orders_in(spec, b))
+
+
 # The sections that read funnel_conversions too (none before it exists).
-CONVERSION_SECTIONS = frozenset({"purchases", "revenue", "presented_vs_bought"})
+CONVERSION_SECTIONS = frozenset({"purchases", "revenue", "presented_vs_bought", "trend_days",
+                                 "trend_totals"})
 
 # name -> (builder, reads funnel_turns)
 SECTIONS: dict[str, tuple[Section, bool]] = {
@@ -384,6 +464,8 @@ SECTIONS: dict[str, tuple[Section, bool]] = {
     "revenue": (revenue, False),
     "presented_vs_bought": (presented_vs_bought, False),
     "approvals": (approvals, False),
+    "trend_days": (trend_days, False),
+    "trend_totals": (trend_totals, False),
 }
 
 
@@ -464,5 +546,5 @@ async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit
             "sections": sections}
 
 
-__all__ = ["CONVERSION_SECTIONS", "REPORT_SETTINGS", "SECTIONS", "fetch_report", "inline_queries",
-           "report_snapshot", "section_queries"]
+__all__ = ["CONVERSION_SECTIONS", "REPORT_SETTINGS", "SECTIONS", "fetch_report",
+           "furthest_main_stage", "inline_queries", "report_snapshot", "section_queries"]

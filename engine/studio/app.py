@@ -1,5 +1,8 @@
 """The studio's ASGI app: the page, its assets, and the JSON the page reads and posts.
 
+``/report`` is the funnel's HTML report (``engine.report``) with its numbers linked to
+the sessions list filtered to the sessions behind them.
+
 ``create_studio_app(studio)`` serves one :class:`~engine.studio.playground.Studio`;
 ``funnel studio`` runs it alone (its lifespan opens the studio), ``funnel serve`` mounts
 it under ``/studio`` with an ``authorize`` that admits admin-scoped keys only.
@@ -17,10 +20,11 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -32,6 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..boundary.sanitize import Rejected, loads_bounded
 from ..errors import FunnelError, InvalidInput, StoreUnavailable
 from ..format.settings import parse_duration
+from ..report import build_report, render_html
 from . import sql
 from .bodies import RewindBody, ScenarioBody, TurnBody
 from .playground import Studio
@@ -160,19 +165,45 @@ async def transcript(request: Request) -> Response:
                                       _int(request, "offset"), _int(request, "limit", sql.PAGE)))
 
 
+def _period(request: Request, name: str) -> float | None:
+    value = _q(request, name)
+    try:
+        return parse_duration(value) if value else None
+    except (ValueError, FunnelError):
+        raise InvalidInput(f"`{name}` is a period such as 7d or 12h; got {value!r}") from None
+
+
 async def sessions(request: Request) -> Response:
     studio = (await _opened(request))
     spec = studio.engine(_q(request, "funnel") or "").spec
-    since = _q(request, "since")
-    try:
-        seconds = parse_duration(since) if since else None
-    except (ValueError, FunnelError):
-        raise InvalidInput(f"`since` is a period such as 7d or 12h; got {since!r}") from None
     f = sql.SessionFilter(stage=_q(request, "stage"), handoff=_flag(request, "handoff"),
-                          since_seconds=seconds, variant=_q(request, "variant"),
+                          since_seconds=_period(request, "since"), variant=_q(request, "variant"),
                           fallback=_flag(request, "fallback"), search=_q(request, "q"),
-                          offset=_int(request, "offset"))
+                          offset=_int(request, "offset"), started=_period(request, "started"),
+                          reached=_q(request, "reached"), stopped=_q(request, "stopped"),
+                          bought=_flag(request, "bought"),
+                          fell_back=_period(request, "fell_back"),
+                          fallback_stage=_q(request, "fallback_stage"))
     return _json(await sql.sessions(studio.store, spec, f))
+
+
+# The sessions list's filters a report link may set (the page reads them from its address).
+DRILL = ("started", "reached", "stopped", "stage", "bought", "fell_back", "fallback_stage")
+
+
+async def report(request: Request) -> Response:
+    """The funnel's HTML report (`engine.report`), its numbers linked to the sessions list."""
+    studio = (await _opened(request))
+    name = _q(request, "funnel") or next(iter(studio.engines))
+    compiled = studio.funnel(name)
+    since = _period(request, "since") or 7 * 86400
+    data = await build_report(compiled, db=getattr(studio.store, "url", None), since=since)
+
+    def link(params: Mapping[str, str]) -> str:
+        return "./?" + urlencode({"funnel": name, "tab": "sessions",
+                                  **{k: v for k, v in params.items() if k in DRILL}})
+
+    return HTMLResponse(render_html(data, link=link), headers={"cache-control": "no-store"})
 
 
 async def turn(request: Request) -> Response:
@@ -264,7 +295,7 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
         hosts: the ``Host`` names accepted (``None``: any); a loopback studio accepts only
             loopback names, so that a rebinding DNS name cannot reach it.
     """
-    routes = [Route("/", page), Route("/static/{name}", asset),
+    routes = [Route("/", page), Route("/static/{name}", asset), Route("/report", _guarded(report)),
               *(Route(f"/api/{path}", _guarded(fn)) for path, fn in (
                   ("funnels", funnels), ("status", status), ("session", session),
                   ("transcript", transcript), ("sessions", sessions))),

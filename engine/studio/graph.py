@@ -1,10 +1,10 @@
 """The stage graph as SVG, laid out from the funnel (no layout engine, no script).
 
-The main path runs down one column: from the initial stage, each stage's first exit
-to a stage not placed yet. Every other stage is a side branch (objection handling, a
-not-a-fit stage), drawn in a column of its own beside the stage that first leads to
-it, so a branch reads as a branch and never as a step of the main path. Global
-transitions come from an "any stage" box at the top.
+The main path (`engine.format.main_path`: the shortest chain of exits from the initial
+stage to the final stage furthest from it) runs down one column. Every other stage is
+a side branch (objection handling, a not-a-fit stage), drawn in a column of its own
+beside the stage that first leads to it, so a branch reads as a branch and never as a
+step of the main path. Global transitions come from an "any stage" box at the top.
 
 Nodes and edges carry ``data-stage`` / ``data-from``, ``data-to``, ``data-when`` so
 that the page marks the current stage, where the session has been, and each exit
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
+from ..format.main_path import stage_paths
 from ..format.spec import FunnelSpec
 
 __all__ = ["Layout", "layout", "svg"]
@@ -38,20 +39,8 @@ class Layout:
     height: int
 
 
-def _main_path(spec: FunnelSpec) -> list[str]:
-    path, seen = [spec.initial], {spec.initial}
-    while True:
-        stage = spec.stages.get(path[-1])
-        nxt = next((t.to for t in stage.transitions if t.to not in seen), None) \
-            if stage else None
-        if nxt is None or nxt not in spec.stages:
-            return path
-        path.append(nxt)
-        seen.add(nxt)
-
-
 def layout(spec: FunnelSpec) -> Layout:
-    main = _main_path(spec)
+    main = list(stage_paths(spec).main)
     row = {name: i for i, name in enumerate(main)}
     boxes = {name: (LEFT, TOP + i * (H + GAP)) for i, name in enumerate(main)}
     taken: set[int] = set()

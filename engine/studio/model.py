@@ -48,6 +48,7 @@ class Sent:
     stable: int
     # The chosen model's tokenizer (engine.llm.tokens), else the 4-characters estimate.
     count: TokenCount = estimate_tokens
+    trimmed: tuple[str, ...] = ()
 
     def view(self) -> dict[str, Any]:
         """The call as the prompt panel shows it: each message with its tokens, by the
@@ -58,7 +59,7 @@ class Sent:
                               "tokens": self.count([m]),
                               "breakpoint": self.stable > 0 and i == self.stable - 1}
                              for i, m in enumerate(self.messages)],
-                "tokens": self.count(self.messages)}
+                "tokens": self.count(self.messages), "trimmed": list(self.trimmed)}
 
 
 @dataclass
@@ -103,7 +104,7 @@ class StudioModel:
         chosen = self.models.get(self.choice.get(request.session_id, self.default))
         calls.append(Sent(request.turn, request.attempt, request.stage,
                           [dict(m) for m in request.messages], request.stable,
-                          token_counter(chosen)))
+                          token_counter(chosen), request.trimmed))
         self._sent[request.session_id] = calls
         while len(self._sent) > _SESSIONS:
             self._sent.popitem(last=False)

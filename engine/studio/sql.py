@@ -17,9 +17,11 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from ..errors import StoreUnavailable
-from ..format.names import EXITS, TURNS
+from ..format.main_path import stage_paths
+from ..format.names import CONVERSIONS, EXITS, TURNS
 from ..format.spec import FunnelSpec
 from ..records.explanation import expand
+from ..store.analytics_sql import furthest_main_stage
 from ..store.base import Store
 from ..store.turns import TURN_MESSAGES
 
@@ -45,15 +47,55 @@ async def _connect(store: Store) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
 
 
 class SessionFilter:
-    """The list's filters, each optional: stage, handed off, period, variant, fallbacks."""
+    """The list's filters, each optional: stage, handed off, period, variant, fallbacks;
+    and the report's (its numbers link here, each to exactly the sessions it counts):
+    ``started`` (seconds: created in that window), ``reached`` (a stage in the history),
+    ``stopped`` (the furthest main-path stage reached), ``bought`` (an order recorded),
+    ``fell_back`` (seconds: a turn in that window fell back, in ``fallback_stage`` if
+    given)."""
 
     def __init__(self, *, stage: str | None = None, handoff: bool | None = None,
                  since_seconds: float | None = None, variant: str | None = None,
                  fallback: bool | None = None, search: str | None = None,
-                 offset: int = 0) -> None:
+                 offset: int = 0, started: float | None = None, reached: str | None = None,
+                 stopped: str | None = None, bought: bool | None = None,
+                 fell_back: float | None = None, fallback_stage: str | None = None) -> None:
         self.stage, self.handoff, self.since = stage, handoff, since_seconds
         self.variant, self.fallback, self.search = variant, fallback, search
         self.offset = max(0, offset)
+        self.started, self.reached, self.stopped = started, reached, stopped
+        self.bought, self.fell_back, self.fallback_stage = bought, fell_back, fallback_stage
+
+
+def _report_filters(spec: FunnelSpec, f: SessionFilter, where: list[sql.Composable],
+                    params: list[Any]) -> None:
+    """The report's conditions on ``s``, written as the report's queries count
+    (``engine.store.analytics_sql``): the same window, the same furthest stage."""
+    if f.started:
+        where.append(sql.SQL("s.created_at > NOW() - make_interval(secs => %s::float8)"))
+        params.append(f.started)
+    if f.reached:
+        where.append(sql.SQL("EXISTS (SELECT 1 FROM jsonb_array_elements(s.stage_history) h "
+                             "WHERE h->>'stage' = %s)"))
+        params.append(f.reached)
+    if f.stopped:
+        main = list(stage_paths(spec).main)
+        where.append(sql.SQL("{} = %s").format(furthest_main_stage(
+            main, sql.SQL("s.stage_history"), sql.Placeholder())))
+        params += [main, main.index(f.stopped) + 1 if f.stopped in main else 0]
+    if f.bought is not None:
+        where.append(sql.SQL("{} EXISTS (SELECT 1 FROM {} c WHERE c.funnel = %s AND "
+                             "c.session_id = s.session_id)").format(
+                                 sql.SQL("" if f.bought else "NOT"),
+                                 sql.Identifier(CONVERSIONS)))
+        params.append(spec.name)
+    if f.fell_back or f.fallback_stage:
+        where.append(sql.SQL(
+            "EXISTS (SELECT 1 FROM {} tr WHERE tr.funnel = %s AND tr.session_id = s.session_id "
+            "AND tr.fallback AND tr.created_at > NOW() - make_interval(secs => %s::float8) "
+            "AND (%s::text IS NULL OR tr.stage_before = %s::text))").format(sql.Identifier(TURNS)))
+        params += [spec.name, f.fell_back or 10 * 365 * 86400.0, f.fallback_stage,
+                   f.fallback_stage]
 
 
 async def sessions(store: Store, spec: FunnelSpec, f: SessionFilter) -> dict[str, Any]:
@@ -77,6 +119,7 @@ async def sessions(store: Store, spec: FunnelSpec, f: SessionFilter) -> dict[str
     if f.search:
         where.append(sql.SQL("strpos(s.session_id, %s) > 0"))
         params.append(f.search)
+    _report_filters(spec, f, where, params)
     having: sql.Composable = sql.SQL("")
     if f.fallback is not None:
         having = sql.SQL("WHERE fallbacks {} 0").format(sql.SQL(">" if f.fallback else "="))

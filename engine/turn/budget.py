@@ -158,6 +158,9 @@ class Fitted:
     stable: int = 0
     """How many leading messages do not change every turn (static prefix, summary, state
     part, window; see :func:`stable_part`): a prompt cache may keep them for the next turn."""
+    trimmed: tuple[str, ...] = ()
+    """What the budget cut to get there, one sentence a part (empty: nothing); see
+    :func:`trimmed`."""
 
     @property
     def dropped_summary(self) -> bool:
@@ -239,6 +242,28 @@ def cuts(window: int, has_notices: bool, has_summary: bool, keep: int | None = N
     return out
 
 
+def trimmed(cut: Cut, dropped: int, has_notices: bool, has_summary: bool,
+            budget: int | None) -> tuple[str, ...]:
+    """What a cut gave up, in the order :func:`cuts` gives parts up: the window's oldest
+    messages, the summary, the notices, then the state compacted harder."""
+    out = []
+    if dropped:
+        out.append(f"the {dropped} oldest message{'s' if dropped != 1 else ''} of the window "
+                   f"left out ({cut.window} kept)")
+    if has_summary and not cut.summary:
+        out.append("the summary of older messages left out")
+    if has_notices and not cut.notices:
+        out.append("the notices of the last turn left out")
+    if cut.level:
+        chars, items, keys = LEVELS[cut.level]
+        out.append(f"the state compacted to level {cut.level} of {len(LEVELS) - 1} "
+                   f"(strings to {chars} characters, lists to {items} items, objects to "
+                   f"{keys} keys)")
+    if out and budget is not None:
+        out.append(f"to fit the stage's prompt_budget of {budget} tokens")
+    return tuple(out)
+
+
 def fit(stage: str, render: Callable[[int], Parts], summary: str, notices: Sequence[str],
         history: Sequence[Message], text: str, budget: int | None,
         count: Callable[[list[dict[str, str]]], int] = estimate_tokens,
@@ -272,7 +297,9 @@ def fit(stage: str, render: Callable[[int], Parts], summary: str, notices: Seque
         messages, stable = build(cut, text)
         tokens = count(messages)
         if budget is None or tokens <= budget:
-            return Fitted(messages, tokens, cut, len(history) - cut.window, stable)
+            dropped = len(history) - cut.window
+            return Fitted(messages, tokens, cut, dropped, stable,
+                          trimmed(cut, dropped, bool(notices), bool(summary), budget))
     assert budget is not None
     floor = count(build(plan[-1], "")[0])
     if floor <= budget:

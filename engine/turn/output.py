@@ -50,7 +50,8 @@ class Answer:
 async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]],
           session_id: str, turn: int, text: str,
           reply_check: Callable[[dict[str, Any]], str | None] | None = None,
-          stable: int = 0, stream: ReplyStream | None = None, spent: float = 0.0) -> Answer:
+          stable: int = 0, stream: ReplyStream | None = None, spent: float = 0.0,
+          trimmed: tuple[str, ...] = ()) -> Answer:
     """Call the model, validate, repair once, else the stage's fallback.
 
     ``reply_check`` is one more validation of a schema-valid envelope (the reply's
@@ -61,13 +62,15 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     ``stream``: the reply is shown as the model writes it (engine.turn.stream); a
     rejected answer is marked there, so that what replaces it says so. ``spent``: seconds
     the turn already waited on its way here (semantic recall's query), taken from the
-    deadline.
+    deadline. ``trimmed``: what the prompt budget cut (engine.turn.budget.Fitted.trimmed),
+    carried on the request.
     """
     deadline = time.monotonic() + stage.spec.model.deadline - spent
     on_text = stream.text if stream is not None else None
     request = ModelRequest(messages=messages, schema=stage.schema, stage=stage.spec.name,
                            settings=stage.spec.model, session_id=session_id, turn=turn,
-                           user_text=text, deadline=deadline, stable=stable, on_text=on_text)
+                           user_text=text, deadline=deadline, stable=stable, on_text=on_text,
+                           trimmed=trimmed)
     fallback = {"reply": stage.spec.fallback}
     completions: list[Completion] = []
     try:

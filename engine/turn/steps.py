@@ -150,7 +150,8 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
                                        turn.text, crowded=True)
     return await ask(model, stage, fitted.messages, turn.session_id,
                      turn.pos["turns"] + 1, turn.text, reply_check=reply_check(turn),
-                     stable=fitted.stable, stream=stream, spent=spent)
+                     stable=fitted.stable, stream=stream, spent=spent,
+                     trimmed=fitted.trimmed)
 
 
 def apply(turn: Turn, answer: Answer) -> None:

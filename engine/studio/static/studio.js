@@ -3,7 +3,10 @@
 (function () {
   const $ = id => document.getElementById(id);
   const S = {funnels: {}, funnel: null, session: null, view: null, generation: {}, offset: 0,
-    total: 0, branchEdit: null, listOffset: 0, form: null};
+    total: 0, branchEdit: null, listOffset: 0, form: null, drill: {}};
+  // The report's filters (its numbers link to the list with these in the address).
+  const DRILL = {started: "started in the last", reached: "reached", stopped: "went no further than",
+    bought: "bought", fell_back: "a turn fell back in the last", fallback_stage: "fell back in"};
 
   function el(tag, attrs, ...kids) {
     const e = document.createElement(tag);
@@ -110,7 +113,10 @@
       for (const m of call.messages) d.append(el("div", {}, el("strong", {text: m.role}), el("span", {class: "hint", text: " ~" + m.tokens + " tokens"}),
         m.breakpoint ? el("span", {class: "bp", text: " ◆ cache breakpoint (the next turn repeats up to here)"}) : null,
         el("pre", {text: m.content})));
-      box.append(d);
+      const cut = call.trimmed || [];  // what the prompt budget cut (engine.turn.budget.trimmed)
+      box.append(d, el("div", {class: "trimmed hint", "data-testid": "prompt-trimmed"},
+        el("span", {text: cut.length ? "the budget trimmed: " : "the budget trimmed nothing"}),
+        ...(cut.length ? [el("ul", {}, ...cut.map(t => el("li", {text: t})))] : [])));
     }
     const r = view.record;
     if (r) {
@@ -314,7 +320,7 @@
     S.listOffset = more ? S.listOffset + 50 : 0;
     const res = await api("sessions?" + q({funnel: S.funnel, stage: $("f-stage").value, handoff: $("f-handoff").value,
       fallback: $("f-fallback").value, since: $("f-since").value.trim(), variant: $("f-variant").value.trim(),
-      q: $("f-q").value.trim(), offset: S.listOffset}));
+      q: $("f-q").value.trim(), offset: S.listOffset, ...S.drill}));
     if (!res.ok) return failed(res);
     const rows = res.data.sessions.map(s => {
       const tr = el("tr", {"data-session": s.session_id},
@@ -327,6 +333,14 @@
     if (more) $("sessions-list").append(...rows); else $("sessions-list").replaceChildren(...rows);
     $("more").hidden = !res.data.more;
   }
+  function drill(params) {
+    S.drill = {};
+    for (const k of Object.keys(DRILL)) if (params.get(k)) S.drill[k] = params.get(k);
+    const parts = Object.entries(S.drill).map(([k, v]) => DRILL[k] + (v === "true" ? "" : " " + v));
+    if (params.get("stage")) { $("f-stage").value = params.get("stage"); parts.push("now in " + params.get("stage")); }
+    $("drill").hidden = !parts.length;
+    $("drill-text").textContent = parts.length ? "From the report: sessions that " + parts.join(", ") : "";
+  }
   function tab(which) {
     $("play").hidden = which !== "play"; $("sessions").hidden = which === "play";
     $("tab-play").classList.toggle("on", which === "play"); $("tab-sessions").classList.toggle("on", which !== "play");
@@ -338,6 +352,10 @@
     const params = new URLSearchParams(location.search);
     if (params.get("funnel") && S.funnels[params.get("funnel")]) S.funnel = params.get("funnel");
     $("funnel").value = S.funnel;
+    const report = () => { $("open-report").href = "report?" + q({funnel: S.funnel}); };
+    report(); $("funnel").addEventListener("change", report);
+    drill(params);
+    $("drill-clear").addEventListener("click", () => { drill(new URLSearchParams()); $("f-stage").value = ""; listSessions(false); });
     $("funnel").addEventListener("change", async () => { S.funnel = $("funnel").value; await loadFunnels(); openSession(newId()); });
     $("model").addEventListener("change", () => { $("model-name").hidden = $("model").value === "human"; if (S.view) drawForm(S.view); });
     $("send").addEventListener("click", () => send(false));
