@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_the_compact_state_leaves_out_the_engines_stamps_and_detected_language()
     """The model reads what was shown and bought, not when: the items' stamps and the
     detected language (the template states the reply's language) stay in the row."""
     funnel = load_funnel(ROOT / "funnels" / "puramur.yaml")
-    state = {
+    state: dict[str, Any] = {
         "pet": {"type": "cat"},
         "presented_products": [{"sku": "PR251010", "presented_at": "2026-01-01T00:00:00+00:00",
                                 "stage_iteration": 0}],
