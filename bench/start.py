@@ -171,10 +171,10 @@ def main() -> None:
     if args.workers > 1:
         print(f"| the master's PSS | {med([r['pss_master'] for r in rows]):.0f} |")
     print(f"| the whole service's PSS (master + workers) | {med([r['pss'] for r in rows]):.0f} |")
-    print(f"\nload average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     print("\n| turn | ms |\n|---|---|")
     print(f"| the first customer's turn | {med([r['first_turn'] for r in rows]) * 1000:.0f} |")
     print(f"| the second customer's turn | {med([r['second_turn'] for r in rows]) * 1000:.0f} |")
+    print(f"\nload average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":
