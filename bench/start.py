@@ -7,9 +7,9 @@ litellm model (``openai/gpt-4o-mini`` at a local fake OpenAI server, so litellm 
 imported as in production) and measures, from the process's start:
 
 - ``/healthz`` answering 200, and ``/readyz`` answering ready;
-- the resident memory of each worker once ready (RSS), and the whole service's
-  proportional share (PSS: what the processes together cost the machine, pages shared
-  between the master and the workers counted once);
+- the resident memory of each worker once ready (RSS), its proportional share (PSS:
+  pages shared with the master and the other workers divided among them), and the
+  whole service's PSS (what the processes together cost the machine);
 - the first customer's turn and the second's (another session), so that what a lazy
   load would move out of the start into the first turn shows.
 
@@ -111,7 +111,9 @@ def one_run(db: str, workers: int, fake: FakeOpenAI) -> dict[str, float]:
         procs = [proc, *proc.children(recursive=True)]
         workers_rss = [p.memory_info().rss / 2**20 for p in procs
                        if p.pid != proc.pid or workers == 1]
-        pss = sum(p.memory_full_info().pss for p in procs) / 2**20
+        pss_each = {p.pid: p.memory_full_info().pss / 2**20 for p in procs}
+        pss = sum(pss_each.values())
+        workers_pss = [v for pid, v in pss_each.items() if pid != proc.pid or workers == 1]
         url = f"{base}/v1/funnels/puramur/sessions/%s/messages"
         first = _post(url % f"first-{port}", {"text": "Hi"})
         second = _post(url % f"second-{port}", {"text": "Hi"})
@@ -122,6 +124,7 @@ def one_run(db: str, workers: int, fake: FakeOpenAI) -> dict[str, float]:
         except psutil.TimeoutExpired:
             proc.kill()
     return {"healthz": healthz, "readyz": readyz, "rss_max": max(workers_rss), "pss": pss,
+            "pss_worker": max(workers_pss), "pss_master": pss_each[proc.pid] if workers > 1 else 0.0,
             "first_turn": first, "second_turn": second}
 
 
@@ -163,10 +166,15 @@ def main() -> None:
     print("\n| memory | MB |\n|---|---|")
     print(f"| python -c 'import litellm', peak RSS | {med([m for _, m in base_lite]):.0f} |")
     print(f"| a worker's RSS once ready (max over workers) | {med([r['rss_max'] for r in rows]):.0f} |")
+    print(f"| a worker's PSS once ready (max over workers) | "
+          f"{med([r['pss_worker'] for r in rows]):.0f} |")
+    if args.workers > 1:
+        print(f"| the master's PSS | {med([r['pss_master'] for r in rows]):.0f} |")
     print(f"| the whole service's PSS (master + workers) | {med([r['pss'] for r in rows]):.0f} |")
     print("\n| turn | ms |\n|---|---|")
     print(f"| the first customer's turn | {med([r['first_turn'] for r in rows]) * 1000:.0f} |")
     print(f"| the second customer's turn | {med([r['second_turn'] for r in rows]) * 1000:.0f} |")
+    print(f"\nload average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -218,6 +218,23 @@ def cached(model: str, earlier: tuple[list[dict[str, str]], int], later: list[di
     return tokens if tokens >= CLAUDE_MIN else 0
 
 
+def stable_prefixes(model: str, recorder: Recorder
+                    ) -> dict[str, tuple[int, list[int], list[int]]]:
+    """Per stage: its turns, each prompt's tokens, and for each turn after the first in a
+    run of the stage the tokens of the prefix it shares byte for byte with the turn before."""
+    out: dict[str, tuple[int, list[int], list[int]]] = {}
+    previous: tuple[str, str] | None = None
+    for stage, messages, _ in recorder.requests:
+        text = serialized(messages)
+        turns, prompt, prefix = out.setdefault(stage, (0, [], []))
+        prompt.append(count(model, messages))
+        if previous is not None and previous[0] == stage:
+            prefix.append(count_text(model, text[:shared_prefix(previous[1], text)]))
+        out[stage] = (turns + 1, prompt, prefix)
+        previous = (stage, text)
+    return out
+
+
 async def play(url: str, language: str, n: int, system: str
                ) -> tuple[Recorder, list[list[dict[str, str]]]]:
     script = conversation(language, n)
@@ -265,6 +282,7 @@ async def main() -> None:
     args = ap.parse_args()
     system = baseline_system_prompt()
     rows = []
+    stages: list[tuple[str, str, dict[str, tuple[int, list[int], list[int]]]]] = []
     with throwaway_schema(server_url(args.db)) as url:
         for language in ("uk", "ru", "en"):
             recorder, baseline = await play(url, language, args.turns, system)
@@ -279,6 +297,7 @@ async def main() -> None:
                 estimate = [t for t in recorder.tokens]
                 rows.append((language, tokenizer, engine, base, shares, estimate,
                              counting(tokenizer, [m for _, m, _ in recorder.requests])))
+                stages.append((language, tokenizer, stable_prefixes(tokenizer, recorder)))
     print(f"Input tokens per turn, counted by the model's tokenizer ({args.turns}-turn "
           "conversations, the engine against the window-buffer baseline)\n")
     print("| language | tokenizer | engine t15 | baseline t15 | engine / baseline (target ≤ 0.25) "
@@ -299,6 +318,22 @@ async def main() -> None:
         (e, e_us), (w, w_us), (n, n_us) = c["estimate"], c["litellm"], c["engine"]
         print(f"| {language} | {tokenizer} | {e} | {n} | {w} | {e / n:.2f} | {e_us:.0f} "
               f"| {w_us:.0f} | {n_us:.0f} |")
+    print("\nPer stage: the stable prefix, the start of a prompt byte-identical to the previous "
+          "turn's prompt in the same stage (what a prefix cache could read), in tokens; the "
+          f"providers read a cache only past {OPENAI_MIN} tokens (OpenAI; Claude Sonnet "
+          f"{CLAUDE_MIN}, Haiku 2,048)\n")
+    print("| language | tokenizer | stage | turns | prompt (mean) | stable prefix (mean; min) "
+          "| share of the prompt (mean; min) | cacheable |")
+    print("|---|---|---|---|---|---|---|---|")
+    for language, tokenizer, per_stage in stages:
+        for stage, (turns, prompt, prefix) in per_stage.items():
+            share = [p / t for p, t in zip(prefix, prompt[1:], strict=False)]
+            cacheable = ("-" if not prefix else f"no: prefix under {CLAUDE_MIN}"
+                         if max(prefix) < CLAUDE_MIN else "yes" if min(prefix) >= CLAUDE_MIN
+                         else "some turns")
+            print(f"| {language} | {tokenizer} | {stage} | {turns} | {mean(prompt):.0f} "
+                  + (f"| {mean(prefix):.0f}; {min(prefix)} | {mean(share):.0%}; {min(share):.0%} "
+                     if prefix else "| - | - ") + f"| {cacheable} |")
 
 
 if __name__ == "__main__":

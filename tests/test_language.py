@@ -340,3 +340,28 @@ def test_a_quick_answer_that_would_switch_the_session_asks_the_full_detector() -
     before = before_issue_19(text)
     assert language._customer_language(text, LANGS, "pl") == decided_before(before, "pl")
     assert language._customer_language(text, LANGS, "en") == "en"
+
+
+def _warm_other_languages(queue: Any) -> None:
+    language.warm(["fr", "it", "es"])
+    queue.put(language.detect("Bonjour, mon chat a la peau très sèche", ("fr", "it", "es"))
+              .language)
+
+
+def test_a_forked_process_loads_new_languages_after_its_parent_warmed_some() -> None:
+    """`funnel serve --workers N` warms the models in the master and forks: lingua's
+    preload waits on a thread pool the child does not have, so the child loads on use."""
+    import multiprocessing
+
+    language.warm(LANGS)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_warm_other_languages, args=(queue,))
+    child.start()
+    child.join(120)
+    hung = child.is_alive()
+    if hung:
+        child.kill()
+        child.join()
+    assert not hung and child.exitcode == 0
+    assert queue.get(timeout=5) == "fr"

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.errors import ConfigError
 from engine.funnel.compiled import load_funnel
-from engine.turn.prompts import render
+from engine.turn.prompts import compact_state, render
 
 BASE = Path(__file__).resolve().parent / "corpus" / "_base"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_render_error_names_the_template_and_its_line(tmp_path: Path) -> None:
@@ -32,3 +34,22 @@ def test_a_render_error_names_the_template_and_its_line(tmp_path: Path) -> None:
     assert caught.value.file == str(tmp_path / "prompts" / "greeting.j2")
     assert caught.value.line == 3
     assert str(caught.value).startswith(f"{tmp_path / 'prompts' / 'greeting.j2'}:3: ")
+
+
+def test_the_compact_state_leaves_out_the_engines_stamps_and_detected_language() -> None:
+    """The model reads what was shown and bought, not when: the items' stamps and the
+    detected language (the template states the reply's language) stay in the row."""
+    funnel = load_funnel(ROOT / "funnels" / "puramur.yaml")
+    state: dict[str, Any] = {
+        "pet": {"type": "cat"},
+        "presented_products": [{"sku": "PR251010", "presented_at": "2026-01-01T00:00:00+00:00",
+                                "stage_iteration": 0}],
+        "objections_raised": [{"objection": "price", "stage": "presentation",
+                               "recorded_at": "2026-01-01T00:00:00+00:00"}],
+        "detected_language": "en", "response_language": "en",
+    }
+    shown = compact_state(funnel, state, funnel.stage("greeting"))
+    assert shown == {"pet": {"type": "cat"}, "presented_products": [{"sku": "PR251010"}],
+                     "objections_raised": [{"objection": "price", "stage": "presentation"}],
+                     "response_language": "en"}
+    assert state["presented_products"][0]["presented_at"]  # the row keeps them

@@ -27,6 +27,11 @@ from ..format.spec import ActionSpec, FunnelSpec
 from .grounding import confirmed
 from .hooks import import_hook_module
 
+# The keys the built-ins stamp on the list items they write: when and in which round the
+# engine did it. The analysts' SQL reads them; the model never needs them (the prompt's
+# compact state leaves them out: ~100 tokens of a contact-collection prompt).
+ITEM_STAMPS = frozenset({"presented_at", "stage_iteration", "added_at", "recorded_at"})
+
 
 @dataclass(frozen=True)
 class ActionCall:

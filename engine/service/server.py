@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InvalidInput
-from ..funnel.compiled import load_funnel
+from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.embedded import embedded_url
 from .config import ServiceConfig
 
@@ -50,13 +50,50 @@ def proxy_options(trusted: list[str]) -> dict[str, Any]:
 WORKER_HEALTHCHECK_SECONDS = 60
 
 
+def preload(compiled: list[CompiledFunnel], model: str | None, api_base: str | None) -> None:
+    """Load here, once, what every worker loads the same at its start: litellm (unless
+    every model is the offline one), the language models of the funnels' detectors and
+    the app's modules. Forked workers then share these pages with this process instead
+    of each holding a copy (bench/start.py --workers 2: the PSS per worker). Frozen out
+    of the garbage collector (``gc.freeze``), whose passes would write to every object
+    and unshare its page."""
+    import gc
+    import importlib
+
+    from ..llm.models import make_model
+    from ..turn import language
+
+    names = {model} if model else {c.spec.model.name for c in compiled}
+    for name in sorted(names):
+        if not name.startswith("scripted"):
+            # Constructing imports litellm; its warm-up call stays in the worker (it
+            # starts litellm's logging thread, which a fork would not carry over).
+            make_model(name, api_base=api_base)
+            break
+    for funnel in compiled:
+        if funnel.spec.language_policy.mode != "model":
+            language.warm(funnel.spec.language_policy.candidates)
+    importlib.import_module(APP.partition(":")[0])
+    gc.freeze()
+
+
 def _run_workers(config: Any, folder: str | None) -> None:
     """uvicorn's worker supervisor, except that SIGHUP is handed to every worker (each
     reloads its funnels, engine.service.reload) instead of replacing the workers: a
-    replacement would drop nothing, but it would not validate an edit before taking it."""
+    replacement would drop nothing, but it would not validate an edit before taking it.
+    The workers are forked rather than spawned, so that they share what :func:`preload`
+    loaded."""
+    import multiprocessing
+
     import uvicorn
+    import uvicorn._subprocess
     from prometheus_client.multiprocess import mark_process_dead
     from uvicorn.supervisors.multiprocess import Multiprocess
+
+    # uvicorn starts its workers with the "spawn" context (its module attribute `spawn`,
+    # not a setting): each would import litellm and load the language models again,
+    # ~300 MB per worker. Forked, they share the master's pages (bench/start.py).
+    uvicorn._subprocess.spawn = multiprocessing.get_context("fork")  # type: ignore[assignment]
 
     class Workers(Multiprocess):
         def keep_subprocess_alive(self) -> None:
@@ -96,12 +133,14 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
     if workers < 1:
         raise InvalidInput("--workers must be at least 1")
     names: dict[str, str] = {}
+    loaded: list[CompiledFunnel] = []
     for path in funnels:
         compiled = load_funnel(path)  # FunnelInvalid: the CLI prints every problem
         if compiled.name in names:
             raise InvalidInput(f"{path} and {names[compiled.name]} are both named "
                               f"'{compiled.name}'")
         names[compiled.name] = path
+        loaded.append(compiled)
     env = os.environ
     env["FUNNEL_SERVE_FUNNELS"] = os.pathsep.join(str(Path(p).resolve()) for p in funnels)
     if db is None and not env.get("FUNNEL_DB"):
@@ -152,6 +191,7 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         options["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_SECONDS
     try:
         if workers > 1:
+            preload(loaded, env.get("FUNNEL_MODEL"), env.get("FUNNEL_API_BASE"))
             _run_workers(uvicorn.Config(APP, **options), env.get("PROMETHEUS_MULTIPROC_DIR"))
         else:  # one process: the app's own SIGHUP handler reloads (engine.service.app)
             uvicorn.run(APP, **options)

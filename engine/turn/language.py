@@ -25,6 +25,7 @@ detector; `detect` always runs it.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
@@ -116,6 +117,20 @@ class Detection:
 # keeps the models once per process, whatever the number of detectors.
 _DETECTORS: dict[tuple[tuple[str, ...], bool], LanguageDetector] = {}
 _PRELOADED: set[tuple[str, ...]] = set()
+# Lingua loads preloaded models on a pool of threads; a forked process (`funnel serve
+# --workers N` warms the models in the master, so that the workers share their pages)
+# has none of them, and a preload there waits for them forever (measured: a worker hung
+# on a reload that added languages). A forked process loads models on first use instead,
+# on its own thread, as lingua does without a preload.
+_FORKED = False
+
+
+def _forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _detector(languages: tuple[str, ...], preload: bool = False,
@@ -148,12 +163,13 @@ def warm(languages: Iterable[str]) -> None:
     """Load every model the detectors of ``languages`` need, now. Lingua loads them
     piecemeal on the detections that need them, up to 0.8 s of CPU on one customer's
     turn after a start; ``Engine.open`` calls this instead, in a thread. Builds the
-    low-accuracy detector of the quick step too, when it serves these languages."""
+    low-accuracy detector of the quick step too, when it serves these languages. In a
+    process forked from one that ran this, models not loaded yet load on first use."""
     key = tuple(sorted(set(languages)))
     if key not in _PRELOADED:
-        _detector(key, preload=True)
+        _detector(key, preload=not _FORKED)
         if key == _QUICK_LANGUAGES:
-            _detector(key, preload=True, low_accuracy=True)
+            _detector(key, preload=not _FORKED, low_accuracy=True)
         _PRELOADED.add(key)
 
 

@@ -29,6 +29,7 @@ from jinja2 import TemplateError, UndefinedError
 
 from ..errors import ConfigError
 from ..format.names import PROMPT_BLOCKS, STATE_BLOCK, STATIC_PROMPT_NAMES, TURN_BLOCK
+from ..funnel.actions import ITEM_STAMPS
 from ..funnel.compiled import CompiledFunnel, CompiledStage
 from ..funnel.state import defaults
 from ..records.messages import Message
@@ -47,26 +48,33 @@ def _empty(value: Any) -> bool:
     return value is None or value == "" or value == [] or value == {}
 
 
-def _prune(value: Any) -> Any:
+def _prune(value: Any, item: bool = False) -> Any:
     if isinstance(value, dict):
         # Each value pruned once (pruning it again to test it doubled the work per level).
         out = {}
         for k, v in value.items():
+            if item and k in ITEM_STAMPS:
+                continue
             pruned = _prune(v)
             if not _empty(pruned):
                 out[k] = pruned
         return out
     if isinstance(value, list):
-        return [_prune(v) for v in value if not _empty(v)]
+        return [_prune(v, True) for v in value if not _empty(v)]
     return value
 
 
 def compact_state(funnel: CompiledFunnel, state: Mapping[str, Any], stage: CompiledStage
                   ) -> dict[str, Any]:
-    """The state the stage shows the model: its ``context`` fields, without nulls."""
+    """The state the stage shows the model: its ``context`` fields, without nulls, and
+    the list items without the engine's stamps (``presented_at``, ``added_at``...,
+    :data:`~engine.funnel.actions.ITEM_STAMPS`). By default every field but the
+    engine's bookkeeping, the summary and the detected language (the template states
+    the language to reply in, from the response field)."""
     spec = funnel.spec
     names = stage.spec.context if stage.spec.context is not None else [
-        n for n in spec.state if n not in _HIDDEN and n != spec.memory.summary
+        n for n in spec.state
+        if n not in _HIDDEN and n != spec.memory.summary and n != spec.language_detected
     ]
     out = {}
     for name in names:
