@@ -270,7 +270,8 @@ def _turn(funnel: CompiledFunnel, session_id: str, rec: Recorded, state: dict[st
     scratch = TurnScratch(session_id, pos["stage"], pos["stage_iteration"], rec.at,
                           words=words)
     return Turn(inbound, rec.at, None if first else {}, [], state, pos, 0, last,
-                stage_before=pos["stage"], mover=Mover(funnel, pos, rec.at, scratch),
+                stage_before=pos["stage"], mover=Mover(funnel, pos, rec.at, scratch,
+                                                       values=False),
                 funnel=funnel)
 
 
