@@ -11,6 +11,10 @@ know, and does the whole work for every one). Then, in the same run:
 * the replay of an edit (the discovery threshold 60 -> 50), with --jobs processes.
 
     python bench/replay.py [--db URL] [--sessions 10000] [--engine 100] [--jobs 2]
+    python bench/replay.py --sessions 2000 --profile 25   # cProfile of the edit's replay
+
+With ``--profile N`` the edit is replayed once more in this process (jobs 1) under
+cProfile, and the N functions with the most time of their own are printed.
 
 Without --db it uses $FUNNEL_DB, else the embedded PostgreSQL.
 """
@@ -19,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import logging
 import os
+import pstats
 import shutil
 import sys
 import tempfile
@@ -67,6 +73,8 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=10_000)
     ap.add_argument("--engine", type=int, default=100, help="sessions played by the engine")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile the edit's replay (jobs 1); print the top N")
     args = ap.parse_args()
     logging.disable(logging.WARNING)  # the hand-off alerts of the recorded sessions
     with throwaway_schema(server_url(args.db)) as url:
@@ -101,6 +109,12 @@ def main() -> None:
             edited_path.write_text(PURAMUR.read_text("utf-8").replace(
                 "discovery_completeness >= 60", "discovery_completeness >= 50"), "utf-8")
             edited = replay(load_funnel(edited_path), population, resolve, jobs=args.jobs)
+            if args.profile:
+                profiler = cProfile.Profile()
+                profiler.enable()
+                replay(load_funnel(edited_path), population, resolve, jobs=1)
+                profiler.disable()
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
         c = edited.counts()
         print(f"replay, threshold 60 -> 50 (jobs {args.jobs}): {edited.seconds:6.2f} s  "
               f"(CPU {edited.cpu_seconds:.2f} s; {c['changed']} change: {c['different']} "

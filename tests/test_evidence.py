@@ -328,3 +328,110 @@ def test_a_model_plays_the_customers_through_litellm(server_dsn, fake_llm, capsy
     assert first[0]["role"] == "system" and "You are a customer" in first[0]["content"]
     assert second[-1]["role"] == "user" and "Puramur consultant" in second[-1]["content"]
     assert all(m["role"] != "system" for m in second[1:])
+
+
+def _continued(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["session_id"]: s for s in report["sessions"] if s["status"] == "continued"}
+
+
+def test_a_scripted_model_continues_the_sessions_the_recording_cannot_answer(
+        population, edits, capsys) -> None:
+    """--model: from the first turn the recording has no output for, the session's
+    recorded customer messages go to the model through the engine; the session says so,
+    and the whole with such sessions is told apart from the whole the recording decides."""
+    url, _, recorded = population
+    funnel = _edit(edits, "threshold", THRESHOLD)
+    plain = _json(capsys, url, funnel)
+    needing = {s["session_id"]: s["needs_model_from_turn"] for s in plain["sessions"]
+               if s["status"] == "needs_model"}
+    assert needing
+    label = f"scripted:{FUNNEL_MODEL}"
+    code, out = _replay(capsys, url, funnel, "--format", "json", "--model", label)
+    assert code == 0, out
+    report = json.loads(out)
+    continued = _continued(report)
+    assert {sid: s["continued"]["from_turn"] for sid, s in continued.items()} == needing
+    assert report["counts"]["needs_model"] == 0
+    assert report["counts"]["continued"] == len(needing)
+    assert report["counts"]["changed"] == plain["counts"]["changed"]
+    # The recording's whole is the same set, the same figures; the continued ones apart.
+    assert report["metrics"] == plain["metrics"]
+    assert report["continued_with"] == label
+    for sid, s in continued.items():
+        records = recorded[sid][0]
+        c = s["continued"]
+        assert c["model"] == label and c["text"].startswith(
+            f"continued with {label} from turn {needing[sid]}")
+        left = len(records) - needing[sid] + 1
+        # Every recorded message from that turn on, unless a final stage ended it.
+        assert c["turns"] == left if c["ended"] is None else c["turns"] < left
+        # The model played in presentation, where the edit moved the session.
+        assert "presentation" in s["after"]["reached"]
+        assert s["after"]["stage"] != "discovery"
+    with_them = report["metrics_with_continued"]
+    n = len(plain["sessions"]) - plain["counts"]["needs_model"] - \
+        plain["counts"]["not_reproduced"] - plain["counts"]["skipped"]
+    assert n + len(needing) == report["counts"]["same"] + report["counts"]["different"] + \
+        report["counts"]["continued"]
+    moved = set(with_them["reach.presentation"]["sessions"])
+    assert moved >= {sid for sid, s in continued.items()
+                     if "presentation" not in s["before"]["reached"]}
+    # Every format says it.
+    first = min(continued)
+    code, text = _replay(capsys, url, funnel, "--model", label)
+    assert code == 0
+    assert f"continued with {label} {len(needing)}" in text
+    assert f"With the {len(needing)} session(s) continued with {label}" in text
+    assert f"continued with {label} from turn {needing[first]}" in \
+        next(line for line in text.splitlines() if line.startswith(f"  {first}:"))
+    code, github = _replay(capsys, url, funnel, "--model", label, "--format", "github",
+                           "--base", str(PURAMUR))
+    assert code == 0 and f"{len(needing)} continued with {label}" in github
+    code, html = _replay(capsys, url, funnel, "--model", label, "--format", "html")
+    assert code == 0 and 'data-testid="count-continued"' in html
+    assert 'data-testid="metrics-with-continued"' in html
+    assert f"continued with {label} from turn {needing[first]}" in html
+    code, out = _replay(capsys, url, funnel, "--model", label, "--fail-if", "continued > 0")
+    assert code == 1 and "FAIL: continued > 0" in out
+
+
+def test_the_continuation_calls_a_real_model_through_litellm(population, edits, fake_llm,
+                                                             capsys) -> None:
+    """The continuation is the engine's turn: the stage prompt with the session's
+    recorded history goes to the model over HTTP (loopback), its answer is validated and
+    applied; here the model only talks, so every continued session stays in presentation,
+    where the edit moved it, for all its recorded messages."""
+    url, _, recorded = population
+    funnel = _edit(edits, "threshold", THRESHOLD)
+    fake_llm.respond_with(lambda body: json.dumps({"reply": "Tell me more, please."}))
+    code, out = _replay(capsys, url, funnel, "--format", "json", "--model", "openai/fake",
+                        "--api-base", fake_llm.api_base)
+    assert code == 0, out
+    report = json.loads(out)
+    continued = _continued(report)
+    assert continued and report["counts"]["needs_model"] == 0
+    for sid, s in continued.items():
+        c = s["continued"]
+        assert c["turns"] == len(recorded[sid][0]) - c["from_turn"] + 1
+        assert (c["fallbacks"], c["repairs"], c["ended"]) == (0, 0, None)
+        assert c["tokens"] > 0
+        assert s["after"]["stage"] == "presentation" and not s["after"]["handoff"]
+        assert s["after"]["reached"] == ["greeting", "discovery", "presentation"]
+    # One request per continued turn (no repair), each the turn's recorded message
+    # with what came before it in the session.
+    assert len(fake_llm.requests) == sum(s["continued"]["turns"] for s in continued.values())
+    prompts = [json.dumps(b["messages"]) for b in fake_llm.requests]
+    for sid, s in continued.items():
+        records = recorded[sid][0]
+        turn = s["continued"]["from_turn"]
+        assert turn >= 2
+        said = records[turn - 1]["customer"]
+        earlier = (json.dumps(records[turn - 2]["customer"])[1:-1],
+                   json.dumps(records[turn - 2]["reply"])[1:-1])
+        # The turn before's message and reply, seeded from the recording, are in its prompt.
+        assert any(json.dumps(said)[1:-1] in p and all(e in p for e in earlier)
+                   for p in prompts), sid
+    with_them = report["metrics_with_continued"]
+    assert with_them["reach.presentation"]["after"] * report["counts"]["sessions"] >= \
+        len(continued)
+    assert with_them["handoffs"]["after"] == report["metrics"]["handoffs"]["after"]

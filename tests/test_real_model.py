@@ -140,3 +140,46 @@ async def test_smollm2_answers_with_schema_valid_envelopes(
     assert auto["valid"] >= 0.9 * auto["turns"], figures
     if os.environ.get("FUNNEL_REAL_MODEL_FIGURES"):
         Path(os.environ["FUNNEL_REAL_MODEL_FIGURES"]).write_text(json.dumps(figures, indent=2))
+
+
+PERSONAS = ROOT / "tests" / "evidence" / "personas.yaml"
+
+
+def test_smollm2_walks_the_personas(llama_server: str, server_dsn: str, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`funnel simulate` with SmolLM2 as the funnel's model and as the customers: five
+    conversations through the real engine, scored by the funnel's outcomes (printed:
+    docs/evidence.md quotes a run). The command, with the server on port 8090:
+
+        funnel simulate puramur_local.yaml --personas tests/evidence/personas.yaml -n 5 \\
+            --model openai/smollm2 --api-base http://127.0.0.1:8090/v1 \\
+            --customer-model openai/smollm2 --customer-api-base http://127.0.0.1:8090/v1
+    """
+    from engine.cli import main
+    from engine.llm import strategy
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    strategy.forget()
+    funnel = slow_funnel(tmp_path)
+    started = time.perf_counter()
+    code = main(["simulate", str(funnel), "--personas", str(PERSONAS), "-n", "5",
+                 "--model", "openai/smollm2", "--api-base", llama_server,
+                 "--customer-model", "openai/smollm2", "--customer-api-base", llama_server,
+                 "--db", server_dsn, "--format", "json"])
+    seconds = time.perf_counter() - started
+    assert code == 0
+    run = json.loads(capsys.readouterr().out)
+    with capsys.disabled():
+        m = run["metrics"]
+        print(f"\nfunnel simulate with SmolLM2-135M-Instruct, 5 conversations in {seconds:.0f} s: "
+              + json.dumps({k: round(v, 3) for k, v in m.items()}))
+        for c in run["conversations"]:
+            print(f"  {c['session_id']}: {c['turns']} turns, {c['stage']}, reached "
+                  f"{c['reached']}, hand-off {c['handoff']}, {c['fallbacks']} fallback(s), "
+                  f"{c['repairs']} repair(s), {c['tokens']} tokens; ended: {c['ended'][:120]}")
+    convs = run["conversations"]
+    assert len(convs) == 5
+    # Every conversation ran at least one engine turn, each with a model call counted.
+    assert all(c["turns"] >= 1 and c["tokens"] > 0 for c in convs)
+    assert 0 <= m["fallback_rate"] <= 1 and m["reach.greeting"] == 1.0

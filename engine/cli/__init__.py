@@ -210,6 +210,12 @@ def _parser() -> argparse.ArgumentParser:
                     "(repeatable; docs/evidence.md)")
     rl.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
                     help="processes to replay in (default: 2, or 1 on one core)")
+    rl.add_argument("--model", default=None, metavar="M",
+                    help="continue the sessions that need the model with M (litellm model "
+                    "string or scripted:PATH), from the turn the recording cannot answer; "
+                    "counted apart (default: marked, not continued)")
+    rl.add_argument("--api-base", default=None, metavar="URL")
+    structured_opt(rl)
     db_opts(rl)
 
     sm = sub.add_parser("simulate", help="walk the funnel with simulated customers (personas) "

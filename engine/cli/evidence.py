@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import InvalidInput
 from ..evidence import render
+from ..evidence.continuation import continue_sessions
 from ..evidence.gates import Verdict, check_floor, parse_floor, parse_gate
 from ..evidence.personas import load_personas
 from ..evidence.records import read_bundle, read_population
@@ -30,6 +31,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         result = replay(edited, population, resolve, jobs=max(1, args.jobs))
         result.versions = dict(where)
+        if args.model:
+            model = make_model(args.model, api_base=args.api_base,
+                               structured_output=args.structured_output)
+            continue_sessions(result, edited, population.sessions, model, label=args.model,
+                              db=args.db)
         known = list(result.metrics())
         try:
             gates = [parse_gate(g, known) for g in args.fail_if]

@@ -15,7 +15,7 @@ from typing import Any
 
 from .play import Playthrough, held
 
-__all__ = ["ExitChange", "Outcome", "SessionDiff", "compare", "outcome"]
+__all__ = ["Continued", "ExitChange", "Outcome", "SessionDiff", "compare", "outcome"]
 
 
 @dataclass
@@ -57,9 +57,29 @@ class ExitChange:
 
 
 @dataclass
+class Continued:
+    """The turns a model played where the recording had no answer (``--model``)."""
+
+    model: str  # the model as given (``--model``)
+    turn: int  # the first turn it played (1-based): the first the recording could not answer
+    turns: int = 0  # how many it played
+    fallbacks: int = 0
+    repairs: int = 0
+    tokens: int = 0
+    ended: str = ""  # why it stopped before the recorded messages ran out (a final stage)
+
+    def describe(self) -> str:
+        text = (f"continued with {self.model} from turn {self.turn} ({self.turns} turn(s) by "
+                f"the model, {self.fallbacks} fallback(s), {self.repairs} repair(s)")
+        return text + (f"; {self.ended})" if self.ended else ")")
+
+
+@dataclass
 class SessionDiff:
     """One session's replay: ``status`` is ``same``, ``different``, ``needs_model``,
-    ``not_reproduced`` (the version it ran on does not replay as recorded) or ``skipped``."""
+    ``continued`` (needed the model, and ``--model`` played the rest: its outcome after
+    rests on new model outputs), ``not_reproduced`` (the version it ran on does not
+    replay as recorded) or ``skipped``."""
 
     session_id: str
     status: str
@@ -74,7 +94,7 @@ class SessionDiff:
     reason: str | None = None  # needs_model / not_reproduced / skipped: why
     revenue: Decimal = Decimal(0)  # recorded orders
     revenue_after: Decimal | None = None  # None: cannot say (the model is needed)
-    continued: str | None = None  # the model that played the turns the recording lacked
+    continued: Continued | None = None  # the model that played the turns the recording lacked
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"session_id": self.session_id, "status": self.status,
@@ -88,7 +108,11 @@ class SessionDiff:
         if self.needs_model is not None:
             out["needs_model_from_turn"] = self.needs_model
         if self.continued:
-            out["continued_with_model"] = self.continued
+            c = self.continued
+            out["continued"] = {"model": c.model, "from_turn": c.turn, "turns": c.turns,
+                                "fallbacks": c.fallbacks, "repairs": c.repairs,
+                                "tokens": c.tokens, "ended": c.ended or None,
+                                "text": c.describe()}
         if self.reason:
             out["reason"] = self.reason
         if self.before:

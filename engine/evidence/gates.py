@@ -6,7 +6,7 @@
   (``handoff_rate < -5%``: the hand-off rate falls by more than 5 %);
 * ``VALUEpp``: the change of a rate in percentage points (``reach.presentation < -2pp``);
 * a bare number: the change in the metric's own units (``revenue < -1000``), or, for a
-  count of the replay itself (``changed``, ``needs_model``, ``not_reproduced``,
+  count of the replay itself (``changed``, ``needs_model``, ``continued``, ``not_reproduced``,
   ``different``, ``skipped``), the count (``not_reproduced > 0``).
 
 ``--fail-under 'METRIC=VALUE'`` fails a simulated run whose metric is below ``VALUE``.
@@ -30,7 +30,8 @@ _FLOOR = re.compile(r"^\s*([a-z_][a-z0-9_.]*)\s*=\s*(-?\d+(?:\.\d+)?)\s*$")
 _OPS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
     "==": operator.eq, "!=": operator.ne}
-COUNTS = ("changed", "different", "needs_model", "not_reproduced", "skipped", "same")
+COUNTS = ("changed", "different", "needs_model", "continued", "not_reproduced", "skipped",
+          "same")
 
 
 @dataclass(frozen=True)

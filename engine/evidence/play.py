@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from ..format.settings import LanguagePolicy
 from ..funnel.actions import TurnScratch
 from ..funnel.compiled import CompiledFunnel, CompiledStage
 from ..funnel.state import defaults
@@ -103,18 +104,20 @@ class Playthrough:
 class _Languages:
     """The language decisions of a run, remembered: they depend on the customer's text,
     the session's language so far and the policy, never on the edit; detection is the
-    dearest step of a played turn."""
+    dearest step of a played turn. Keyed by the policy's value (a frozen dataclass), not
+    its identity: the version a session ran on and the edit are two compiled funnels with
+    equal policies, and each text is detected once for both plays."""
 
     def __init__(self) -> None:
-        self.decisions: dict[tuple[int, str, str | None], language.Decision] = {}
-        self.problems: dict[tuple[int, frozenset[str], str], str | None] = {}
+        self.decisions: dict[tuple[LanguagePolicy, str, str | None], language.Decision] = {}
+        self.problems: dict[tuple[LanguagePolicy, frozenset[str], str], str | None] = {}
 
     def decide(self, turn: Turn) -> None:
         spec = turn.spec
         policy = spec.language_policy
         current = turn.state.get(spec.language_response) if spec.language_response else None
         current = current if isinstance(current, str) else None
-        key = (id(policy), turn.text, current)
+        key = (policy, turn.text, current)
         decision = self.decisions.get(key)
         if decision is None:
             decision = self.decisions[key] = language.decide(policy, turn.text, current)
@@ -127,7 +130,7 @@ class _Languages:
 
         def problem(envelope: dict[str, Any]) -> str | None:
             reply = str(envelope.get("reply", ""))
-            key = (id(policy), decision.accept, reply)
+            key = (policy, decision.accept, reply)
             if key not in self.problems:
                 self.problems[key] = language.reply_problem(policy, decision, reply)
             return self.problems[key]
@@ -267,7 +270,8 @@ def _turn(funnel: CompiledFunnel, session_id: str, rec: Recorded, state: dict[st
     scratch = TurnScratch(session_id, pos["stage"], pos["stage_iteration"], rec.at,
                           words=words)
     return Turn(inbound, rec.at, None if first else {}, [], state, pos, 0, last,
-                stage_before=pos["stage"], mover=Mover(funnel, pos, rec.at, scratch),
+                stage_before=pos["stage"], mover=Mover(funnel, pos, rec.at, scratch,
+                                                       values=False),
                 funnel=funnel)
 
 

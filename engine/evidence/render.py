@@ -54,14 +54,15 @@ def _change(metric: str, before: float, after: float) -> str:
     return f"{after - before:+,.2f}"
 
 
-def _behind(r: Replay, metric: str) -> list[str]:
-    """The sessions behind a metric's change."""
-    rows = r.comparable
+def _behind(r: Replay, metric: str, continued: bool = False) -> list[str]:
+    """The sessions behind a metric's change (with ``continued``, among
+    :attr:`Replay.with_continued`)."""
+    rows = r.with_continued if continued else r.comparable
     if metric in ("handoff_rate", "handoffs"):
         return [d.session_id for d in rows if d.before and d.after
                 and d.before.handoff != d.after.handoff]
     if metric.startswith("reach."):
-        gained, lost, _ = r.reach(metric[6:])
+        gained, lost, _ = r.reach(metric[6:], continued=continued)
         return gained + lost
     if metric == "cart_total":
         return [d.session_id for d in rows if d.before and d.after
@@ -70,8 +71,17 @@ def _behind(r: Replay, metric: str) -> list[str]:
             and d.revenue_after != d.revenue]
 
 
-def _rows(r: Replay) -> list[tuple[str, float, float, list[str]]]:
-    return [(m, b, a, _behind(r, m)) for m, (b, a) in r.metrics().items()]
+def _rows(r: Replay, continued: bool = False) -> list[tuple[str, float, float, list[str]]]:
+    return [(m, b, a, _behind(r, m, continued))
+            for m, (b, a) in r.metrics(continued=continued).items()]
+
+
+def _continued(r: Replay) -> str:
+    """The heading of the whole with the continued sessions: what it rests on."""
+    n = len(r.of("continued"))
+    return (f"With the {n} session(s) continued with {r.model}, over "
+            f"{len(r.with_continued)} sessions (their after rests on new model outputs, "
+            "played from the turn the recording could not answer):")
 
 
 def _conditions(r: Replay) -> list[tuple[str, int, int, list[str], int]]:
@@ -104,7 +114,7 @@ def _first(d: SessionDiff) -> str:
     elif d.reason:
         text += f"; {d.reason}"
     if d.continued:
-        text += f"; continued with {d.continued}"
+        text += f"; {d.continued.describe()}"
     if d.before and d.after:
         text += (f" [end: {d.before.stage} -> {d.after.stage}, cart {d.before.cart_total} -> "
                  f"{d.after.cart_total}, hand-off {_yes(d.before.handoff)} -> "
@@ -122,14 +132,13 @@ def as_text(r: Replay, verdicts: Sequence[Verdict] = (), limit: int = 20) -> str
     lines = [f"funnel replay: {r.funnel}, {c['sessions']} sessions ({turns} turns) on "
              f"{r.edited} against {_versions(r)}, {r.seconds:.2f} s",
              f"  same {c['same']} · different {c['different']} · needs the model "
-             f"{c['needs_model']} · not reproduced {c['not_reproduced']} · skipped "
-             f"{c['skipped']}", "",
-             f"The whole, over the {len(r.comparable)} sessions replayed completely:",
-             f"  {'':28} {'before':>10} {'after':>10} {'change':>9}  sessions"]
-    for m, b, a, ids in _rows(r):
-        lines.append(f"  {_label(m):28} {_value(m, b):>10} {_value(m, a):>10} "
-                     f"{_change(m, b, a):>9}  {len(ids)}"
-                     + (f": {sessions_behind(ids, 5)}" if ids else ""))
+             f"{c['needs_model']}"
+             + (f" · continued with {r.model} {c['continued']}" if "continued" in c else "")
+             + f" · not reproduced {c['not_reproduced']} · skipped {c['skipped']}", "",
+             f"The whole, over the {len(r.comparable)} sessions replayed completely "
+             "(the recording decides):", *_table(_rows(r))]
+    if c.get("continued"):
+        lines += ["", _continued(r), *_table(_rows(r, continued=True))]
     cond = _conditions(r)
     if cond:
         lines += ["", "Conditions that hold on other sessions now:"]
@@ -140,7 +149,7 @@ def as_text(r: Replay, verdicts: Sequence[Verdict] = (), limit: int = 20) -> str
     if earlier:
         lines += ["", "Stages reached earlier now:"]
         lines += [f"  {s}: {len(ids)} sessions: {sessions_behind(ids, 5)}" for s, ids in earlier]
-    changed = r.of("different", "needs_model")
+    changed = r.of("different", "needs_model", "continued")
     if changed:
         lines += ["", f"Sessions that differ ({len(changed)}), at their first difference:"]
         lines += [f"  {d.session_id}: {_first(d)}" for d in changed[:limit]]
@@ -156,6 +165,15 @@ def as_text(r: Replay, verdicts: Sequence[Verdict] = (), limit: int = 20) -> str
     return "\n".join(lines) + "\n"
 
 
+def _table(rows: list[tuple[str, float, float, list[str]]]) -> list[str]:
+    lines = [f"  {'':28} {'before':>10} {'after':>10} {'change':>9}  sessions"]
+    for m, b, a, ids in rows:
+        lines.append(f"  {_label(m):28} {_value(m, b):>10} {_value(m, a):>10} "
+                     f"{_change(m, b, a):>9}  {len(ids)}"
+                     + (f": {sessions_behind(ids, 5)}" if ids else ""))
+    return lines
+
+
 def _versions(r: Replay) -> str:
     return "; ".join(r.versions.values()) or "no recorded version"
 
@@ -165,6 +183,12 @@ def as_json(r: Replay, verdicts: Sequence[Verdict] = ()) -> str:
         "funnel": r.funnel, "edited": r.edited, "versions": {str(k): v for k, v in r.versions.items()},
         "seconds": round(r.seconds, 3), "counts": r.counts(),
         "metrics": {m: {"before": b, "after": a, "sessions": ids} for m, b, a, ids in _rows(r)},
+        # The same over the sessions a model continued as well (--model): apart, since
+        # their after rests on new model outputs.
+        "continued_with": r.model,
+        "metrics_with_continued": None if r.model is None else {
+            m: {"before": b, "after": a, "sessions": ids}
+            for m, b, a, ids in _rows(r, continued=True)},
         "conditions": [{"when": w, "sessions_now": now, "sessions_then": then,
                         "another_turn": moved, "changed": ids}
                        for w, now, then, ids, moved in _conditions(r)],
@@ -202,9 +226,15 @@ def as_github(r: Replay, files: Mapping[Path, tuple[str, str]],
     path -> (text then, text now)) with its effect, then one per gate."""
     c = r.counts()
     summary = (f"replayed {c['sessions']} sessions: {c['changed']} change "
-               f"({c['different']} different, {c['needs_model']} need the model)")
+               f"({c['different']} different, {c['needs_model']} need the model"
+               + (f", {c['continued']} continued with {r.model}" if "continued" in c else "")
+               + ")")
     whole = [f"{_label(m)} {_value(m, b)} -> {_value(m, a)} ({_change(m, b, a)})"
              for m, b, a, ids in _rows(r) if ids]
+    if c.get("continued"):
+        whole += [f"with the {c['continued']} continued with {r.model} (new model "
+                  f"outputs): {_label(m)} {_value(m, b)} -> {_value(m, a)} "
+                  f"({_change(m, b, a)})" for m, b, a, ids in _rows(r, continued=True) if ids]
     earlier = [f"{len(ids)} reach {s} earlier" for s, ids in _earlier(r)]
     cond = _conditions(r)
     out: list[str] = []
@@ -244,18 +274,30 @@ def as_html(r: Replay, verdicts: Sequence[Verdict] = ()) -> str:
 
     kpis = "".join(f'<div class="kpi" data-testid="count-{k}"><b>{c[k]}</b><span>'
                    f'{e(k.replace("_", " "))}</span></div>'
-                   for k in ("sessions", "same", "different", "needs_model", "not_reproduced",
-                             "skipped"))
-    rows = "".join(f'<tr data-testid="metric-{e(m)}"><td>{e(_label(m))}</td><td class="n">'
-                   f'{e(_value(m, b))}</td><td class="n">{e(_value(m, a))}</td><td class="n">'
-                   f'{e(_change(m, b, a))}</td><td>{e(sessions_behind(ids, 8))}</td></tr>'
-                   for m, b, a, ids in _rows(r))
+                   for k in ("sessions", "same", "different", "needs_model", "continued",
+                             "not_reproduced", "skipped") if k in c)
+
+    def table(rows: list[tuple[str, float, float, list[str]]], prefix: str) -> str:
+        body = "".join(
+            f'<tr data-testid="{prefix}-{e(m)}"><td>{e(_label(m))}</td><td class="n">'
+            f'{e(_value(m, b))}</td><td class="n">{e(_value(m, a))}</td><td class="n">'
+            f'{e(_change(m, b, a))}</td><td>{e(sessions_behind(ids, 8))}</td></tr>'
+            for m, b, a, ids in rows)
+        return (f'<table><thead><tr><th></th><th class="n">before</th><th class="n">after'
+                f'</th><th class="n">change</th><th>sessions behind it</th></tr></thead>'
+                f'<tbody>{body}</tbody></table>')
+
+    rows = table(_rows(r), "metric")
+    extra = (f'<section data-testid="metrics-with-continued"><h2>With the sessions '
+             f'continued with {e(r.model)}</h2><p class="sub">{e(_continued(r))}</p>'
+             f'{table(_rows(r, continued=True), "continued-metric")}</section>'
+             if c.get("continued") else "")
     cond = "".join(f'<li data-testid="condition">{e(w)} holds on {now} of '
                    f'{c["sessions"]} sessions ({then} then), at another turn on {moved}</li>'
                    for w, now, then, _, moved in _conditions(r))
     changed = "".join(f'<tr data-testid="session"><td><code>{e(d.session_id)}</code></td>'
                       f'<td>{e(d.status.replace("_", " "))}</td><td>{e(_first(d))}</td></tr>'
-                      for d in r.of("different", "needs_model")[:500])
+                      for d in r.of("different", "needs_model", "continued")[:500])
     gates = "".join(f'<li data-testid="gate" class="{"bad" if v.failed else ""}">'
                     f'{e(v.line())}</li>' for v in verdicts)
     return (
@@ -265,9 +307,8 @@ def as_html(r: Replay, verdicts: Sequence[Verdict] = ()) -> str:
         f'<p>{e(r.edited)} against {e(_versions(r))}</p></header>'
         f'<div class="kpis">{kpis}</div>'
         f'<section data-testid="metrics"><h2>Before and after</h2><p class="sub">Over the '
-        f'{len(r.comparable)} sessions replayed completely on both sides</p><table><thead><tr>'
-        f'<th></th><th class="n">before</th><th class="n">after</th><th class="n">change</th>'
-        f'<th>sessions behind it</th></tr></thead><tbody>{rows}</tbody></table></section>'
+        f'{len(r.comparable)} sessions replayed completely on both sides (the recording '
+        f'decides)</p>{rows}</section>{extra}'
         + (f'<section data-testid="conditions"><h2>Conditions that hold on other sessions '
            f'now</h2><ul>{cond}</ul></section>' if cond else "")
         + (f'<section data-testid="sessions"><h2>Sessions that differ</h2><p class="sub">At '

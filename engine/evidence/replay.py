@@ -6,7 +6,10 @@ the recording, and on the edited funnel; :func:`engine.evidence.compare.compare`
 what changed. :class:`Replay` holds every session's :class:`SessionDiff` and the
 whole: stages reached, hand-offs, carts and revenue before and after, over the
 sessions whose replay is complete on both sides (the like-for-like set), and the
-sessions behind each change.
+sessions behind each change. The sessions a model continued
+(:mod:`engine.evidence.continuation`, ``--model``) are summed apart
+(:meth:`Replay.metrics` with ``continued=True``): their outcome after rests on new
+model outputs, not on the recording.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from .compare import Outcome, SessionDiff, compare, outcome
 from .play import Playthrough, held, play, reproduced, stage_answerable
 from .records import Population, Session
 
-__all__ = ["Replay", "replay"]
+__all__ = ["Replay", "replay", "revenue_after"]
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Replay:
     conditions: dict[tuple[str, str, int], Held] = field(default_factory=dict)
     stages: list[str] = field(default_factory=list)
     handoff_stage: str | None = None
+    model: str | None = None  # the model that continued the sessions (``--model``)
 
     def of(self, *status: str) -> list[SessionDiff]:
         return [d for d in self.diffs if d.status in status]
@@ -53,9 +57,15 @@ class Replay:
         """The sessions replayed completely on both sides: the whole's before and after."""
         return self.of("same", "different")
 
-    def metrics(self) -> dict[str, tuple[float, float]]:
-        """``name -> (before, after)`` over :attr:`comparable` (rates as fractions)."""
-        rows = self.comparable
+    @property
+    def with_continued(self) -> list[SessionDiff]:
+        """:attr:`comparable` and the sessions a model continued (``--model``)."""
+        return self.of("same", "different", "continued")
+
+    def metrics(self, *, continued: bool = False) -> dict[str, tuple[float, float]]:
+        """``name -> (before, after)`` over :attr:`comparable` (rates as fractions), or,
+        with ``continued``, over :attr:`with_continued`."""
+        rows = self.with_continued if continued else self.comparable
         n = len(rows) or 1
 
         def both(f: Callable[[Outcome], float]) -> tuple[float, float]:
@@ -76,18 +86,23 @@ class Replay:
         """How many sessions ended in each status, and in all."""
         out = {s: len(self.of(s)) for s in ("same", "different", "needs_model",
                                              "not_reproduced", "skipped")}
+        if self.model is not None:
+            out["continued"] = len(self.of("continued"))
         out["sessions"] = len(self.diffs)
-        out["changed"] = out["different"] + out["needs_model"]
+        out["changed"] = out["different"] + out["needs_model"] + out.get("continued", 0)
         return out
 
-    def reach(self, stage: str) -> tuple[list[str], list[str], list[str]]:
-        """Sessions (comparable) that reach ``stage`` only now, only then, and the
-        sessions (any played) that reach it earlier now."""
-        gained = [d.session_id for d in self.comparable if d.before and d.after
+    def reach(self, stage: str, *, continued: bool = False
+              ) -> tuple[list[str], list[str], list[str]]:
+        """Sessions (comparable, or with ``continued`` those too) that reach ``stage``
+        only now, only then, and the sessions (any played) that reach it earlier now."""
+        rows = self.with_continued if continued else self.comparable
+        gained = [d.session_id for d in rows if d.before and d.after
                   and stage in d.after.reached and stage not in d.before.reached]
-        lost = [d.session_id for d in self.comparable if d.before and d.after
+        lost = [d.session_id for d in rows if d.before and d.after
                 and stage in d.before.reached and stage not in d.after.reached]
-        earlier = [d.session_id for d in self.of("same", "different", "needs_model")
+        earlier = [d.session_id for d in self.of("same", "different", "needs_model",
+                                                 "continued")
                    if d.before and d.after and stage in d.after.first_turn
                    and d.after.first_turn[stage] < d.before.first_turn.get(stage, 10**9)]
         return gained, lost, earlier
@@ -195,7 +210,7 @@ def _one(conditions: dict[tuple[str, str, int], Held], session: Session, origina
     a = _outcome(edited, now)
     diff = compare(sid, then, now, b, a)
     diff.revenue = session.revenue
-    diff.revenue_after = _revenue_after(diff, b, a)
+    diff.revenue_after = revenue_after(diff, b, a)
     return diff
 
 
@@ -249,14 +264,15 @@ def _count_conditions(conditions: dict[tuple[str, str, int], Held], sid: str,
                 entry.moved.add(sid)
 
 
-def _revenue_after(diff: SessionDiff, b: Outcome, a: Outcome) -> Decimal | None:
+def revenue_after(diff: SessionDiff, b: Outcome, a: Outcome) -> Decimal | None:
     """What the session's recorded orders would come to after the edit: the same when
     nothing changed; none when it no longer hands off (or, without a hand-off, no
     longer ends where it did); scaled by the cart when the cart's total changed (a
-    price); unknown when the model is needed."""
+    price); unknown when the model is needed (a session a model continued is counted
+    as a different one)."""
     if diff.status == "same" or diff.revenue == 0:
         return diff.revenue if diff.status != "needs_model" else None
-    if diff.status != "different":
+    if diff.status not in ("different", "continued"):
         return None
     kept = a.handoff if (b.handoff or a.handoff) else a.stage == b.stage
     if not kept:

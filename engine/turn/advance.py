@@ -53,6 +53,9 @@ class Mover:
     # A move into a stage whose `approval:` gate held (engine.turn.approval): not made;
     # what it would have been (from, to, trigger, when, reason).
     held: dict[str, Any] | None = None
+    # Whether the explanation keeps the values each condition read (the turn record's
+    # "why"); a replay compares only which exits held, and skips reading them out.
+    values: bool = True
 
     def context(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The names conditions read: every declared field plus the turn's facts."""
@@ -110,7 +113,7 @@ class Mover:
             if funnel.stage(pos["stage"]).spec.final:
                 break
             ctx = self.context(state)
-            step = explain_stage(funnel, pos["stage"], ctx)
+            step = explain_stage(funnel, pos["stage"], ctx, values=self.values)
             self.explanation.append(step)
             # The explanation just evaluated every exit of the stage on this context:
             # when none held (nor failed), the machine has nothing to fire, and asking it

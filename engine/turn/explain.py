@@ -92,9 +92,11 @@ def _held(funnel: CompiledFunnel, sources: tuple[str, ...], ctx: Mapping[str, An
     return [_evaluate(funnel.explain_conditions[s], ctx) for s in sources]
 
 
-def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any]
-                  ) -> dict[str, Any]:
-    """Every exit of ``stage`` (global ones first, as the machine tries them), evaluated."""
+def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any], *,
+                  values: bool = True) -> dict[str, Any]:
+    """Every exit of ``stage`` (global ones first, as the machine tries them), evaluated;
+    with ``values`` False, without the values each condition read (nor how a derived
+    field got its value): only which held."""
     spec = funnel.spec
     own = spec.stages[stage].transitions if stage in spec.stages else ()
     candidates = [(t, True) for t in spec.global_transitions if t.to != stage] + \
@@ -113,6 +115,9 @@ def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any]
             entry["held"] = held
             if error:
                 entry["error"] = error
+            if not values:
+                out.append(entry)
+                continue
             names = condition_names(t.when)
             entry["values"] = {n: _short(_lookup(ctx, n)) for n in names}
             derived = {n: d for n in names if (d := _derived(funnel, n, ctx)) is not None}
