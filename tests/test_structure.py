@@ -41,6 +41,7 @@ def lint_imports(**options: Any) -> int:
 # (module, imported name) -> why it is imported inside a function
 LOCAL_IMPORTS_ALLOWED = {
     ("engine.llm.models", "litellm"): "`import litellm` takes seconds: only a real model pays it",
+    ("engine.llm.models", "engine.llm.bounded"): "httpx (half a second) only with a real model",
     ("engine.llm.models", "openai.types.chat"): "the warm-up of a real model: litellm brings it",
     ("engine.llm.client", "litellm.llms.custom_httpx.async_client_cleanup"):
         "litellm, when a command closes its clients",
