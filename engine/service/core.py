@@ -299,6 +299,8 @@ class Service:
             self.queue.leave(queue_key)
             self.metrics.turns_in_flight -= 1
         self.metrics.turn(funnel, result, time.perf_counter() - started)
+        for kind, name in result.refused_claims:  # declared fields and actions: bounded labels
+            self.metrics.count("funnel_facts_refused_total", funnel=funnel, kind=kind, claim=name)
         return result
 
     # -- request checks ----------------------------------------------------------------
