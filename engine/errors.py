@@ -18,6 +18,7 @@ path or session), what was expected, and what to do about it::
     │   ├── CatalogError        the catalog file is wrong (names file and line)
     │   └── MigrationError      a declared state migration cannot apply to a session's state
     ├── ModelError              the model could not be called
+    │   └── ResponseRefused     a provider's response decoded past its bound (a gzip bomb)
     ├── ActionRefused           an action's arguments were refused (unknown SKU, ...)
     ├── HookFailed              a hook raised what is not an Exception (SystemExit, ...)
     │   └── HookTimeout         a hook did not return within the turn's deadline
@@ -64,6 +65,7 @@ __all__ = [
     "ApprovalRefused",
     "PromptTooLarge",
     "ReleaseRejected",
+    "ResponseRefused",
     "SchemaOutdated",
     "StoreError",
     "StoreUnavailable",
@@ -271,6 +273,12 @@ class ModelError(FunnelError):
         self.spent_ms = spent_ms
         self.prompt_tokens = prompt_tokens
         super().__init__(message)
+
+
+class ResponseRefused(ModelError):
+    """A provider's response was not read to its end: its body decoded past
+    :data:`engine.llm.bounded.MAX_RESPONSE_BYTES`, or came in an encoding the engine cannot
+    decode under that bound. Never retried: the same provider would send it again."""
 
 
 class ActionRefused(FunnelError):

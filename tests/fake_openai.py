@@ -51,6 +51,8 @@ class Behaviour:
     then: Behaviour | None = None
     gate: Gate | None = None
     stream: Stream | None = None
+    body: bytes = b""  # "raw": the bytes sent as they are, with ``headers``
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class Gate:
@@ -97,6 +99,13 @@ class FakeOpenAI(LoopbackServer):
              "while processing your request.") -> FakeOpenAI:
         """Answer with an HTTP error and an OpenAI-style ``{"error": {...}}`` body."""
         self._push(Behaviour("fail", status=status, message=message))
+        return self
+
+    def raw(self, body: bytes, headers: dict[str, str], status: int = 200) -> FakeOpenAI:
+        """Answer ``status`` with ``body`` exactly as given (``Content-Length`` added):
+        a compressed body and its ``Content-Encoding``, say, whatever the request asked."""
+        self._push(Behaviour("raw", status=status, body=body,
+                                       headers=tuple(headers.items())))
         return self
 
     def sleep(self, seconds: float, *, then: str = '{"reply": "too late"}') -> FakeOpenAI:
@@ -213,6 +222,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             assert behaviour.then is not None
             behaviour = behaviour.then
+        if behaviour.kind == "raw":
+            self._raw(behaviour)
+            return
         if behaviour.kind == "fail":
             self._send(behaviour.status, _error(behaviour.message, "server_error",
                                                 behaviour.status))
@@ -262,6 +274,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.fake.client_closed.set()  # the client closed the request: stop generating
             return
         self.close_connection = True
+
+    def _raw(self, b: Behaviour) -> None:
+        try:
+            self.send_response(b.status)
+            for name, value in b.headers:
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(b.body)))
+            self.end_headers()
+            self.wfile.write(b.body)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client stopped reading (a bound reached): nothing more to send
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()

@@ -68,6 +68,8 @@ class Behaviour:
     written_tokens: int = 0  # of prompt_tokens, written to the provider's prompt cache
     then: Behaviour | None = None
     stream: Stream | None = None  # how a streamed answer is sent (tests/fake_stream.py)
+    body: bytes = b""  # "raw": the bytes sent as they are, with ``headers``
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class FakeProvider(LoopbackServer):
@@ -107,6 +109,13 @@ class FakeProvider(LoopbackServer):
              *, retry_after: str | None = None) -> FakeProvider:
         self._queue.append(Behaviour("fail", status=status, message=message,
                                      retry_after=retry_after))
+        return self
+
+    def raw(self, body: bytes, headers: dict[str, str], status: int = 200) -> FakeProvider:
+        """Answer ``status`` with ``body`` exactly as given (``Content-Length`` added):
+        a compressed body and its ``Content-Encoding``, say, whatever the request asked."""
+        self._queue.append(Behaviour("raw", status=status, body=body,
+                                       headers=tuple(headers.items())))
         return self
 
     def sleep(self, seconds: float, *, then: str = '{"reply": "too late"}') -> FakeProvider:
@@ -184,6 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             assert behaviour.then is not None
             behaviour = behaviour.then
+        if behaviour.kind == "raw":
+            self._raw(behaviour)
+            return
         if behaviour.kind == "fail":
             self._error(behaviour.status, behaviour.message, behaviour.retry_after)
             return
@@ -241,6 +253,18 @@ class _Handler(BaseHTTPRequestHandler):
                                  "code": str(status)}}
         extra = {"Retry-After": retry_after} if retry_after is not None else {}
         self._send(status, payload, extra)
+
+    def _raw(self, b: Behaviour) -> None:
+        try:
+            self.send_response(b.status)
+            for name, value in b.headers:
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(b.body)))
+            self.end_headers()
+            self.wfile.write(b.body)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client stopped reading (a bound reached): nothing more to send
 
     def _send(self, status: int, payload: dict[str, Any],
               extra: dict[str, str] | None = None) -> None:

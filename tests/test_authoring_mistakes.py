@@ -119,3 +119,33 @@ def test_the_prompt_budget_must_fit_the_models_context(
     assert d.line == next(i for i, line in enumerate(text.splitlines(), 1)
                           if "prompt_budget: 1000" in line)
     assert "128000" in d.message and "at most 101900" in d.message
+
+
+def test_a_misspelt_confirm_reason_says_the_hand_off_would_run_unconfirmed(
+        tmp_path: Path) -> None:
+    """`confirm:` keyed by a reason the action does not have guards nothing: the hand-off it
+    was written for would alert a manager on the model's word alone."""
+    path = _copy(tmp_path)
+    text = path.read_text("utf-8")
+    assert "      explicit_request:\n        en: [manager" in text
+    path.write_text(text.replace("      explicit_request:\n        en: [manager",
+                                 "      explicit-request:\n        en: [manager"), "utf-8")
+    _, diagnostics = check_file(path)
+    [found] = [d for d in diagnostics if d.code == "F507"]
+    assert found.severity == "error" and found.line == text.splitlines().index(
+        "      explicit_request:") + 1
+    assert "did you mean 'explicit_request'" in found.message
+    assert "run unconfirmed" in found.message
+
+
+def test_grounding_an_enum_is_refused_with_the_reason(tmp_path: Path) -> None:
+    path = _copy(tmp_path)
+    text = path.read_text("utf-8")
+    old = "      type: {type: string, enum: [cat, dog]}"
+    assert old in text
+    path.write_text(text.replace(old, "      type: {type: string, enum: [cat, dog], "
+                                      "grounded: true}"), "utf-8")
+    _, diagnostics = check_file(path)
+    [found] = [d for d in diagnostics if d.code == "F310"]
+    assert found.line == text.splitlines().index(old) + 1
+    assert "pet.type" in found.message and "enum" in found.message

@@ -420,6 +420,31 @@ if sys.argv[2] == "exits":
 """
 
 
+def test_refused_claims_are_counted_by_declared_name(db_url: str) -> None:
+    """A name nobody gave (grounded), a hand-off nobody asked for (confirm:): each refusal
+    counted under the declared field or action, never under the model's text."""
+    invented = {"reply": "Nice to meet you!", "updates": {
+        "customer": {"name": "Pramesh <script>"}, "pet": {"type": "cat", "name": "Puramur"}}}
+    handoff = {"reply": "A manager will call.",
+               "actions": [{"type": "request_handoff", "reason": "explicit_request"}]}
+    model = ScriptedModel.from_data({"match": [{"pattern": "^shampoo", "output": handoff}],
+                                     "default": invented})
+    with TestClient(create_app(config(db_url, model=model))) as client:
+        for session, text in (("fr-1", "Hi, a cat"), ("fr-2", "Hello"),
+                              ("fr-1", "shampoo for a cat?")):
+            r = client.post(f"{BASE}/sessions/{session}/messages", json={"text": text},
+                            headers=bearer(CONVERSE))
+            assert r.status_code == 200
+        text = client.get("/metrics", headers=bearer(METRICS)).text
+    family = [line for line in text.splitlines() if line.startswith("funnel_facts_refused")]
+    assert sorted(family) == sorted([
+        'funnel_facts_refused_total{claim="customer.name",funnel="puramur",kind="ungrounded"} 2',
+        'funnel_facts_refused_total{claim="pet.name",funnel="puramur",kind="ungrounded"} 2',
+        'funnel_facts_refused_total{claim="request_handoff",funnel="puramur",'
+        'kind="unconfirmed"} 1'])
+    assert "# TYPE funnel_facts_refused_total counter" in text
+
+
 def test_metrics_of_several_workers_add_up(tmp_path: Path) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     for backlog, end in (("3", "exits"), ("5", "dies")):  # the second is measured last

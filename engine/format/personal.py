@@ -30,13 +30,25 @@ which stays plain JSON Schema.
 from __future__ import annotations
 
 import copy
+import re
+import unicodedata
 from typing import Any
 
-__all__ = ["EVERY_ITEM", "Path", "marks", "remove_path", "value_at"]
+__all__ = ["EVERY_ITEM", "Path", "marks", "normalized", "remove_path", "value_at"]
 
 Path = tuple[str, ...]
 EVERY_ITEM = "*"
 _MARKS = ("personal", "grounded")
+_SEPARATORS = re.compile(r"[\W_]+", re.UNICODE)
+
+
+def normalized(text: str) -> str:
+    """Case folded, compatibility-normalized, separators collapsed, padded with spaces
+    (so that a match from the start of a word is a plain substring test). How grounded
+    facts and ``confirm:`` phrases are compared (engine.funnel.grounding), and how
+    `funnel validate` finds a phrase listed twice."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return f" {_SEPARATORS.sub(' ', text).strip()} "
 
 
 def marks(raw: dict[str, Any]) -> tuple[dict[str, Any], tuple[Path, ...], tuple[Path, ...]]:

@@ -17,24 +17,14 @@ engine adds the country code to a national number).
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..format.personal import EVERY_ITEM, Path
+from ..format.personal import EVERY_ITEM, Path, normalized
 
 __all__ = ["confirmed", "normalized", "unground", "words_hold"]
 
-_SEPARATORS = re.compile(r"[\W_]+", re.UNICODE)
 _PHONE_DIGITS = 9  # the national part of a number, whatever code was added to it
-
-
-def normalized(text: str) -> str:
-    """Case folded, compatibility-normalized, separators collapsed, padded with spaces
-    (so that a match from the start of a word is a plain substring test)."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    return f" {_SEPARATORS.sub(' ', text).strip()} "
 
 
 def _digits(text: str) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..boundary.sanitize import token_count
-from ..errors import ModelError, first_line
+from ..errors import ModelError, ResponseRefused, first_line
 from . import cache as _cache
 from . import retry as _retry
 from . import strategy as _strategy
@@ -115,6 +115,10 @@ class Caller:
                                                   timeout=remaining)
             except Exception as exc:
                 self._spent(count, started, model, kwargs, exc)
+                refused = _refusal(exc)
+                if refused is not None:  # the same provider would send it again: no retry
+                    raise _Failed(f"model {model!r} failed (ResponseRefused): {refused}"
+                                  ) from None
                 status = _retry.status_of(exc)
                 if streamed and _stream.refused(exc, status, _strategy.error_text(exc)):
                     _stream.stop_streaming(model, api_base, error_detail(exc))
@@ -273,6 +277,18 @@ async def close_clients(litellm: Any) -> None:
 
 
 _PREFIX = re.compile(r"^(?:litellm\.\w+: |\w+Error: |\w+Exception - )+")
+
+
+def _refusal(exc: BaseException) -> ResponseRefused | None:
+    """The :class:`ResponseRefused` behind ``exc`` (the SDK and litellm wrap it), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ResponseRefused):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _prefix(model: str) -> str:

@@ -215,6 +215,10 @@ class LiteLLMModel:
         # stdout on failed calls and on cost look-ups of unmapped models; that would
         # corrupt `funnel chat`'s one-reply-a-line output. Errors still raise.
         litellm.suppress_debug_info = True
+        # What a provider's response may decode to is bounded (a gzip bomb: the fallback).
+        from . import bounded  # httpx takes half a second to import: a real model pays it
+
+        bounded.install(litellm)
         self._litellm = litellm
         self.name = name
         self.api_base = api_base

@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from .. import __version__
 from ..studio import Studio, create_studio_app
-from .config import ServiceConfig
+from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig
 from .core import Service
 from .handlers import OPERATIONS, service_of
 from .inbound import REPLAY_HEADER
@@ -45,6 +46,9 @@ from .telegram import TelegramChannel
 
 log = logging.getLogger("funnel.service")
 STATIC = Path(__file__).resolve().parent / "static"
+# Of the shutdown's budget, what stopping the scheduled purge may take (a batch is one
+# transaction: cut, it rolls back).
+RETENTION_STOP_SECONDS = 2.0
 
 
 async def openapi(request: Request) -> Response:
@@ -169,8 +173,15 @@ def create_app(config: ServiceConfig | None = None) -> Starlette:
             if hup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
                 _hold_sighup()  # a reload asked for while stopping must not kill the process
-            await retention.stop()
-            await service.close()
+            # The whole shutdown is bounded (LIFESPAN_SHUTDOWN_SECONDS; SIGTERM to exit:
+            # engine.service.server.SHUTDOWN_BOUND_SECONDS), whatever a hook or a turn does.
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(retention.stop(), RETENTION_STOP_SECONDS)
+            except TimeoutError:
+                log.error("shutdown: the retention purge did not stop within %g s; cut",
+                          RETENTION_STOP_SECONDS)
+            await service.close(LIFESPAN_SHUTDOWN_SECONDS - (time.monotonic() - started))
 
     # The API from its table (engine.service.handlers), the document and the pages beside it.
     routes: list[BaseRoute] = [*table_routes(OPERATIONS)]

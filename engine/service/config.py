@@ -59,6 +59,10 @@ SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "manage"
 DEFAULT_TELEGRAM_API = "https://api.telegram.org"
 
 
+# What the app's shutdown may take in all, once the requests in flight are done or cut
+# (engine.service.app's lifespan; engine.service.server adds uvicorn's graceful period).
+LIFESPAN_SHUTDOWN_SECONDS = 10.0
+
 @dataclass(frozen=True)
 class TelegramBot:
     token: str

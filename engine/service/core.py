@@ -38,7 +38,7 @@ from ..turn.engine import Engine, TurnResult
 from ..turn.notify import Notifier, make_notifier
 from ..turn.stream import Listener
 from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
-from .config import ServiceConfig
+from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig
 from .limits import RateLimiter, RequestRefused, SessionQueue
 from .metrics import Metrics
 from .reload import Reloader
@@ -80,6 +80,10 @@ class _NoChannel:
 
     async def deliver_due(self, funnel: str, session_id: str | None = None) -> int:
         return 0
+
+
+# Of the shutdown's budget, what closing the database pool and the model clients may take.
+RELEASE_SECONDS = 2.0
 
 
 class Service:
@@ -144,23 +148,56 @@ class Service:
         if self.metrics.directory is not None:
             self._metrics_writer = loop.create_task(self._write_metrics())
 
-    async def close(self) -> None:
+    async def close(self, budget: float = LIFESPAN_SHUTDOWN_SECONDS) -> None:
+        """Stop everything this service started, within ``budget`` seconds in all.
+
+        In order: the reloader, the outbox dispatcher (the delivery it is in may finish), the
+        metrics writer, the Telegram channel (its accepted turns finish), the engines'
+        background work; the last :data:`RELEASE_SECONDS` of the budget are kept for the
+        database pool and the model clients. What is still running when the budget is spent
+        is cancelled, and the log says what: a message accepted and not answered is
+        answered by the next worker (engine.store.idempotency), an outbox row not marked
+        delivered is delivered again (at least once, with its idempotency key).
+        """
         # The dispatcher finishes the delivery it is in (a reply sent but not yet marked
         # would be sent again by the next process): stop it between rounds.
         self._stopping.set()
+        step = ["the reloader"]
+        wind_down = max(0.0, budget - RELEASE_SECONDS)
+        try:
+            await asyncio.wait_for(self._wind_down(step, time.monotonic() + wind_down),
+                                   wind_down)
+        except TimeoutError:
+            log.error("shutdown: %s still running after %g s; cut (accepted messages are "
+                      "answered by the next worker, undelivered outbox rows delivered by it)",
+                      step[0], wind_down)
+        self.metrics.flush()
+        self.metrics.close()
+        try:
+            await asyncio.wait_for(self._release(), RELEASE_SECONDS)
+        except TimeoutError:
+            log.error("shutdown: the database pool or a model client did not close within "
+                      "%g s; exiting without them", RELEASE_SECONDS)
+
+    async def _wind_down(self, step: list[str], end: float) -> None:
         await self.reloader.close()
+        step[0] = "the outbox dispatcher"
         if self._dispatcher is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._dispatcher), timeout=15)
+                await asyncio.wait_for(asyncio.shield(self._dispatcher),
+                                       timeout=max(0.0, min(15.0, end - time.monotonic())))
         for task in (self._dispatcher, self._metrics_writer):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self.metrics.close()
+        step[0] = "the Telegram channel's accepted turns"
         await self.telegram.close()
+        step[0] = "the engines' background work"
         for engine in self.engines.values():
             await engine.close()  # waits for background work; the store is ours to close
+
+    async def _release(self) -> None:
         if self.store is not None:
             await self.store.close()
         for model in self.models.values():  # litellm's HTTP clients belong to this loop
@@ -308,6 +345,8 @@ class Service:
             self.queue.leave(queue_key)
             self.metrics.in_flight(-1)
         self.metrics.turn(funnel, result, time.perf_counter() - started)
+        for kind, name in result.refused_claims:  # declared fields and actions: bounded labels
+            self.metrics.count("funnel_facts_refused_total", funnel=funnel, kind=kind, claim=name)
         return result
 
     # -- request checks ----------------------------------------------------------------

@@ -65,6 +65,9 @@ HELP = {
                                        "answered by another."),
     "funnel_model_seconds": ("histogram", "Model time of a turn (all its calls), in seconds."),
     "funnel_tokens_total": ("counter", "Model tokens, by kind (prompt, completion)."),
+    "funnel_facts_refused_total": ("counter", "Model claims refused: a grounded field the "
+                                   "customer's words do not hold (ungrounded), an action "
+                                   "they did not ask for (unconfirmed)."),
     "funnel_cached_prompt_tokens_total": ("counter", "Of the prompt tokens, those the "
                                           "provider read from its prompt cache."),
     "funnel_cache_write_tokens_total": ("counter", "Of the prompt tokens, those the "

@@ -28,9 +28,17 @@ from typing import Any
 from ..errors import ConfigError, InvalidInput
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.embedded import embedded_url
-from .config import ServiceConfig
+from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig
 
 APP = "engine.service.app:create_app"
+
+# SIGTERM (or Ctrl-C): requests in flight get at most GRACEFUL_SECONDS; then the app's own
+# shutdown (engine.service.app: the retention scheduler, the reloader, the outbox
+# dispatcher, the Telegram channel, the engines' background work, the database pool, the
+# model clients) at most LIFESPAN_SHUTDOWN_SECONDS. So a process exits within
+# SHUTDOWN_BOUND_SECONDS of the signal whatever its hooks do (they run in daemon threads).
+GRACEFUL_SECONDS = 20
+SHUTDOWN_BOUND_SECONDS = GRACEFUL_SECONDS + LIFESPAN_SHUTDOWN_SECONDS
 
 
 def proxy_options(trusted: list[str]) -> dict[str, Any]:
@@ -184,7 +192,7 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         "http": "engine.service.protocol:HeadDeadlineProtocol",
         # SIGTERM: requests in flight get at most 20 s; hooks are bounded on their own
         # (a turn's by its deadline, a handoff hook's delivery by 10 s: engine.funnel.hooks).
-        "timeout_graceful_shutdown": 20,
+        "timeout_graceful_shutdown": GRACEFUL_SECONDS,
         "log_level": level, "log_config": log_config(uvicorn.config.LOGGING_CONFIG, level),
         **proxy_options(config.trusted_proxies)}
     if "timeout_worker_healthcheck" in inspect.signature(uvicorn.Config.__init__).parameters:

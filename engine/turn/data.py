@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,6 +63,23 @@ class TurnResult:
     # The stage a move into which waits for a manager's approval (engine.turn.approval).
     approval: str | None = None
     recalled: list[int] = field(default_factory=list)  # messages semantic recall showed
+    # The model's claims refused this turn, as (kind, name): ("ungrounded", a grounded
+    # field's path, array indices as ``[]``) or ("unconfirmed", an action): declared names.
+    refused_claims: list[tuple[str, str]] = field(default_factory=list)
+
+
+def refused_claims(ungrounded: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """What :attr:`TurnResult.refused_claims` holds, from the turn's ``ungrounded`` list."""
+    out = []
+    for what, _ in ungrounded:
+        if what.startswith("action "):
+            out.append(("unconfirmed", what.removeprefix("action ")))
+        else:
+            out.append(("ungrounded", _INDEX.sub("[]", what)))
+    return out
+
+
+_INDEX = re.compile(r"\[\d+\]")
 
 
 @dataclass

@@ -54,7 +54,7 @@ from ..store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_s
 from . import approval, held, language, steps
 from .advance import Mover, Position, handoff_payload, record_current, start_position
 from .budget import bound_notices
-from .data import Incoming, Turn, TurnResult, turn_record
+from .data import Incoming, Turn, TurnResult, refused_claims, turn_record
 from .notify import Notifier, dispatch, make_notifier
 from .output import Answer
 from .routing import Routing
@@ -486,7 +486,8 @@ class Engine:
             message_id=turn.inbound.message_id or 0, recalled=list(turn.recalled),
             model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
             explain=turn.mover.explanation,
-            approval=gated[0]["held"]["to"] if gated is not None else None)
+            approval=gated[0]["held"]["to"] if gated is not None else None,
+            refused_claims=refused_claims(turn.mover.scratch.ungrounded))
 
     async def _fail(self, access: SessionAccess, turn: Turn, exc: Exception) -> TurnResult:
         """A turn that failed after its message was logged still ends well: the stage's

@@ -2,7 +2,8 @@
 
 `runner` reads the file and calls each checker in turn: `format` (the format's
 JSON Schema), `semantics` (names, the stage graph, conditions, indexes),
-`actions` (builtins, hooks, `on_enter`), `files` (templates, output schemas,
+`actions` (builtins, hooks, `on_enter`), `grounding` (`grounded:` marks and `confirm:`
+phrases), `files` (templates, output schemas,
 the catalog) and `storage` (names shared by funnels validated together). They
 write into one `diagnostics.Report`.
 

@@ -16,7 +16,7 @@ from ..errors import did_you_mean
 from ..format.paths import funnel_roots, is_confined
 from .diagnostics import Report, as_dict, as_list
 
-_CODES = sorted(c.lower() for c in dir(IsoCode639_1) if c.isupper() and len(c) == 2)
+LANGUAGE_CODES = sorted(c.lower() for c in dir(IsoCode639_1) if c.isupper() and len(c) == 2)
 
 
 def check_language(data: dict[str, Any], report: Report) -> None:
@@ -27,9 +27,9 @@ def check_language(data: dict[str, Any], report: Report) -> None:
     codes += [(("language", "follow_customer", i), c)
               for i, c in enumerate(as_list(lang.get("follow_customer")))]
     for keys, code in codes:
-        if isinstance(code, str) and code not in _CODES:
+        if isinstance(code, str) and code not in LANGUAGE_CODES:
             report.at(keys, "error", "F701", f"language {code!r} is not an ISO 639-1 code the "
-                      f"detector knows{did_you_mean(code, _CODES)}")
+                      f"detector knows{did_you_mean(code, LANGUAGE_CODES)}")
     follow = [c for c in as_list(lang.get("follow_customer")) if isinstance(c, str)]
     default = lang.get("default")
     if isinstance(default, str) and follow and default not in follow:

@@ -26,6 +26,7 @@ from .diagnostics import Diagnostic, Report, as_dict
 from .experiment import check_experiment
 from .files import check_catalog, check_stage_files
 from .format import check_format
+from .grounding import check_grounding
 from .knowledge import check_knowledge, check_language
 from .migrations import check_migrations
 from .recall import check_recall
@@ -106,6 +107,7 @@ def check_file(
     state = {k: v for k, v in as_dict(data.get("state")).items() if isinstance(v, dict)}
     check_semantics(data, state, report)
     check_actions(data, report)
+    check_grounding(data, report)
     check_stage_files(data, state, report)
     check_catalog(data, report)
     check_language(data, report)
