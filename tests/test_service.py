@@ -438,10 +438,10 @@ def test_refused_claims_are_counted_by_declared_name(db_url: str) -> None:
         text = client.get("/metrics", headers=bearer(METRICS)).text
     family = [line for line in text.splitlines() if line.startswith("funnel_facts_refused")]
     assert sorted(family) == sorted([
-        'funnel_facts_refused_total{claim="customer.name",funnel="puramur",kind="ungrounded"} 2',
-        'funnel_facts_refused_total{claim="pet.name",funnel="puramur",kind="ungrounded"} 2',
+        'funnel_facts_refused_total{claim="customer.name",funnel="puramur",kind="ungrounded"} 2.0',
+        'funnel_facts_refused_total{claim="pet.name",funnel="puramur",kind="ungrounded"} 2.0',
         'funnel_facts_refused_total{claim="request_handoff",funnel="puramur",'
-        'kind="unconfirmed"} 1'])
+        'kind="unconfirmed"} 1.0'])
     assert "# TYPE funnel_facts_refused_total counter" in text
 
 

@@ -105,6 +105,7 @@ LABELS: dict[str, tuple[str, ...]] = {
     "funnel_replays_total": ("channel", "funnel"),
     "funnel_inbound_recovered_total": ("channel", "funnel"),
     "funnel_tokens_total": ("funnel", "kind"),
+    "funnel_facts_refused_total": ("claim", "funnel", "kind"),
     "funnel_retention_runs_total": ("funnel", "outcome"),
     "funnel_reloads_total": ("funnel", "result"),
     "funnel_versions_loaded": ("funnel", "version"),
