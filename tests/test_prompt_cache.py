@@ -266,10 +266,10 @@ async def test_consecutive_turns_of_a_stage_share_the_static_prefix(
     questions = ["Is it safe if she licks it?", "How long does a bottle last?"]
     # Room for the whole layout: the budget counts with gpt-4o-mini's tokenizer
     # (engine.llm.tokens), and Puramur's 1000 would cut the summary at the fifth turn.
-    data = puramur_data()
-    data["memory"]["prompt_budget"] = 1400
+    spec = puramur_data()
+    spec["memory"]["prompt_budget"] = 1400
     funnel = tmp_path / "puramur.yaml"
-    funnel.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
+    funnel.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True), "utf-8")
     with FakeProvider("openai") as fake:
         engine = await open_engine(funnel, db_url, "openai/gpt-4o-mini", fake.api_base)
         # The offline summary: an observer would ask this fake too, and take the replies
