@@ -194,7 +194,10 @@ async def test_folding_is_triggered_by_tokens_not_by_message_count(
 async def test_messages_the_budget_cuts_before_they_are_observed_are_observed_at_once(
         tmp_path: Path, db_url: str, sql: Any, fake_llm: Any) -> None:
     # observe_after is never reached; the prompt budget is: what it cuts is observed now.
-    funnel = funnel_file(tmp_path, window=4, observe_after=100_000, observation_budget=2000)
+    # 1200 tokens as gpt-4o-mini's tokenizer counts them (the budget asks the model's
+    # tokenizer, engine.llm.tokens): the window grows past four messages before a cut.
+    funnel = funnel_file(tmp_path, window=4, observe_after=100_000, observation_budget=2000,
+                         prompt_budget=1200)
     fake_llm.respond_with(playing_model)
     engine = await Engine.open(funnel, db=db_url, model=MODEL, api_base=fake_llm.api_base)
 

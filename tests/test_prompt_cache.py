@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PURAMUR
+import yaml
+from conftest import PURAMUR, puramur_data
 from fake_providers import FakeProvider
 from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
 from test_providers import SESSION, fresh_strategies, happy_turns, keys, open_engine  # noqa: F401
@@ -261,10 +262,16 @@ async def test_openai_is_not_marked_and_its_cached_tokens_are_recorded(
 
 
 async def test_consecutive_turns_of_a_stage_share_the_static_prefix(
-        db_url: str, keys: None) -> None:  # noqa: F811
+        db_url: str, keys: None, tmp_path: Path) -> None:  # noqa: F811
     questions = ["Is it safe if she licks it?", "How long does a bottle last?"]
+    # Room for the whole layout: the budget counts with gpt-4o-mini's tokenizer
+    # (engine.llm.tokens), and Puramur's 1000 would cut the summary at the fifth turn.
+    spec = puramur_data()
+    spec["memory"]["prompt_budget"] = 1400
+    funnel = tmp_path / "puramur.yaml"
+    funnel.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True), "utf-8")
     with FakeProvider("openai") as fake:
-        engine = await open_engine(PURAMUR, db_url, "openai/gpt-4o-mini", fake.api_base)
+        engine = await open_engine(funnel, db_url, "openai/gpt-4o-mini", fake.api_base)
         # The offline summary: an observer would ask this fake too, and take the replies
         # queued for the turns (the layout, not the memory, is under test here).
         engine.summary.summarizer = ExtractiveSummarizer()
