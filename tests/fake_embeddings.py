@@ -120,7 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             # Head and body in one write: two small writes on loopback wait out the
             # client's delayed ACK (Nagle), ~40 ms a response that are no embedder's.
-            self._headers_buffer.extend([b"\r\n", data])
+            self._headers_buffer.extend([b"\r\n", data])  # type: ignore[attr-defined]
             self.flush_headers()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (its deadline)
