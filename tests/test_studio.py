@@ -393,8 +393,9 @@ def test_report_numbers_open_their_sessions_in_chromium(driver: Any, db_url: str
             d.get(links[testid][1])  # as the click does: the list, filtered by the address
             wait.until(lambda _: not d.find_element(By.ID, "sessions").get_attribute("hidden")
                        and d.find_elements(By.CSS_SELECTOR, "#sessions-list tr"))
-            wait.until(lambda _, want=sessions: listed() == want,
-                       f"{testid} -> {links[testid][1]}: not the sessions {sorted(sessions)}")
+            def shown(_: Any, want: set[str] = sessions) -> bool:
+                return listed() == want
+            wait.until(shown, f"{testid} -> {links[testid][1]}: not the sessions {sorted(sessions)}")
             assert number == len(listed()), (testid, number, listed())
             assert d.find_element(By.CSS_SELECTOR, '[data-testid="report-filter"]').is_displayed()
         # A real click on a number of the page does the same.

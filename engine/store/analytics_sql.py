@@ -166,12 +166,14 @@ def stage_funnel(spec: FunnelSpec, b: _Binder) -> sql.Composed:
     else:  # too many stages for a bigint mask: an array of positions
         mask = sql.SQL("array_agg(DISTINCT x.p)")
         has = sql.SQL("st.pos = ANY(s.mask)")
+    # One pass over the history: the main path is the start of ``order``, so the furthest
+    # main stage is the largest position within it (what furthest_main_stage computes
+    # for the studio's list, on the main path alone).
     per_session = sql.SQL(
-        "SELECT {mask} AS mask, {furthest} AS furthest FROM ("
+        "SELECT {mask} AS mask, max(x.p) FILTER (WHERE x.p <= {n}) AS furthest FROM ("
         "SELECT array_position({order}, h->>'stage') AS p "
         "FROM jsonb_array_elements(t.stage_history) h) x").format(
-            mask=mask, order=order, furthest=furthest_main_stage(
-                main, sql.SQL("t.stage_history"), b("main_stages", main)))
+            mask=mask, order=order, n=b("path_main", len(main), "int"))
     return sql.SQL(
         "WITH {st}, s AS (SELECT r.mask, r.furthest, array_position({order}, t.stage) AS cur, "
         "count(*) AS n FROM {t} t "
