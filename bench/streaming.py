@@ -186,8 +186,11 @@ class TimingProxy:
                         if reply_started(lines):
                             proxy.first_token.append(time.perf_counter())
                             noted = True
-                    self.wfile.write(line)
-                    self.wfile.flush()
+                    try:
+                        self.wfile.write(line)
+                        self.wfile.flush()
+                    except BrokenPipeError:  # the client gave up (its deadline)
+                        break
                 upstream.close()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -228,12 +231,13 @@ def raw_first_char(api_base: str, body: dict[str, Any]) -> float:
     return first
 
 
-async def run_upstream(url: str, turns: int, api_base: str, name: str) -> None:
+async def run_upstream(url: str, turns: int, api_base: str, name: str, funnel: Path
+                       ) -> None:
     """The greeting turn streamed from a real server, through :class:`TimingProxy`."""
     os.environ.setdefault("OPENAI_API_KEY", "sk-local")  # a local server needs none
     with TimingProxy(api_base) as proxy:
         model = LiteLLMModel(name, api_base=proxy.api_base)
-        engine = await Engine.open(ROOT / "funnels" / "puramur.yaml", db=url, model=model)
+        engine = await Engine.open(funnel, db=url, model=model)
         model_first, engine_first, gap, raw = [], [], [], []
         try:
             for i in range(turns + 1):  # 1 warm-up turn (imports, the strategy probe)
@@ -274,10 +278,14 @@ def main() -> None:
                         help="a real OpenAI-compatible server (default: the loopback fake)")
     parser.add_argument("--model", default="openai/smollm2",
                         help="with --api-base: the litellm model string")
+    parser.add_argument("--funnel", default=str(ROOT / "funnels" / "puramur.yaml"),
+                        help="with --api-base: the funnel (a slow local model needs a "
+                        "longer `model.deadline` than Puramur's 20 s)")
     args = parser.parse_args()
     with throwaway_schema(server_url(args.db)) as url:
         if args.api_base:
-            asyncio.run(run_upstream(url, args.turns, args.api_base, args.model))
+            asyncio.run(run_upstream(url, args.turns, args.api_base, args.model,
+                                     Path(args.funnel)))
         else:
             asyncio.run(run(url, args.turns))
 
