@@ -209,9 +209,9 @@ async def test_usage_no_provider_could_mean_keeps_the_answer_and_is_clamped(
                 assert not result.fallback, result.error
                 assert result.reply == output["reply"]
                 metrics.turn("puramur", result, 0.1)
-                totals.append(tuple(  # type: ignore[arg-type]
-                    v for (name, labels), v in sorted(metrics.counters.items())
-                    if name == "funnel_tokens_total"))
+                totals.append((  # (completion, prompt)
+                    metrics.value("funnel_tokens_total", funnel="puramur", kind="completion"),
+                    metrics.value("funnel_tokens_total", funnel="puramur", kind="prompt")))
         finally:
             await engine.close()
     records = turn_rows(sql)
