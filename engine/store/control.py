@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 
 from ..errors import ConcurrentUpdate
 from ..format.spec import FunnelSpec
-from . import ddl, outbox, wire
+from . import ddl, outbox
 from .base import Control, Held, OutboxItem
 from .statements import RELEASE, dumps
 
@@ -36,11 +36,6 @@ _M = sql.Identifier(ddl.MESSAGES)
 _COLUMNS = "mode, manager, since, holding_sent, held, deadline"
 READ = sql.SQL("SELECT " + _COLUMNS + " FROM {} WHERE funnel = %s AND "
                "session_id = %s").format(_C)
-# The read of every turn, on libpq like the turn's other statements (engine.store.wire):
-# through a psycopg cursor it was about a tenth of the turn's client instructions above
-# the floor (bench/turn_instructions.py).
-READ_TURN = wire.Prepared(sql.SQL(
-    "SELECT 1 FROM {} WHERE funnel = $1 AND session_id = $2").format(_C).as_string(None))
 TAKE = sql.SQL(
     "INSERT INTO {} AS c (funnel, session_id, mode, manager, since) VALUES (%s, %s, %s, %s, "
     "NOW()) ON CONFLICT (funnel, session_id) DO UPDATE SET mode = EXCLUDED.mode, "
@@ -127,11 +122,6 @@ class ControlMixin:
     async def control(self, funnel: str, session_id: str) -> Control | None:
         """The session's control row; None while the bot answers it."""
         async with self._conn() as conn:
-            found = await wire.run(conn, READ_TURN,
-                                   [wire.encode(funnel), wire.encode(session_id)])
-            if not found.ntuples:  # the bot answers: every turn but a held one
-                return None
-            # A held session (rare): its typed row, through psycopg.
             return _control(await (await conn.execute(READ, (funnel, session_id))).fetchone())
 
     async def take_over(self, funnel: str, session_id: str, manager: str,
