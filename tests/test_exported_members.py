@@ -29,7 +29,7 @@ TURN_RESULT_FIELDS = (
     "session_id", "reply", "stage_before", "stage_after", "state", "transitions", "actions",
     "updated", "notices", "validation_failures", "repaired", "fallback", "prompt_tokens",
     "completion_tokens", "cached_prompt_tokens", "cache_write_tokens", "handoff", "returning",
-    "error", "backlog", "message_id", "model_seconds", "explain", "held",
+    "error", "backlog", "message_id", "model_seconds", "explain", "held", "recalled",
 )
 
 
