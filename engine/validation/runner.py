@@ -22,6 +22,7 @@ from pathlib import Path
 from ..format import _yaml
 from ..format.spec import FunnelSpec, build_spec
 from .actions import check_actions
+from .context import check_recall
 from .diagnostics import Diagnostic, Report, as_dict
 from .experiment import check_experiment
 from .files import check_catalog, check_stage_files
@@ -29,7 +30,6 @@ from .format import check_format
 from .grounding import check_grounding
 from .knowledge import check_knowledge, check_language
 from .migrations import check_migrations
-from .recall import check_recall
 from .semantics import check_semantics
 from .storage import StorageNames
 
