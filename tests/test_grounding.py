@@ -9,12 +9,15 @@ whole engine (offline scripted model, real PostgreSQL) and check what is stored.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from conftest import PURAMUR
 
 from engine import Engine, ScriptedModel
+from engine.funnel.actions import ActionRunner, TurnScratch
+from engine.funnel.compiled import load_funnel
 from engine.funnel.grounding import confirmed, normalized, words_hold
 from engine.store.ddl import OUTBOX, TURNS
 
@@ -89,3 +92,20 @@ def test_normalized_comparison() -> None:
     assert confirmed(confirm, {"reason": "complaint"}, ["hi"]) is None  # not declared
     assert confirmed(confirm, {"reason": "explicit_request"}, ["a Manager please"]) is True
     assert confirmed(confirm, {"reason": "explicit_request"}, ["yes"]) is False
+
+
+def test_a_handoff_without_a_reason_needs_the_explicit_requests_phrases() -> None:
+    """A call that names no reason is an explicit request (its default reason): the
+    `confirm:` phrases of `explicit_request` apply to it, not only those of ``*``."""
+    compiled = load_funnel(PURAMUR)
+    runner = ActionRunner(compiled.spec, compiled.catalog)
+
+    def call(words: tuple[str, ...]) -> tuple[str | None, list[tuple[str, str]]]:
+        scratch = TurnScratch(session_id="s", stage="discovery", stage_iteration=1,
+                              now=datetime.now(UTC), words=words)
+        runner.run({"type": "request_handoff"}, {}, scratch)
+        return scratch.handoff_requested, scratch.ungrounded
+
+    assert call(("what shampoo for a cat?",)) == (
+        None, [("action request_handoff", "explicit_request")])
+    assert call(("can I talk to a manager?",)) == ("explicit_request", [])

@@ -56,6 +56,10 @@ class ActionOutcome:
     reason: str | None = None
 
 
+# The reason of a `request_handoff` call that names none.
+DEFAULT_HANDOFF_REASON = "explicit_request"
+
+
 @dataclass
 class TurnScratch:
     """Per-turn mutable context the actions write into."""
@@ -97,6 +101,10 @@ class ActionRunner:
         action = self.spec.actions.get(name)
         if action is None:
             return self._refuse(name, args, f"{excerpt(name)} is not an action of this funnel", turn)
+        if action.builtin == "request_handoff" and not args.get("reason"):
+            # The reason the hand-off will carry, before the check: a call without one is
+            # an explicit request, and its `confirm:` phrases must hold for it too.
+            args["reason"] = DEFAULT_HANDOFF_REASON
         confirm = action.options.get("confirm")
         if isinstance(confirm, Mapping) and confirmed(confirm, args, turn.words) is False:
             # Alerting a person on the model's word alone: only when the customer said so.
@@ -245,7 +253,7 @@ class ActionRunner:
 
     def _do_request_handoff(self, action: ActionSpec, args: dict[str, Any],
                             state: dict[str, Any], turn: TurnScratch) -> None:
-        reason = str(args.get("reason") or "explicit_request")
+        reason = str(args.get("reason") or DEFAULT_HANDOFF_REASON)
         allowed = action.options.get("reasons")
         if allowed and reason not in allowed:
             raise ActionRefused(action.name, f"reason {excerpt(reason)} is not one of {allowed}")
