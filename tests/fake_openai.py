@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from fake_stream import Stream, openai_chunks, send, wants_stream
+from fake_stream import Stream, openai_chunks, send, send_raw, wants_stream
 from loopback import LoopbackServer
 
 PATHS = ("/v1/chat/completions", "/chat/completions")
@@ -276,16 +276,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def _raw(self, b: Behaviour) -> None:
-        try:
-            self.send_response(b.status)
-            for name, value in b.headers:
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(b.body)))
-            self.end_headers()
-            self.wfile.write(b.body)
-            self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client stopped reading (a bound reached): nothing more to send
+        send_raw(self, b.status, b.headers, b.body)
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()

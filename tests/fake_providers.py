@@ -46,6 +46,7 @@ from fake_stream import (
     ollama_lines,
     openai_chunks,
     send,
+    send_raw,
     wants_stream,
 )
 from loopback import LoopbackServer
@@ -255,16 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, payload, extra)
 
     def _raw(self, b: Behaviour) -> None:
-        try:
-            self.send_response(b.status)
-            for name, value in b.headers:
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(b.body)))
-            self.end_headers()
-            self.wfile.write(b.body)
-            self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client stopped reading (a bound reached): nothing more to send
+        send_raw(self, b.status, b.headers, b.body)
 
     def _send(self, status: int, payload: dict[str, Any],
               extra: dict[str, str] | None = None) -> None:

@@ -31,7 +31,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -198,3 +198,19 @@ def _text_in(data: Any) -> int:
     if not data.get("done", True):
         found += len(data.get("response") or (data.get("message") or {}).get("content") or "")
     return found
+
+
+def send_raw(handler: BaseHTTPRequestHandler, status: int,
+             headers: Iterable[tuple[str, str]], body: bytes) -> None:
+    """Write ``body`` as it is, with ``headers`` (a gzip bomb, an odd encoding): the fake
+    servers' ``raw`` behaviour. A client that stops reading (a bound reached) is fine."""
+    try:
+        handler.send_response(status)
+        for name, value in headers:
+            handler.send_header(name, value)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+        handler.wfile.flush()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
