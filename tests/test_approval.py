@@ -4,6 +4,7 @@ PostgreSQL, the scripted model, the HTTP API and the fake Telegram Bot API."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from engine import Engine
 from engine.errors import ApprovalRefused, NotAwaitingApproval
 from engine.funnel.compiled import load_funnel
 from engine.llm.models import Completion, ModelRequest, ScriptedModel
-from engine.report import build_report, render_table
+from engine.report import build_report, render_html, render_table
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig, TelegramBot
 from engine.turn import manager
@@ -223,6 +224,11 @@ async def test_the_report_counts_waits_approvals_rejections_and_timeouts(
         "timeouts_entered": 0, "median_wait_seconds": 570.0, "p90_wait_seconds": 1020.0,
         "waiting": 0}]
     assert "Approvals: moves that waited for a manager" in render_table(report)
+    page = render_html(report)
+    section = page[page.index('<section id="approvals">'):]
+    section = section[:section.index("</section>")]
+    cells = re.findall(r'<td class="n">([^<]*)</td>', section)
+    assert cells[:5] == ["4", "1", "1", "2", "0"]  # asked, approved, rejected, timed out, waiting
 
 
 def _config(db_url: str, funnel: Path, model: Any, **overrides: Any) -> ServiceConfig:
