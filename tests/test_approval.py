@@ -208,27 +208,29 @@ async def test_the_report_counts_waits_approvals_rejections_and_timeouts(
     path, model, clock = gated(tmp_path), Counting(), Clock()
     engine = await _engine(path, store, model, clock)
     try:
-        for n in range(4):
+        for n in range(5):
             await engine.handle(f"p{n}", "I have a cat")
         clock.now += timedelta(seconds=60)
         await manager.approve(engine, "p0", "Olena")
         clock.now += timedelta(seconds=60)
         await manager.reject(engine, "p1", "Olena")
+        await manager.take_over(engine, "p4", "Olena")  # ends p4's approval, decided by her
         clock.now += timedelta(minutes=15)
         assert await manager.sweep(engine) == 2  # p2, p3 time out (rejected)
     finally:
         await engine.close()
     report = await build_report(path, db=db_url, since=86400)
     assert report["approvals"] == [{
-        "stage": "discovery", "asked": 4, "approved": 1, "rejected": 1, "timeouts": 2,
-        "timeouts_entered": 0, "median_wait_seconds": 570.0, "p90_wait_seconds": 1020.0,
-        "waiting": 0}]
+        "stage": "discovery", "asked": 5, "approved": 1, "rejected": 1, "timeouts": 2,
+        "timeouts_entered": 0, "taken_over": 1, "median_wait_seconds": 120.0,
+        "p90_wait_seconds": 1020.0, "waiting": 0}]
     assert "Approvals: moves that waited for a manager" in render_table(report)
     page = render_html(report)
     section = page[page.index('<section id="approvals">'):]
     section = section[:section.index("</section>")]
     cells = re.findall(r'<td class="n">([^<]*)</td>', section)
-    assert cells[:5] == ["4", "1", "1", "2", "0"]  # asked, approved, rejected, timed out, waiting
+    # asked, approved, rejected, timed out, taken over, waiting
+    assert cells[:6] == ["5", "1", "1", "2", "1", "0"]
 
 
 def _config(db_url: str, funnel: Path, model: Any, **overrides: Any) -> ServiceConfig:

@@ -304,10 +304,12 @@ def render_table(report: dict[str, Any]) -> str:
     out += _purchase_tables(r)
     if r.get("approvals") is not None:
         section("approvals", "decided in the window; waits until the decision",
-                table(["stage", "asked", "approved", "rejected", "timed out", "waiting",
+                table(["stage", "asked", "approved", "rejected", "timed out", "taken over",
+                       "waiting",
                        "median wait", "p90 wait"],
                       [[a["stage"] or "-", _fmt(a["asked"]), _fmt(a["approved"]),
-                        _fmt(a["rejected"]), _fmt(a["timeouts"]), _fmt(a["waiting"]),
+                        _fmt(a["rejected"]), _fmt(a["timeouts"]), _fmt(a["taken_over"]),
+                        _fmt(a["waiting"]),
                         _fmt(a["median_wait_seconds"], "dur"),
                         _fmt(a["p90_wait_seconds"], "dur")] for a in r["approvals"]])
                 if r["approvals"] else "  (no data)")

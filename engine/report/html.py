@@ -366,10 +366,11 @@ def render_html(report: dict[str, Any], *, link: Link | None = None) -> str:
         out.append(_section("handoff_reasons", "hand-offs in the period, by reason", body))
     if r.get("approvals") is not None:  # only a funnel with an `approval:` gate
         rows = [[_e(a["stage"] or "–"), _n(a["asked"]), _n(a["approved"]), _n(a["rejected"]),
-                 _n(a["timeouts"]), _n(a["waiting"]), _n(a["median_wait_seconds"], "dur"),
+                 _n(a["timeouts"]), _n(a["taken_over"]), _n(a["waiting"]),
+                 _n(a["median_wait_seconds"], "dur"),
                  _n(a["p90_wait_seconds"], "dur")] for a in r["approvals"]]
-        body = (_table(["stage", "asked", "approved", "rejected", "timed out", "waiting now",
-                        "median wait", "p90 wait"], rows, set(range(1, 8)))
+        body = (_table(["stage", "asked", "approved", "rejected", "timed out", "taken over",
+                        "waiting now", "median wait", "p90 wait"], rows, set(range(1, 9)))
                 if rows else '<p class="empty">No move waited for an approval.</p>')
         out.append(_section("approvals", "moves into a gated stage decided in the period, "
                             "and the wait until the decision", body))

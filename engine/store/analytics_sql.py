@@ -383,27 +383,34 @@ def presented_vs_bought(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
 # -- (9) approval gates, from funnel_control_events -------------------------------------
 def approvals(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
     """Per gated stage: moves asked, approved, rejected, timed out (and of those, entered
-    anyway), still waiting, and the wait until a decision (median, p90), in seconds."""
+    anyway), ended by a manager's take-over, still waiting, and the wait until a decision
+    (median, p90), in seconds."""
     if not any(s.approval for s in spec.stages.values()):
         return None
-    decided = sql.SQL("e.event IN ('approved', 'rejected', 'timeout')")
-    wait = sql.SQL("(e.detail->>'waited')::float8")
+    # A take-over that ended an approval carries it as `ended_approval` (engine.turn.manager).
+    ended = sql.SQL("e.event = 'takeover' AND e.detail ? 'ended_approval'")
+    decided = sql.SQL("(e.event IN ('approved', 'rejected', 'timeout') OR {})").format(ended)
+    wait = sql.SQL("COALESCE(e.detail->>'waited', e.detail->'ended_approval'->>'waited')"
+                   "::float8")
     return sql.SQL(
         "SELECT a.*, (SELECT count(*) FROM {c} c WHERE c.funnel = {funnel} AND c.mode = "
         "'approval' AND c.held->>'to' = a.stage) AS waiting FROM ("
-        "SELECT e.detail->>'to' AS stage, count(*) FILTER (WHERE e.event = 'approval') AS asked, "
+        "SELECT COALESCE(e.detail->>'to', e.detail->'ended_approval'->>'to') AS stage, "
+        "count(*) FILTER (WHERE e.event = 'approval') AS asked, "
         "count(*) FILTER (WHERE e.event = 'approved') AS approved, "
         "count(*) FILTER (WHERE e.event = 'rejected') AS rejected, "
         "count(*) FILTER (WHERE e.event = 'timeout') AS timeouts, "
         "count(*) FILTER (WHERE e.event = 'timeout' AND e.detail->>'entered' IS NOT NULL) "
         "AS timeouts_entered, "
+        "count(*) FILTER (WHERE {ended}) AS taken_over, "
         "round((percentile_cont(0.5) WITHIN GROUP (ORDER BY {wait}) FILTER (WHERE {decided}))"
         "::numeric, 1) AS median_wait_seconds, "
         "round((percentile_cont(0.9) WITHIN GROUP (ORDER BY {wait}) FILTER (WHERE {decided}))"
         "::numeric, 1) AS p90_wait_seconds "
-        "FROM {events} e WHERE e.funnel = {funnel} AND e.event IN ('approval', 'approved', "
-        "'rejected', 'timeout') AND e.created_at > NOW() - {since} GROUP BY 1) a ORDER BY 1"
-    ).format(wait=wait, decided=decided, c=sql.Identifier(ddl.CONTROL),
+        "FROM {events} e WHERE e.funnel = {funnel} AND (e.event IN ('approval', 'approved', "
+        "'rejected', 'timeout') OR {ended}) AND e.created_at > NOW() - {since} "
+        "GROUP BY 1) a ORDER BY 1"
+    ).format(wait=wait, decided=decided, ended=ended, c=sql.Identifier(ddl.CONTROL),
              events=sql.Identifier(ddl.CONTROL_EVENTS), funnel=b("funnel", spec.name, "text"),
              since=b.since())
 

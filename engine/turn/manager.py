@@ -82,8 +82,15 @@ async def take_over(engine: Engine, session_id: str, manager: str) -> dict[str, 
         _, row, _ = await access.load(0)
         if row is None:
             raise UnknownSession(f"no session {session_id!r} in funnel '{spec.name}'")
-        control = await store.take_over(spec.name, session_id, manager,
-                                        detail={"stage": row["stage"]})
+        detail: dict[str, Any] = {"stage": row["stage"]}
+        before = await store.control(spec.name, session_id)
+        if before is not None and before.mode == "approval":
+            # The take-over ends the approval (the manager decides now, the held move is
+            # dropped): the event says so, and `funnel report` counts it as decided.
+            detail["ended_approval"] = {
+                "to": (before.held or {}).get("to"),
+                "waited": max(0.0, (engine.clock() - before.since).total_seconds())}
+        control = await store.take_over(spec.name, session_id, manager, detail=detail)
     return _body(session_id, control, row["stage"])
 
 
