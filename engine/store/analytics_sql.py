@@ -14,8 +14,7 @@ read from the ``funnel.since`` setting). Identifiers always go through
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -26,13 +25,27 @@ from ..errors import StoreUnavailable, first_line
 from ..format.main_path import stage_paths
 from ..format.spec import FunnelSpec
 from . import ddl
+from .analytics_base import (
+    ACTIVE_WINDOW,
+    Binder,
+    Section,
+    col,
+    handed_off,
+    handoff_time,
+    recent,
+    stage_list,
+)
+from .analytics_shared import (
+    approvals,
+    presented_vs_bought,
+    purchases,
+    revenue,
+    trend_days,
+    trend_totals,
+)
 from .connect import safe_url
 from .embedded import embedded_url
 
-# The window of the views: `SET funnel.since = '30 days'` changes it for a session.
-SINCE_SETTING = "funnel.since"
-VIEW_SINCE_DEFAULT = "7 days"
-ACTIVE_WINDOW = "24 hours"
 # For the report's transaction: JIT compilation costs more than it saves on these
 # aggregates; hashing or sorting a few hundred thousand rows wants more than 4 MB;
 # and the planner takes every jsonb_array_elements / jsonb_to_recordset over
@@ -41,78 +54,12 @@ ACTIVE_WINDOW = "24 hours"
 # parallel_tuple_cost, the time-in-stage section parses its timestamps on one core.
 REPORT_SETTINGS = {"jit": "off", "work_mem": "64MB", "parallel_tuple_cost": "0.001"}
 
-Section = Callable[[FunnelSpec, "_Binder"], sql.Composed | None]
-
-
-class _Binder:
-    """Values as parameters (the report) or as quoted literals (a view, which has no parameters)."""
-
-    def __init__(self, inline: bool, since: float = 0.0, limit: int | None = None) -> None:
-        self.inline = inline
-        self.since_seconds = float(since)
-        self.limit = limit
-        self.params: dict[str, Any] = {}
-
-    def __call__(self, name: str, value: Any, cast: str | None = None) -> sql.Composable:
-        if self.inline:
-            out: sql.Composable = sql.Literal(value)
-        else:
-            self.params[name] = value
-            out = sql.Placeholder(name)
-        return sql.SQL("{}::{}").format(out, sql.SQL(cast)) if cast else out
-
-    def since(self) -> sql.Composable:
-        if self.inline:
-            return sql.SQL("COALESCE(NULLIF(current_setting({}, true), '')::interval, {}::interval)"
-                           ).format(sql.Literal(SINCE_SETTING), sql.Literal(VIEW_SINCE_DEFAULT))
-        return sql.SQL("make_interval(secs => {})").format(
-            self("since", self.since_seconds, "float8"))
-
-
-def _stages(spec: FunnelSpec, b: _Binder) -> sql.Composed:
-    """The declared stages in order: ``st(stage, final, pos)``."""
-    return sql.SQL(
-        "st AS (SELECT s.stage, s.final, s.pos::int AS pos "
-        "FROM unnest({}, {}) WITH ORDINALITY AS s(stage, final, pos))"
-    ).format(b("stages", list(spec.stages), "text[]"),
-             b("finals", [s.final for s in spec.stages.values()], "boolean[]"))
-
-
-def _col(name: str) -> sql.Composed:
-    return sql.SQL("t.{}").format(sql.Identifier(name))
-
-
-def _handed_off(spec: FunnelSpec, b: _Binder) -> sql.Composable | None:
-    """A condition on ``t`` that holds for sessions handed to a human (None: no hand-off)."""
-    h = spec.handoff
-    if h is None:
-        return None
-    if h.triggered_at:
-        return sql.SQL("{} IS NOT NULL").format(_col(h.triggered_at))
-    return sql.SQL("t.stage_history @> {}").format(
-        b("handoff_stage_json", json.dumps([{"stage": h.stage}]), "jsonb"))
-
-
-def _handoff_time(spec: FunnelSpec, b: _Binder) -> sql.Composable:
-    h = spec.handoff
-    assert h is not None
-    if h.triggered_at:
-        return _col(h.triggered_at)
-    return sql.SQL("(SELECT min((x->>'entered_at')::timestamptz) FROM "
-                   "jsonb_array_elements(t.stage_history) x WHERE x->>'stage' = {})").format(
-                       b("handoff_stage", h.stage, "text"))
-
-
-def _recent(b: _Binder) -> sql.Composed:
-    return sql.SQL("t.created_at > NOW() - {}").format(b.since())
-
-
 # -- (1) active sessions by stage ------------------------------------------------------
-def active_by_stage(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+def active_by_stage(spec: FunnelSpec, b: Binder) -> sql.Composed:
     h = spec.handoff
     not_handed: sql.Composable = sql.SQL("")
     if h is not None and h.triggered_at:
-        not_handed = sql.SQL(" AND {} IS NULL").format(_col(h.triggered_at))
+        not_handed = sql.SQL(" AND {} IS NULL").format(col(h.triggered_at))
     elif h is not None:
         not_handed = sql.SQL(" AND t.stage <> {}").format(b("handoff_stage", h.stage, "text"))
     return sql.SQL(
@@ -120,12 +67,12 @@ def active_by_stage(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "LEFT JOIN st ON st.stage = t.stage "
         "WHERE t.last_message_at > NOW() - INTERVAL {window}{not_handed} "
         "GROUP BY t.stage, st.pos ORDER BY sessions DESC, st.pos NULLS LAST, t.stage"
-    ).format(st=_stages(spec, b), t=sql.Identifier(spec.table),
+    ).format(st=stage_list(spec, b), t=sql.Identifier(spec.table),
              window=sql.Literal(ACTIVE_WINDOW), not_handed=not_handed)
 
 
 # -- (2) the funnel: sessions that reached each stage ----------------------------------
-def _path_stages(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+def _path_stages(spec: FunnelSpec, b: Binder) -> sql.Composed:
     """The stages in the funnel chart's order, the main path first then the side
     branches (``engine.format.main_path``): ``st(stage, final, pos, branch, branch_from)``."""
     paths = stage_paths(spec)
@@ -149,7 +96,7 @@ def furthest_main_stage(main: list[str], history: sql.Composable,
                    "jsonb_array_elements({}) h)").format(value, history)
 
 
-def stage_funnel(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+def stage_funnel(spec: FunnelSpec, b: Binder) -> sql.Composed:
     # Per session, one small aggregate over its history: the stages it reached (a bit
     # mask of their positions in the chart's order), the furthest main-path stage and
     # the stage it is in now. Sessions are then counted per (mask, furthest, now), a
@@ -191,11 +138,11 @@ def stage_funnel(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "st.branch, st.branch_from, COALESCE(c.ended, 0)::bigint AS ended_here "
         "FROM st LEFT JOIN c ON c.pos = st.pos ORDER BY st.pos"
     ).format(st=_path_stages(spec, b), order=order, t=sql.Identifier(spec.table),
-             per_session=per_session, recent=_recent(b), has=has)
+             per_session=per_session, recent=recent(b), has=has)
 
 
 # -- (3) time in each stage ------------------------------------------------------------
-def stage_time(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+def stage_time(spec: FunnelSpec, b: Binder) -> sql.Composed:
     # Completed visits only (a visit without exited_at is still going on). Each
     # history item is parsed once, with typed columns; grouping is by the
     # stage's integer position, which sorts much faster than its name.
@@ -210,18 +157,18 @@ def stage_time(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "SELECT st.pos, st.stage, COALESCE(a.samples, 0) AS samples, "
         "round(a.avg_secs::numeric, 1) AS avg_seconds, round(a.median::numeric, 1) "
         "AS median_seconds FROM st LEFT JOIN a ON a.pos = st.pos ORDER BY st.pos"
-    ).format(st=_stages(spec, b), stages=b("stages", list(spec.stages), "text[]"),
-             t=sql.Identifier(spec.table), recent=_recent(b))
+    ).format(st=stage_list(spec, b), stages=b("stages", list(spec.stages), "text[]"),
+             t=sql.Identifier(spec.table), recent=recent(b))
 
 
 # -- (4) most presented products -------------------------------------------------------
-def products(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
+def products(spec: FunnelSpec, b: Binder) -> sql.Composed | None:
     if not spec.presented_field:
         return None
-    handed = _handed_off(spec, b)
+    handed = handed_off(spec, b)
     converted = (sql.SQL("count(*) FILTER (WHERE {})").format(handed) if handed is not None
                  else sql.SQL("NULL::bigint"))
-    p = _col(spec.presented_field)
+    p = col(spec.presented_field)
     limit = sql.SQL(" LIMIT {}").format(b("limit", b.limit, "int")) if b.limit else sql.SQL("")
     return sql.SQL(
         "SELECT COALESCE(p->>'sku', p #>> '{{}}') AS sku, count(*) AS presented, "
@@ -229,23 +176,23 @@ def products(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
         "FROM {t} t CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof({p}) = 'array' "
         "THEN {p} ELSE '[]'::jsonb END) p WHERE {recent} "
         "GROUP BY 1 ORDER BY presented DESC, sku{limit}"
-    ).format(converted=converted, t=sql.Identifier(spec.table), p=p, recent=_recent(b),
+    ).format(converted=converted, t=sql.Identifier(spec.table), p=p, recent=recent(b),
              limit=limit)
 
 
 # -- (5) hand-off reasons --------------------------------------------------------------
-def handoff_reasons(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
+def handoff_reasons(spec: FunnelSpec, b: Binder) -> sql.Composed | None:
     h = spec.handoff
     if h is None:
         return None
-    reason = _col(h.reason) if h.reason else sql.SQL("NULL::text")
-    cart = (_col(spec.cart.total) if spec.cart and spec.cart.total else sql.SQL("NULL::numeric"))
-    at = _handoff_time(spec, b)
+    reason = col(h.reason) if h.reason else sql.SQL("NULL::text")
+    cart = (col(spec.cart.total) if spec.cart and spec.cart.total else sql.SQL("NULL::numeric"))
+    at = handoff_time(spec, b)
     if h.triggered_at:  # the partial index on the hand-off time serves this
         where = sql.SQL("{at} IS NOT NULL AND {at} > NOW() - {since}").format(at=at,
                                                                             since=b.since())
     else:
-        where = sql.SQL("{} AND {}").format(_recent(b), _handed_off(spec, b))
+        where = sql.SQL("{} AND {}").format(recent(b), handed_off(spec, b))
     return sql.SQL(
         "SELECT {reason} AS reason, count(*) AS handoffs, round(avg({cart}), 2) AS avg_cart_total, "
         "round(avg(extract(epoch FROM {at} - t.created_at)), 1) AS avg_seconds_to_handoff "
@@ -254,12 +201,12 @@ def handoff_reasons(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
 
 
 # -- (6) cost, tokens and quality, from funnel_turns ------------------------------------
-def _turns_where(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+def _turns_where(spec: FunnelSpec, b: Binder) -> sql.Composed:
     return sql.SQL("tr.funnel = {} AND tr.created_at > NOW() - {}").format(
         b("funnel", spec.name, "text"), b.since())
 
 
-def conversation_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+def conversation_costs(spec: FunnelSpec, b: Binder) -> sql.Composed:
     return sql.SQL(
         "SELECT count(*) AS conversations, COALESCE(sum(c.turns), 0) AS turns, "
         "COALESCE(sum(c.prompt_tokens), 0) AS prompt_tokens, "
@@ -291,7 +238,7 @@ def conversation_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
     ).format(turns=sql.Identifier(ddl.TURNS), where=_turns_where(spec, b))
 
 
-def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
+def stage_costs(spec: FunnelSpec, b: Binder) -> sql.Composed:
     # The sums per stage aggregate in parallel; the distinct sessions per stage
     # come from a hash of (stage, session): no sort of every turn by session id.
     where = _turns_where(spec, b)
@@ -320,140 +267,7 @@ def stage_costs(spec: FunnelSpec, b: _Binder) -> sql.Composed:
         "AS cache_write_pct, s.fallback_sessions "
         "FROM a JOIN s ON s.stage = a.stage LEFT JOIN st ON st.stage = a.stage "
         "ORDER BY st.pos NULLS LAST, a.stage"
-    ).format(st=_stages(spec, b), turns=sql.Identifier(ddl.TURNS), where=where)
-
-
-# -- (7) purchases, (8) revenue, (9) presented vs bought, from funnel_conversions --------
-# Orders (engine.records.orders) of the sessions started in the window, whenever placed:
-# the same sessions as the funnel above, so the rates are of those sessions.
-def _orders(spec: FunnelSpec, b: _Binder) -> sql.Composed:
-    """``s(session_id)``: the window's sessions; ``o``: their orders."""
-    return sql.SQL(
-        "s AS (SELECT t.session_id FROM {t} t WHERE {recent}), "
-        "o AS (SELECT c.session_id, c.amount, c.currency, c.lines FROM {c} c "
-        "JOIN s ON s.session_id = c.session_id WHERE c.funnel = {funnel})"
-    ).format(t=sql.Identifier(spec.table), recent=_recent(b),
-             c=sql.Identifier(ddl.CONVERSIONS), funnel=b("funnel", spec.name, "text"))
-
-
-def purchases(spec: FunnelSpec, b: _Binder) -> sql.Composed:
-    return sql.SQL(
-        "WITH {orders} SELECT (SELECT count(*) FROM s) AS sessions, "
-        "(SELECT count(*) FROM o) AS orders, "
-        "(SELECT count(DISTINCT session_id) FROM o) AS buyers, "
-        "round(100.0 * (SELECT count(DISTINCT session_id) FROM o) / "
-        "NULLIF((SELECT count(*) FROM s), 0), 1) AS purchase_pct"
-    ).format(orders=_orders(spec, b))
-
-
-def revenue(spec: FunnelSpec, b: _Binder) -> sql.Composed:
-    # Per currency: amounts in different currencies are never added up.
-    return sql.SQL(
-        "WITH {orders} SELECT o.currency, count(*) AS orders, "
-        "count(DISTINCT o.session_id) AS buyers, sum(o.amount) AS revenue, "
-        "round(avg(o.amount), 2) AS avg_order, "
-        "round(sum(o.amount) / NULLIF((SELECT count(*) FROM s), 0), 2) AS revenue_per_session "
-        "FROM o GROUP BY o.currency ORDER BY revenue DESC, o.currency"
-    ).format(orders=_orders(spec, b))
-
-
-def presented_vs_bought(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
-    if not spec.presented_field:
-        return None
-    p = _col(spec.presented_field)
-    limit = sql.SQL(" LIMIT {}").format(b("limit", b.limit, "int")) if b.limit else sql.SQL("")
-    return sql.SQL(
-        "WITH {orders}, "
-        "pr AS (SELECT DISTINCT t.session_id, COALESCE(x->>'sku', x #>> '{{}}') AS sku "
-        "FROM {t} t CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof({p}) = "
-        "'array' THEN {p} ELSE '[]'::jsonb END) x WHERE {recent}), "
-        "bo AS (SELECT o.session_id, l->>'sku' AS sku, sum((l->>'qty')::numeric) AS units "
-        "FROM o CROSS JOIN LATERAL jsonb_array_elements(o.lines) l GROUP BY 1, 2) "
-        "SELECT COALESCE(pr.sku, bo.sku) AS sku, count(pr.session_id) AS presented, "
-        "count(bo.session_id) FILTER (WHERE pr.session_id IS NOT NULL) AS bought_when_presented, "
-        "count(bo.session_id) AS bought, COALESCE(sum(bo.units), 0) AS units, "
-        "round(100.0 * count(bo.session_id) FILTER (WHERE pr.session_id IS NOT NULL) / "
-        "NULLIF(count(pr.session_id), 0), 1) AS bought_pct "
-        "FROM pr FULL JOIN bo ON bo.session_id = pr.session_id AND bo.sku = pr.sku "
-        "GROUP BY 1 ORDER BY presented DESC, bought DESC, sku{limit}"
-    ).format(orders=_orders(spec, b), t=sql.Identifier(spec.table), p=p, recent=_recent(b),
-             limit=limit)
-
-
-# -- (9) approval gates, from funnel_control_events -------------------------------------
-def approvals(spec: FunnelSpec, b: _Binder) -> sql.Composed | None:
-    """Per gated stage: moves asked, approved, rejected, timed out (and of those, entered
-    anyway), ended by a manager's take-over, still waiting, and the wait until a decision
-    (median, p90), in seconds."""
-    if not any(s.approval for s in spec.stages.values()):
-        return None
-    # A take-over that ended an approval carries it as `ended_approval` (engine.turn.manager).
-    ended = sql.SQL("e.event = 'takeover' AND e.detail ? 'ended_approval'")
-    decided = sql.SQL("(e.event IN ('approved', 'rejected', 'timeout') OR {})").format(ended)
-    wait = sql.SQL("COALESCE(e.detail->>'waited', e.detail->'ended_approval'->>'waited')"
-                   "::float8")
-    return sql.SQL(
-        "SELECT a.*, (SELECT count(*) FROM {c} c WHERE c.funnel = {funnel} AND c.mode = "
-        "'approval' AND c.held->>'to' = a.stage) AS waiting FROM ("
-        "SELECT COALESCE(e.detail->>'to', e.detail->'ended_approval'->>'to') AS stage, "
-        "count(*) FILTER (WHERE e.event = 'approval') AS asked, "
-        "count(*) FILTER (WHERE e.event = 'approved') AS approved, "
-        "count(*) FILTER (WHERE e.event = 'rejected') AS rejected, "
-        "count(*) FILTER (WHERE e.event = 'timeout') AS timeouts, "
-        "count(*) FILTER (WHERE e.event = 'timeout' AND e.detail->>'entered' IS NOT NULL) "
-        "AS timeouts_entered, "
-        "count(*) FILTER (WHERE {ended}) AS taken_over, "
-        "round((percentile_cont(0.5) WITHIN GROUP (ORDER BY {wait}) FILTER (WHERE {decided}))"
-        "::numeric, 1) AS median_wait_seconds, "
-        "round((percentile_cont(0.9) WITHIN GROUP (ORDER BY {wait}) FILTER (WHERE {decided}))"
-        "::numeric, 1) AS p90_wait_seconds "
-        "FROM {events} e WHERE e.funnel = {funnel} AND (e.event IN ('approval', 'approved', "
-        "'rejected', 'timeout') OR {ended}) AND e.created_at > NOW() - {since} "
-        "GROUP BY 1) a ORDER BY 1"
-    ).format(wait=wait, decided=decided, ended=ended, c=sql.Identifier(ddl.CONTROL),
-             events=sql.Identifier(ddl.CONTROL_EVENTS), funnel=b("funnel", spec.name, "text"),
-             since=b.since())
-
-
-# -- (10) trends: sessions and conversions a day, this period against the previous one --
-# Days are calendar days in UTC, clipped to the window: the first and the last are
-# partial, and the days add up to the period's totals. A conversion is an order placed
-# (``ordered_at``) that day, whichever session it came from.
-def _orders_in(spec: FunnelSpec, b: _Binder) -> sql.Composed:
-    return sql.SQL("c.funnel = {}").format(b("funnel", spec.name, "text"))
-
-
-def trend_days(spec: FunnelSpec, b: _Binder) -> sql.Composed:
-    return sql.SQL(
-        "WITH d AS (SELECT g AS day FROM generate_series(date_trunc('day', NOW() - {since}, "
-        "'UTC'), date_trunc('day', NOW(), 'UTC'), INTERVAL '1 day') g), "
-        "s AS (SELECT date_trunc('day', t.created_at, 'UTC') AS day, count(*) AS n FROM {t} t "
-        "WHERE {recent} GROUP BY 1), "
-        "o AS (SELECT date_trunc('day', c.ordered_at, 'UTC') AS day, count(*) AS n FROM {c} c "
-        "WHERE {orders} AND c.ordered_at > NOW() - {since} GROUP BY 1) "
-        "SELECT (d.day AT TIME ZONE 'UTC')::date AS day, COALESCE(s.n, 0) AS sessions, "
-        "COALESCE(o.n, 0) AS conversions FROM d LEFT JOIN s ON s.day = d.day "
-        "LEFT JOIN o ON o.day = d.day ORDER BY d.day"
-    ).format(since=b.since(), t=sql.Identifier(spec.table), recent=_recent(b),
-             c=sql.Identifier(ddl.CONVERSIONS), orders=_orders_in(spec, b))
-
-
-def trend_totals(spec: FunnelSpec, b: _Binder) -> sql.Composed:
-    since = b.since()
-    return sql.SQL(
-        "SELECT x.*, round(100.0 * (x.sessions - x.previous_sessions) / "
-        "NULLIF(x.previous_sessions, 0), 1) AS sessions_change_pct, "
-        "round(100.0 * (x.conversions - x.previous_conversions) / "
-        "NULLIF(x.previous_conversions, 0), 1) AS conversions_change_pct FROM (SELECT "
-        "(SELECT count(*) FROM {t} t WHERE t.created_at > NOW() - {since}) AS sessions, "
-        "(SELECT count(*) FROM {t} t WHERE t.created_at > NOW() - 2 * {since} "
-        "AND t.created_at <= NOW() - {since}) AS previous_sessions, "
-        "(SELECT count(*) FROM {c} c WHERE {orders} AND c.ordered_at > NOW() - {since}) "
-        "AS conversions, "
-        "(SELECT count(*) FROM {c} c WHERE {orders} AND c.ordered_at > NOW() - 2 * {since} "
-        "AND c.ordered_at <= NOW() - {since}) AS previous_conversions) x"
-    ).format(t=sql.Identifier(spec.table), since=since, c=sql.Identifier(ddl.CONVERSIONS),
-             orders=_orders_in(spec, b))
+    ).format(st=stage_list(spec, b), turns=sql.Identifier(ddl.TURNS), where=where)
 
 
 # The sections that read funnel_conversions too (none before it exists).
@@ -483,7 +297,7 @@ def section_queries(spec: FunnelSpec, since: float, *, limit: int = 20
     """The report's queries that apply to the funnel: name -> (query, parameters, uses turns)."""
     out = {}
     for name, (build, turns) in SECTIONS.items():
-        b = _Binder(inline=False, since=since, limit=limit)
+        b = Binder(inline=False, since=since, limit=limit)
         query = build(spec, b)
         if query is not None:
             out[name] = (query, b.params, turns)
@@ -495,7 +309,7 @@ def inline_queries(spec: FunnelSpec) -> dict[str, sql.Composed]:
     window read from the ``funnel.since`` setting): the bodies of the analysts' views."""
     out = {}
     for section, (build, _) in SECTIONS.items():
-        query = build(spec, _Binder(inline=True))
+        query = build(spec, Binder(inline=True))
         if query is not None:
             out[section] = query
     return out
