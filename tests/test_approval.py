@@ -274,6 +274,10 @@ def test_the_api_approves_and_rejects(db_url: str, tmp_path: Path, sql: Any) -> 
 
         say("h2", "I have a cat")
         assert manage("h2", "reject", note="  ").status_code == 400
+        assert manage("h2", "reject", note="no\x00record").status_code == 400
+        assert manage("h2", "reject", note="x" * 501).status_code == 400  # names `note`
+        assert c.get(f"{BASE}/sessions/h2/control",  # refused notes decided nothing
+                     headers={"X-API-Key": MANAGE}).json()["control"] == "approval"
         r = manage("h2", "reject", manager="Olena", note="no vet record")
         assert r.status_code == 200 and r.json()["entered"] is None
         assert manage("nobody", "approve").status_code == 404

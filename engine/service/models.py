@@ -289,8 +289,9 @@ class ReleaseIn(TakeoverIn):
 class RejectIn(TakeoverIn):
     """Who rejects (logged) and why: the note reaches the next turn's prompt."""
 
-    note: str | None = Field(None, json_schema_extra={"minLength": 1, "maxLength": 500,
-                                                      "pattern": TEXT_PATTERN})
+    # Bounded by pydantic itself (the schema's maxLength was documented, not enforced).
+    note: str | None = Field(None, min_length=1, max_length=500,
+                             json_schema_extra={"pattern": TEXT_PATTERN})
 
     @field_validator("note")
     @classmethod
