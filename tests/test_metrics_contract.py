@@ -43,6 +43,8 @@ def test_names_types_help_and_labels_are_pinned() -> None:
     metrics.count("funnel_conversions_total", funnel="puramur")
     metrics.count("funnel_facts_refused_total", funnel="puramur", kind="ungrounded",
                   claim="customer.name")
+    metrics.count("funnel_actions_refused_total", funnel="puramur", stage="handoff",
+                  action="request_handoff")
     metrics.count("funnel_inbound_recovered_total", funnel="puramur", channel="telegram")
     metrics.count("funnel_telegram_start_payloads_dropped_total", funnel="puramur")
     metrics.count("funnel_retention_runs_total", funnel="puramur", outcome="done")

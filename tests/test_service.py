@@ -445,6 +445,22 @@ def test_refused_claims_are_counted_by_declared_name(db_url: str) -> None:
     assert "# TYPE funnel_facts_refused_total counter" in text
 
 
+def test_a_refused_action_is_counted_and_the_reply_kept(db_url: str) -> None:
+    """An action the stage does not allow (greeting may not add to the cart), and one the
+    funnel never declared: the reply is sent, each refusal counted under a bounded label."""
+    output = {"reply": "Welcome! Shall I help you choose?", "actions": [
+        {"type": "add_to_cart", "sku": "PR251010", "qty": 1}]}
+    model = ScriptedModel.from_data({"default": output})
+    with TestClient(create_app(config(db_url, model=model))) as client:
+        r = client.post(f"{BASE}/sessions/ar-1/messages", json={"text": "Hi"},
+                        headers=bearer(CONVERSE))
+        assert r.status_code == 200 and r.json()["reply"] == output["reply"]
+        text = client.get("/metrics", headers=bearer(METRICS)).text
+    family = [line for line in text.splitlines() if line.startswith("funnel_actions_refused")]
+    assert family == ['funnel_actions_refused_total{action="add_to_cart",funnel="puramur",'
+                      'stage="greeting"} 1.0']
+
+
 def test_metrics_of_several_workers_add_up(tmp_path: Path) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     for backlog, end in (("3", "exits"), ("5", "dies")):  # the second is measured last

@@ -347,6 +347,12 @@ class Service:
         self.metrics.turn(funnel, result, time.perf_counter() - started)
         for kind, name in result.refused_claims:  # declared fields and actions: bounded labels
             self.metrics.count("funnel_facts_refused_total", funnel=funnel, kind=kind, claim=name)
+        declared = engine.funnel.spec.actions
+        for outcome in result.actions:
+            if not outcome.accepted:  # a name the model made up is one label, not one each
+                self.metrics.count("funnel_actions_refused_total", funnel=funnel,
+                                   stage=result.stage_before, action=outcome.type
+                                   if outcome.type in declared else "undeclared")
         return result
 
     # -- request checks ----------------------------------------------------------------

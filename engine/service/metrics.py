@@ -68,6 +68,9 @@ HELP = {
     "funnel_facts_refused_total": ("counter", "Model claims refused: a grounded field the "
                                    "customer's words do not hold (ungrounded), an action "
                                    "they did not ask for (unconfirmed)."),
+    "funnel_actions_refused_total": ("counter", "Actions the model asked for and code "
+                                     "refused (not allowed in the stage, an unknown SKU, "
+                                     "...): the reply and the rest of the answer were kept."),
     "funnel_cached_prompt_tokens_total": ("counter", "Of the prompt tokens, those the "
                                           "provider read from its prompt cache."),
     "funnel_cache_write_tokens_total": ("counter", "Of the prompt tokens, those the "
@@ -106,6 +109,7 @@ LABELS: dict[str, tuple[str, ...]] = {
     "funnel_inbound_recovered_total": ("channel", "funnel"),
     "funnel_tokens_total": ("funnel", "kind"),
     "funnel_facts_refused_total": ("claim", "funnel", "kind"),
+    "funnel_actions_refused_total": ("action", "funnel", "stage"),
     "funnel_retention_runs_total": ("funnel", "outcome"),
     "funnel_reloads_total": ("funnel", "result"),
     "funnel_versions_loaded": ("funnel", "version"),
