@@ -7,7 +7,9 @@ tests/test_service_reload.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -63,7 +65,8 @@ def test_the_watched_set_is_every_file_the_funnel_reads(project: Path) -> None:
 
 
 async def test_a_touch_reloads_nothing_and_a_template_edit_is_taken(
-        service: Service, project: Path) -> None:
+        service: Service, project: Path, caplog: Any) -> None:
+    caplog.set_level(logging.INFO)
     engine = service.engines["puramur"]
     before = engine.funnel
     os.utime(project / "funnels" / "puramur.yaml")
@@ -75,10 +78,20 @@ async def test_a_touch_reloads_nothing_and_a_template_edit_is_taken(
     assert engine.funnel is not before and service.funnels["puramur"] is engine.funnel
     result = await engine.handle("s-1", "hello")
     assert result.fallback is False
+    # An edit that keeps `version: 1` says so, with each stored edit's identity (the hash
+    # `funnel versions` shows) and what changed.
+    hashes = engine.loaded_versions()[1]
+    line = next(r.getMessage() for r in caplog.records if "reloaded (test)" in r.getMessage())
+    assert re.fullmatch(r"funnel puramur: reloaded \(test\): version 1 \([0-9a-f]{12}\) -> "
+                        r"1 \([0-9a-f]{12}\), changed: prompts/puramur/_base\.j2; the same "
+                        r"`version:`, so its sessions get the new files at their next turn "
+                        r"\(bump `version:` to keep them on the old ones\)", line), line
+    assert f"-> 1 ({hashes[:12]})" in line and line.count(hashes[:12]) == 1
 
 
 async def test_a_broken_template_is_refused_naming_its_file(
         service: Service, project: Path, caplog: Any) -> None:
+    caplog.set_level(logging.INFO)
     engine = service.engines["puramur"]
     before = engine.funnel
     _replace(project / "prompts" / "puramur" / "greeting.j2", '{% include "_base.j2" %}',

@@ -195,7 +195,8 @@ async def test_invalid_edit_refused_then_valid_edit_taken_while_50_conversations
     assert len(refusal) == 1, log
     assert re.search(r"puramur\.yaml:\d+:\d+: error F\d+ unknown stage 'nowhere'", refusal[0])
     assert "version 1 keeps running" in refusal[0]
-    assert "reloaded (file change): version 1 -> 2" in log
+    assert re.search(r"reloaded \(file change\): version 1 \([0-9a-f]{12}\) -> 2 "
+                     r"\([0-9a-f]{12}\), changed: funnels/puramur\.yaml; new turns run", log)
     assert all(status == 200 for *_, status in sent)
     ran = _versions_by_turn(sql)
     assert len(ran) == len(sent)
@@ -261,7 +262,8 @@ def test_sighup_reloads_every_worker_and_a_new_column_waits_for_migrate(
     os.kill(svc.proc.pid, signal.SIGHUP)
     svc.wait("both workers reloaded",
              lambda: svc.metric("funnel_versions_loaded", funnel="puramur", version="2") == 2)
-    assert svc.log.read_text().count("reloaded (SIGHUP): version 1 -> 2") == 2
+    assert len(re.findall(r"reloaded \(SIGHUP\): version 1 \([0-9a-f]{12}\) -> 2 ",
+                          svc.log.read_text())) == 2
     assert svc.metric("funnel_reloads_total", funnel="puramur", result="refused") == 2
     for n in range(10):  # whichever worker answers, the turn runs on version 2
         svc.turn(f"after-{n}")

@@ -46,6 +46,7 @@ from ..errors import (
     closest,
 )
 from ..format.files import Snapshot, snapshot, watched_files
+from ..format.paths import funnel_roots
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.base import Store
@@ -77,26 +78,36 @@ class Served(Protocol):
     store: Store | None
 
 
-def digest(files: Iterable[Path]) -> str:
-    """A hash of the files' names and contents (a missing file counts as missing)."""
-    h = hashlib.sha256()
+def file_hashes(files: Iterable[Path]) -> dict[str, str]:
+    """Each file's SHA-256 by path (``"missing"`` for a file that cannot be read)."""
+    out: dict[str, str] = {}
     for path in files:
-        h.update(str(path).encode() + b"\0")
         try:
-            h.update(path.read_bytes())
+            out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
         except OSError:
-            h.update(b"\0missing\0")
-        h.update(b"\0")
-    return h.hexdigest()
+            out[str(path)] = "missing"
+    return out
+
+
+def changed(before: dict[str, str], after: dict[str, str], root: Path) -> list[str]:
+    """The files that differ between two :func:`file_hashes`, relative to ``root`` where
+    they lie under it (added, removed, edited)."""
+    out = []
+    for path in sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p)):
+        try:
+            out.append(str(Path(path).relative_to(root)))
+        except ValueError:
+            out.append(path)
+    return out
 
 
 def _look(spec: FunnelSpec) -> Snapshot:
     return snapshot(watched_files(spec))
 
 
-def _read(spec: FunnelSpec) -> tuple[list[Path], Snapshot, str]:
+def _read(spec: FunnelSpec) -> tuple[list[Path], Snapshot, dict[str, str]]:
     files = watched_files(spec)
-    return files, snapshot(files), digest(files)
+    return files, snapshot(files), file_hashes(files)
 
 
 @dataclass
@@ -105,7 +116,7 @@ class _Watched:
 
     source: Path
     applied: Snapshot  # the files as they were when last loaded (or refused)
-    digest: str  # their content when the running version was loaded
+    hashes: dict[str, str]  # their content when the running version was loaded
     seen: Snapshot = ()  # at the previous poll
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     reloaded_at: str | None = None
@@ -123,8 +134,8 @@ class Reloader:
         self.watch = watch
         self.funnels: dict[str, _Watched] = {}
         for name, compiled in service.funnels.items():
-            _, look, content = _read(compiled.spec)
-            self.funnels[name] = _Watched(compiled.spec.path, look, content)
+            _, look, hashes = _read(compiled.spec)
+            self.funnels[name] = _Watched(compiled.spec.path, look, hashes)
             service.metrics.version(name, [compiled.spec.version])
         self._task: asyncio.Task[None] | None = None
         self._jobs: set[asyncio.Task[Any]] = set()
@@ -172,9 +183,9 @@ class Reloader:
         watched = self.funnels[name]
         async with watched.lock:
             # Read before loading: a write during the load is a change still to come.
-            files, now, content = await asyncio.to_thread(_read, self.service.funnels[name].spec)
+            files, now, hashes = await asyncio.to_thread(_read, self.service.funnels[name].spec)
             watched.applied = watched.seen = now
-            if content == watched.digest:
+            if hashes == watched.hashes:
                 log.info("funnel %s: %s: the files are unchanged; nothing to reload", name,
                          reason)
                 return "unchanged"
@@ -185,8 +196,12 @@ class Reloader:
                 return self._refuse(name, watched, reason, exc)
             old = self.service.funnels[name]
             engine = self.service.engines.get(name)
+            before = engine.loaded_versions().get(old.spec.version, "") if engine else ""
             if engine is not None:
                 await engine.deploy(compiled)
+            # The identity `funnel versions` shows: the stored bundle's hash (an edit that
+            # keeps `version:` is a stored edit of its own there, v1.2, v1.3).
+            after = engine.loaded_versions().get(compiled.spec.version, "") if engine else ""
             self.service.funnels[name] = compiled
             self.service.metrics.declare(name, compiled.spec.stages,
                                          telegram=self.service.config.telegram_bot(name)
@@ -197,15 +212,22 @@ class Reloader:
             if await asyncio.to_thread(watched_files, compiled.spec) != files:
                 # The new version reads other files: what they hold now is what it loaded
                 # (a write during the load, to exactly these, would wait for the next one).
-                _, now, content = await asyncio.to_thread(_read, compiled.spec)
+                _, now, hashes = await asyncio.to_thread(_read, compiled.spec)
+            edited = changed(watched.hashes, hashes, funnel_roots(watched.source)[0])
             watched.applied = watched.seen = now
-            watched.digest = content
+            watched.hashes = hashes
             watched.reloaded_at = datetime.now(UTC).isoformat(timespec="seconds")
             watched.refused = None
             watched.counted_at = -1e9
-            log.info("funnel %s: reloaded (%s): version %s -> %s; new turns run on it, turns in "
-                     "flight finish on the version they started with", name, reason,
-                     old.spec.version, compiled.spec.version)
+            same = old.spec.version == compiled.spec.version
+            log.info("funnel %s: reloaded (%s): version %s%s -> %s%s, changed: %s; %s", name,
+                     reason, old.spec.version, f" ({before[:12]})" if before else "",
+                     compiled.spec.version, f" ({after[:12]})" if after else "",
+                     ", ".join(edited) or "nothing readable",
+                     "the same `version:`, so its sessions get the new files at their next "
+                     "turn (bump `version:` to keep them on the old ones)" if same else
+                     "new turns run on it, turns in flight finish on the version they "
+                     "started with")
             return "applied"
 
     async def _check(self, name: str, compiled: CompiledFunnel) -> None:
