@@ -152,6 +152,20 @@ def test_validate_explains_a_derived_contracts_mistake_at_the_funnels_line(
     assert line == _line(text, new.strip().splitlines()[0]) and hint in message
 
 
+def test_a_field_whose_schema_is_invalid_is_said_once_at_its_own_line(tmp_path: Path) -> None:
+    """Four stages derive their contracts from `pet`: one error, at the bad keyword."""
+    old = "      breed: {type: string, maxLength: 60}"
+    text = PURAMUR.read_text("utf-8")
+    assert old in text
+    text = text.replace(old, "      breed: {type: string, maxLength: -60}", 1)
+    problems = _problems(_write(tmp_path, text))
+    assert [(f, c) for f, _, c, _ in problems] == [("funnel.yaml", "F301")], problems
+    _, line, _, message = problems[0]
+    assert line == _line(text, "      breed: {type: string, maxLength: -60}")
+    assert message.startswith("state field 'pet' is not a valid JSON Schema: at "
+                              "`properties/breed/maxLength`: -60 is less than the minimum of 0")
+
+
 def test_an_extension_is_merged_and_checked_like_a_schema(tmp_path: Path) -> None:
     text = PURAMUR.read_text("utf-8").replace(
         "    updates: [pet, customer.name]\n",

@@ -77,11 +77,23 @@ def check_derived(data: dict[str, Any], stage: str, state: dict[str, Any], owned
     raw = as_dict(as_dict(data.get("stages")).get(stage))
     derived = contract.derive(data, stage, _skus(data, report.path))
     declared = set(as_dict(data.get("actions")))
-    error = _schema_error(json.dumps(derived, sort_keys=True))
-    if error is not None:
+    problem = _contract_problem(derived)
+    if problem is not None:
+        where, message = problem
+        field = where.removeprefix(_FIELDS).split("/") if where.startswith(_FIELDS) else None
+        if field is not None and field[0] in as_dict(data.get("state")):
+            # A field's own declaration is wrong: said once, at its line, not per stage.
+            keys = ("state", *field)
+            text = (f"state field '{field[0]}' is not a valid JSON Schema: at "
+                    f"`{'/'.join(field[1:]) or '/'}`: {message}; every stage that lets the "
+                    "model write it derives its contract from it")
+            if not any(d.message == text for d in report.items):
+                report.at(keys, "error", "F301", text, key=True)
+            return
         report.at(("stages", stage), "error", "F301", f"stage '{stage}': the derived output "
-                  f"contract is not a valid JSON Schema: {error}; check the declarations of "
-                  "the fields it names under `state:` (and the actions' `arguments:`)", key=True)
+                  f"contract is not a valid JSON Schema: at `{where or '/'}`: {message}; check "
+                  "the declarations of the fields it names under `state:` (and the actions' "
+                  "`arguments:`)", key=True)
         return
     extension = raw.get("schema_extension")
     if not isinstance(extension, str):
@@ -148,13 +160,47 @@ def check_override(data: dict[str, Any], stage: str, schema_file: Path, report: 
                           "the schema")
 
 
-@lru_cache(maxsize=256)
+_FIELDS = "properties/updates/properties/"
+
+
+def _contract_problem(schema: dict[str, Any]) -> tuple[str, str] | None:
+    """The metaschema check of a derived contract, as (where, what), in parts: each action's
+    definition and each field's schema are checked once however many stages share them,
+    then the rest.
+    Measured: Puramur's 7 contracts took 0.40 s whole (jsonschema's metaschema check is
+    ~60 ms a contract), and most of their parts are the same declarations."""
+    parts: list[tuple[str, Any]] = []
+    skeleton = dict(schema)
+    defs = schema.get("$defs")
+    if isinstance(defs, dict):
+        parts += [(f"$defs/{k}", v) for k, v in defs.items()]
+        skeleton["$defs"] = {k: {} for k in defs}
+    props = schema.get("properties")
+    updates = props.get("updates") if isinstance(props, dict) else None
+    fields = updates.get("properties") if isinstance(updates, dict) else None
+    if isinstance(props, dict) and isinstance(updates, dict) and isinstance(fields, dict):
+        parts += [(f"properties/updates/properties/{k}", v) for k, v in fields.items()]
+        skeleton["properties"] = {**props, "updates": {**updates,
+                                                       "properties": {k: {} for k in fields}}}
+    for where, part in [*parts, ("", skeleton)]:
+        problem = _schema_problem(json.dumps(part, sort_keys=True))
+        if problem is not None:
+            return "/".join(p for p in (where, problem[0]) if p), problem[1]
+    return None
+
+
 def _schema_error(text: str) -> str | None:
-    # The metaschema check costs milliseconds: once per distinct contract.
+    problem = _schema_problem(text)
+    return None if problem is None else f"at `{problem[0] or '/'}`: {problem[1]}"
+
+
+@lru_cache(maxsize=256)
+def _schema_problem(text: str) -> tuple[str, str] | None:
+    # The metaschema check costs milliseconds: once per distinct schema.
     try:
         jsonschema.Draft202012Validator.check_schema(json.loads(text))
     except jsonschema.SchemaError as exc:
-        return f"at `{'/'.join(map(str, exc.absolute_path)) or '/'}`: {exc.message}"
+        return "/".join(map(str, exc.absolute_path)), exc.message
     return None
 
 
