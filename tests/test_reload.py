@@ -21,6 +21,7 @@ from projects import copy_puramur
 from engine.format.files import watched_files
 from engine.funnel.compiled import load_funnel
 from engine.llm.models import make_model
+from engine.service import preloaded
 from engine.service.config import ServiceConfig
 from engine.service.core import Service
 
@@ -217,3 +218,24 @@ async def test_an_edit_that_strands_sessions_in_a_removed_stage_is_refused(
     assert await service.reloader.reload("puramur", "test") == "applied"
     result = await engine.handle("s-stay", "still here")
     assert result.fallback is False and result.stage_after == "renamed_stage"  # moved
+
+
+def test_a_worker_takes_the_masters_compiled_funnel_while_its_files_are_unchanged(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`funnel serve --workers N` compiles each funnel once, in the master: a forked worker
+    shares that object, unless an edit came since (then it compiles the edit)."""
+    monkeypatch.setattr(preloaded, "_SHARED", {})
+    path = project / "funnels" / "puramur.yaml"
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"default": {"reply": "ok"}}))
+
+    def service() -> Service:
+        return Service(ServiceConfig(funnels=[str(path)], model=f"scripted:{script}",
+                                     reload=False))
+
+    master = load_funnel(path)
+    assert service().funnels["puramur"] is not master  # nothing shared: compiled afresh
+    preloaded.share_compiled(master)
+    assert service().funnels["puramur"] is master
+    _replace(project / "prompts" / "puramur" / "_base.j2", "Be warm", "Be very warm")
+    assert service().funnels["puramur"] is not master  # the edit is compiled, not shared

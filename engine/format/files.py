@@ -3,13 +3,14 @@ hot reload (engine.service.reload) and the studio (engine.studio.watch) both wat
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from .spec import FunnelSpec
 
-__all__ = ["Snapshot", "snapshot", "watched_files"]
+__all__ = ["Snapshot", "file_hashes", "snapshot", "watched_files"]
 
 _MAX_FILES = 5000  # a knowledge folder that is a whole disk is not watched file by file
 
@@ -58,3 +59,14 @@ def snapshot(files: Iterable[Path]) -> Snapshot:
         except OSError:
             out.append((str(path), -1, -1, -1))
     return tuple(out)
+
+
+def file_hashes(files: Iterable[Path]) -> dict[str, str]:
+    """Each file's SHA-256 by path (``"missing"`` for a file that cannot be read)."""
+    out: dict[str, str] = {}
+    for path in files:
+        try:
+            out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            out[str(path)] = "missing"
+    return out

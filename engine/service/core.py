@@ -30,7 +30,7 @@ from ..errors import (
     SchemaOutdated,
     StoreUnavailable,
 )
-from ..funnel.compiled import CompiledFunnel, load_funnel
+from ..funnel.compiled import CompiledFunnel
 from ..llm.models import Model, make_model
 from ..store import Store, open_store
 from ..turn import manager
@@ -41,6 +41,7 @@ from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
 from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig
 from .limits import RateLimiter, RequestRefused, SessionQueue
 from .metrics import Metrics
+from .preloaded import compiled_funnel
 from .reload import Reloader
 
 log = logging.getLogger("funnel.service")
@@ -93,7 +94,7 @@ class Service:
         self.config = config
         self.funnels: dict[str, CompiledFunnel] = {}
         for item in config.funnels:
-            compiled = item if isinstance(item, CompiledFunnel) else load_funnel(item)
+            compiled = item if isinstance(item, CompiledFunnel) else compiled_funnel(item)
             if compiled.name in self.funnels:
                 raise ConfigError(f"two funnels are named '{compiled.name}'; names must differ")
             self.funnels[compiled.name] = compiled

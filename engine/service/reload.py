@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,7 +43,7 @@ from ..errors import (
     StoreUnavailable,
     closest,
 )
-from ..format.files import Snapshot, snapshot, watched_files
+from ..format.files import Snapshot, file_hashes, snapshot, watched_files
 from ..format.paths import funnel_roots
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel, load_funnel
@@ -76,17 +74,6 @@ class Served(Protocol):
     engines: dict[str, Engine]
     metrics: Metrics
     store: Store | None
-
-
-def file_hashes(files: Iterable[Path]) -> dict[str, str]:
-    """Each file's SHA-256 by path (``"missing"`` for a file that cannot be read)."""
-    out: dict[str, str] = {}
-    for path in files:
-        try:
-            out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError:
-            out[str(path)] = "missing"
-    return out
 
 
 def changed(before: dict[str, str], after: dict[str, str], root: Path) -> list[str]:

@@ -34,6 +34,7 @@ from ..llm.models import make_model
 from ..store.embedded import embedded_url
 from ..turn import language
 from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig
+from .preloaded import share_compiled
 
 APP = "engine.service.app:create_app"
 
@@ -65,11 +66,11 @@ WORKER_HEALTHCHECK_SECONDS = 60
 
 def preload(compiled: list[CompiledFunnel], model: str | None, api_base: str | None) -> None:
     """Load here, once, what every worker loads the same at its start: litellm (unless
-    every model is the offline one), the language models of the funnels' detectors and
-    the app's modules. Forked workers then share these pages with this process instead
-    of each holding a copy (bench/start.py --workers 2: the PSS per worker). Frozen out
-    of the garbage collector (``gc.freeze``), whose passes would write to every object
-    and unshare its page."""
+    every model is the offline one), the language models of the funnels' detectors, the
+    compiled funnels (engine.service.preloaded) and the app's modules. Forked
+    workers then share these pages with this process instead of each holding a copy
+    (bench/start.py --workers 2: the PSS per worker). Frozen out of the garbage collector
+    (``gc.freeze``), whose passes would write to every object and unshare its page."""
     names = {model} if model else {c.spec.model.name for c in compiled}
     for name in sorted(names):
         if not name.startswith("scripted"):
@@ -80,6 +81,7 @@ def preload(compiled: list[CompiledFunnel], model: str | None, api_base: str | N
     for funnel in compiled:
         if funnel.spec.language_policy.mode != "model":
             language.warm(funnel.spec.language_policy.candidates)
+        share_compiled(funnel)  # the workers take it instead of compiling their own
     importlib.import_module(APP.partition(":")[0])
     gc.freeze()
 
