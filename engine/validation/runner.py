@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..format import _yaml
-from ..format.spec import FunnelSpec, build_spec
+from ..format.build import build_spec
+from ..format.spec import FunnelSpec
 from .actions import check_actions
 from .context import check_recall
 from .diagnostics import Diagnostic, Report, as_dict

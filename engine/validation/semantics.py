@@ -16,6 +16,7 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, nodes
 
 from ..errors import did_you_mean
+from ..format.build import implied_engine_fields
 from ..format.names import SHARED_TABLES
 from ..format.spec import (
     APPROVAL_CHOICES,
@@ -23,7 +24,6 @@ from ..format.spec import (
     CONDITION_NAMES,
     ENGINE_COLUMNS,
     SQL_IDENTIFIER,
-    implied_engine_fields,
 )
 from ..sandbox.expressions import attribute_paths, parse_expression
 from ..sandbox.patterns import problem as pattern_problem
