@@ -240,7 +240,8 @@ VALIDATE_MAY_LOAD = ("engine.validation", "engine.format", "engine.sandbox", "en
 VALIDATE_MAX_MODULES = 42  # 37 at bff1f81; 31 once laid out (issue 25); 40 with the checks of
 # round 3 (derived contracts, phones, RE2 patterns, personal data, loop layout, products);
 # 41 with grounded:/confirm: checks (engine.validation.grounding), 42 with recall's
-# (engine.validation.recall)
+# (engine.validation.recall, for a funnel with memory.recall) or with the spec's types and
+# their building apart (engine.format.build)
 
 
 def test_funnel_validate_loads_only_validation_and_the_format() -> None:
