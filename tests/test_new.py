@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_support import run_cli
 
 from engine.authoring.scaffold import scaffold
 from engine.errors import ConfigError
@@ -20,9 +19,7 @@ CASES = [("minimal", False), ("minimal", True), ("puramur", False), ("b2b_demo",
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                          text=True, timeout=300)
+    return run_cli(*args, cwd=cwd)
 
 
 @pytest.mark.parametrize(("template", "catalog"), CASES,

@@ -3,13 +3,12 @@ turns red at the right turn, with the explanation, once the funnel changes."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+from cli_support import run_cli
 
 from engine.authoring.scaffold import scaffold
 
@@ -20,9 +19,7 @@ LINES = ["Hi!", "I have a Sphynx cat, her skin is very dry",
 
 
 def cli(*args: str, cwd: Path, db: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FUNNEL_DB": db}
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, env=env,
-                          input=stdin, capture_output=True, text=True, timeout=300)
+    return run_cli(*args, cwd=cwd, env={"FUNNEL_DB": db}, stdin=stdin)
 
 
 def test_record_then_replay(tmp_path: Path, db_url: str, sql: Any) -> None:
