@@ -50,9 +50,9 @@ class CliResult:
 
 
 def run_funnel(*args: str, env: Mapping[str, str | None] | None = None,
-               stdin: str | bytes = "") -> CliResult:
-    """Run `funnel ARGS` in this process, from the repository's root, with ``env`` set
-    (``None`` unsets) and ``stdin`` as its input.
+               stdin: str | bytes = "", cwd: Path | None = None) -> CliResult:
+    """Run `funnel ARGS` in this process, from ``cwd`` (the repository's root by default),
+    with ``env`` set (``None`` unsets) and ``stdin`` as its input.
 
     A subprocess would prove only that the console script starts, which
     tests/test_exported_members.py does once; here an unexpected exception
@@ -61,7 +61,7 @@ def run_funnel(*args: str, env: Mapping[str, str | None] | None = None,
     """
     out, err = io.StringIO(), io.StringIO()
     saved = {k: os.environ.get(k) for k in (env or {})}
-    cwd, stdin_before = os.getcwd(), sys.stdin
+    cwd_before, stdin_before = os.getcwd(), sys.stdin
 
     def call() -> int:
         try:
@@ -75,7 +75,7 @@ def run_funnel(*args: str, env: Mapping[str, str | None] | None = None,
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        os.chdir(ROOT)
+        os.chdir(cwd or ROOT)
         # bytes underneath, like a real stdin (`funnel chat` reads sys.stdin.buffer)
         raw = stdin if isinstance(stdin, bytes) else stdin.encode("utf-8")
         sys.stdin = io.TextIOWrapper(io.BytesIO(raw))
@@ -83,7 +83,7 @@ def run_funnel(*args: str, env: Mapping[str, str | None] | None = None,
             code = pool.submit(call).result()
     finally:
         sys.stdin = stdin_before
-        os.chdir(cwd)
+        os.chdir(cwd_before)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

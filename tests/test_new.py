@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from cli_support import run_cli
+from conftest import CliResult, run_funnel
 
 from engine.authoring.scaffold import scaffold
 from engine.errors import ConfigError
@@ -18,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = [("minimal", False), ("minimal", True), ("puramur", False), ("b2b_demo", False)]
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, cwd=cwd)
+def cli(*args: str, cwd: Path) -> CliResult:
+    return run_funnel(*args, cwd=cwd)
 
 
 @pytest.mark.parametrize(("template", "catalog"), CASES,

@@ -3,12 +3,11 @@ turns red at the right turn, with the explanation, once the funnel changes."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
-from cli_support import run_cli
+from conftest import CliResult, run_funnel
 
 from engine.authoring.scaffold import scaffold
 
@@ -18,8 +17,8 @@ LINES = ["Hi!", "I have a Sphynx cat, her skin is very dry",
          "She is 3, her name is Murka. What would you recommend?", "Hmm, isn't that expensive?"]
 
 
-def cli(*args: str, cwd: Path, db: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, cwd=cwd, env={"FUNNEL_DB": db}, stdin=stdin)
+def cli(*args: str, cwd: Path, db: str, stdin: str = "") -> CliResult:
+    return run_funnel(*args, cwd=cwd, env={"FUNNEL_DB": db}, stdin=stdin)
 
 
 def test_record_then_replay(tmp_path: Path, db_url: str, sql: Any) -> None:
