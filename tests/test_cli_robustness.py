@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PURAMUR, ROOT
+from conftest import PURAMUR, ROOT, run_funnel
 
 pytestmark = pytest.mark.postgres
 
@@ -44,17 +44,19 @@ def test_check_state_finds_invalid_rows_and_unpaired_messages(db_url: str, tmp_p
                                                               sql: Any) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"default": {"reply": "Got it."}}))
-    run_cli("chat", str(PURAMUR), "--session", "ok-1", "--model", f"scripted:{script}",
-            db_url=db_url, stdin=b"Hi\nI have a dog\n")
-    clean = run_cli("check-state", str(PURAMUR), db_url=db_url)
-    assert clean.returncode == 0, clean.stderr.decode()
-    assert "puramur: 0 error(s), 0 warning(s)" in clean.stdout.decode()
+    env: dict[str, str | None] = {"FUNNEL_DB": db_url, "FUNNEL_MODEL": None}
+    # In process (conftest.run_funnel): this test is about what check-state finds.
+    run_funnel("chat", str(PURAMUR), "--session", "ok-1", "--model", f"scripted:{script}",
+               env=env, stdin=b"Hi\nI have a dog\n")
+    clean = run_funnel("check-state", str(PURAMUR), env=env)
+    assert clean.returncode == 0, clean.stderr
+    assert "puramur: 0 error(s), 0 warning(s)" in clean.stdout
 
     sql("UPDATE puramur_sessions_state SET pet = '{\"age_years\": \"three\"}', "
         "notices = %s::jsonb", (json.dumps(["n" * 500] * 3),))
     sql("INSERT INTO funnel_messages (funnel, session_id, role, content) "
         "VALUES ('puramur', 'ok-1', 'assistant', 'orphan reply')")
-    broken = run_cli("check-state", str(PURAMUR), "--format", "json", db_url=db_url)
+    broken = run_funnel("check-state", str(PURAMUR), "--format", "json", env=env)
     assert broken.returncode == 1
     rules = {v["rule"] for v in json.loads(broken.stdout)}
     assert rules == {"invalid field", "notice too long", "reply without turn record"}

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import B2B, PURAMUR, ROOT, puramur_data
+from conftest import B2B, PURAMUR, ROOT, CliResult, puramur_data, run_funnel
 from hostile_corpus import MODEL_OUTPUTS
 from jsonschema import Draft202012Validator
 
@@ -220,9 +220,8 @@ def test_a_funnel_with_a_schema_folder_keeps_working(tmp_path: Path) -> None:
     assert {c for _, _, c, _ in problems} == {"F301"} and "`updates:`" in problems[0][3]
 
 
-def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+def cli(*args: str, cwd: Path = ROOT) -> CliResult:
+    return run_funnel(*args, cwd=cwd)  # in process: about the output, not the process
 
 
 def test_funnel_schema_prints_and_writes_the_contracts(tmp_path: Path) -> None:
