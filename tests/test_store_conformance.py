@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -22,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import sql_runner, temporary_schema
+from conftest import CliResult, run_funnel, sql_runner, temporary_schema
 
 from engine.errors import ConcurrentUpdate
 from engine.format.spec import FunnelSpec
@@ -624,17 +622,14 @@ async def test_purge_anonymize_clears_personal_data_and_keeps_the_rows(
     # the command line does the same
     db(f"UPDATE {TABLE} SET last_message_at = NOW() - INTERVAL '40 days' "
        "WHERE session_id = 'fresh'")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("FUNNEL_DB", None)
-    dry = subprocess.run([sys.executable, "-m", "engine.cli", "purge", str(PURAMUR),
-                          "--older-than", "30d", "--anonymize", "--dry-run", "--db", url],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    no_db: dict[str, str | None] = {"FUNNEL_DB": None}  # in process (conftest.run_funnel)
+    dry = run_funnel("purge", str(PURAMUR), "--older-than", "30d", "--anonymize", "--dry-run",
+                     "--db", url, env=no_db)
     assert dry.stdout.strip() == ("would anonymize 1 session(s) idle for more than 30 days: "
                                   "2 message(s)"), dry.stdout + dry.stderr
     assert db(f"SELECT customer FROM {TABLE} WHERE session_id = 'fresh'") != [({},)]
-    cli = subprocess.run([sys.executable, "-m", "engine.cli", "purge", str(PURAMUR),
-                          "--older-than", "30d", "--anonymize", "--db", url],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    cli = run_funnel("purge", str(PURAMUR), "--older-than", "30d", "--anonymize", "--db", url,
+                     env=no_db)
     assert cli.returncode == 0, cli.stderr
     assert "would anonymize 1 session(s)" in cli.stderr  # counted before it is done
     assert "anonymized 1 session(s)" in cli.stdout and "2 message(s)" in cli.stdout
@@ -656,13 +651,8 @@ def test_each_backend_is_the_one_it_names(backend: str, request: pytest.FixtureR
 
 
 def test_purge_counts_first_and_creates_nothing(url: str, db: SQL) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("FUNNEL_DB", None)
-
-    def purge(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "engine.cli", "purge", str(PURAMUR),
-                               "--db", url, *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=120)
+    def purge(*args: str) -> CliResult:  # in process (conftest.run_funnel)
+        return run_funnel("purge", str(PURAMUR), "--db", url, *args, env={"FUNNEL_DB": None})
 
     tables = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"
     before = db(tables)
