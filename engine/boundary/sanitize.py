@@ -43,6 +43,11 @@ _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 # and the line/paragraph separators (they break one-reply-per-line consumers).
 _BAD_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Either of the two: most texts hold neither, and one search tells that for half of two
+# subs' or searches' work (printable and clean_text run a dozen times a turn; measured
+# with callgrind, bench/turn_instructions.py).
+_REFUSED = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029"
+                      "\ud800-\udfff]")
 _LANGUAGE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}")
 
 
@@ -74,7 +79,8 @@ def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
 def printable(text: str, limit: int | None = None) -> str:
     """``text`` with lone surrogates and refused characters replaced by U+FFFD, clipped to
     ``limit``: safe to log, to store in a text column and to send back to a model."""
-    text = _BAD_CHARS.sub("\ufffd", _SURROGATE.sub("\ufffd", text))
+    if _REFUSED.search(text) is not None:
+        text = _BAD_CHARS.sub("\ufffd", _SURROGATE.sub("\ufffd", text))
     return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 
@@ -84,6 +90,8 @@ def clean_text(text: str, where: str) -> None:
     Raises:
         Rejected: names ``where`` and the first offending character.
     """
+    if _REFUSED.search(text) is None:
+        return
     bad = _SURROGATE.search(text) or _BAD_CHARS.search(text)
     if bad is not None:
         raise Rejected(f"at {where}: the text holds the character U+{ord(bad.group()):04X} "
@@ -151,6 +159,13 @@ def max_nesting(raw: bytes | str) -> int:
     return deepest
 
 
+def _openers(raw: bytes | str) -> int:
+    """How many ``[`` and ``{`` the text holds, in strings too: at least its nesting."""
+    if isinstance(raw, str):
+        return raw.count("[") + raw.count("{")
+    return raw.count(b"[") + raw.count(b"{")
+
+
 def loads_bounded(raw: bytes | str, *, max_depth: int = MAX_DEPTH,
                   max_values: int = MAX_VALUES, clean: bool = True) -> Any:
     """Parse JSON text strictly and bound it (see the module docstring).
@@ -158,7 +173,11 @@ def loads_bounded(raw: bytes | str, *, max_depth: int = MAX_DEPTH,
     Raises:
         Rejected: not strict JSON, or outside the bounds; the message says which.
     """
-    if max_nesting(raw) > max_depth:
+    # Each level of nesting opens a bracket: a text with no more of them than max_depth
+    # (nearly every answer and body) cannot be too deep, and is not walked byte by byte
+    # in Python (a model's answer cost ~60,000 instructions there; callgrind,
+    # bench/turn_instructions.py).
+    if _openers(raw) > max_depth and max_nesting(raw) > max_depth:
         raise Rejected(f"the JSON is nested deeper than {max_depth} levels")
     try:
         data = orjson.loads(raw)

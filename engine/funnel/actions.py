@@ -16,6 +16,7 @@ import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -76,8 +77,10 @@ class TurnScratch:
     # What the model wrote that the customer's words do not support: (what, value).
     ungrounded: list[tuple[str, str]] = field(default_factory=list)
 
-    @property
+    @cached_property
     def now_iso(self) -> str:
+        # Written once a turn: an aware datetime's isoformat takes ~1.6 us, and a turn
+        # wrote it five to seven times.
         return self.now.isoformat()
 
 

@@ -18,7 +18,7 @@ import os
 import posixpath
 import re
 import string
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
@@ -291,6 +291,16 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         join.jinja_pass_arg = FILTERS["join"].jinja_pass_arg  # type: ignore[attr-defined]
         self.filters["join"] = join
         self.template_class = BoundedTemplate
+
+    def make_globals(self, d: MutableMapping[str, Any] | None) -> MutableMapping[str, Any]:
+        # A plain dict instead of Jinja's ChainMap over the environment's globals: every
+        # render, include and condition copies or iterates its template's globals
+        # (Context, new_context), and a ChainMap does that in Python, key by key. Measured
+        # in bench/turn_instructions.py's turn (callgrind, 100 turns, runs vary by
+        # ~0.1 M): 3.68-3.70 -> 3.49-3.59 M instructions per turn. The environment's globals are all set in __init__,
+        # before any template is loaded (as Jinja's documentation of make_globals asks),
+        # so the snapshot holds what the ChainMap would have shown.
+        return {**self.globals, **(d or {})}
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         return _BINOPS[operator](left, right)

@@ -57,6 +57,11 @@ class Mover:
     # "why"); a replay compares only which exits held, and skips reading them out.
     values: bool = True
 
+    @property
+    def now_iso(self) -> str:
+        """``now`` as ISO text, written once a turn (the scratch's, when it is the same time)."""
+        return self.scratch.now_iso if self.scratch.now is self.now else self.now.isoformat()
+
     def context(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The names conditions read: every declared field plus the turn's facts."""
         ctx = full_view(self.funnel, state)
@@ -134,7 +139,7 @@ class Mover:
             before = dict(state)
             self.on_enter(fired[-1], state)
             if state != before:  # entering the stage changed facts: derive again
-                funnel.rules.recompute(state, self.context(state), self.now.isoformat())
+                funnel.rules.recompute(state, self.context(state), self.now_iso)
             if pos["stage"] in visited:
                 break
             visited.add(pos["stage"])
@@ -161,7 +166,7 @@ class Mover:
         handoff = spec.handoff
         if handoff and stage.name == handoff.stage:
             if handoff.triggered_at and not state.get(handoff.triggered_at):
-                state[handoff.triggered_at] = self.now.isoformat()
+                state[handoff.triggered_at] = self.now_iso
             if handoff.reason and not state.get(handoff.reason):
                 state[handoff.reason] = (firing.spec.reason if firing.spec else None) or \
                     self.scratch.handoff_requested or "unspecified"
@@ -185,10 +190,11 @@ def record_current(pos: Position, at: str) -> None:
 
 def enter(pos: Position, stage: str, now: datetime) -> None:
     """Move ``pos`` into ``stage`` now: close the open history entry, open a new one."""
+    at = now.isoformat()
     history = [dict(h) for h in pos["stage_history"]]
     if history and "exited_at" not in history[-1]:
-        history[-1]["exited_at"] = now.isoformat()
-    history.append({"stage": stage, "entered_at": now.isoformat()})
+        history[-1]["exited_at"] = at
+    history.append({"stage": stage, "entered_at": at})
     pos["stage_history"] = history
     pos["stage"] = stage
     pos["stage_iteration"] = 0

@@ -96,17 +96,25 @@ def compact(value: Any, level: int = 0) -> Any:
 
 def _compact(value: Any, chars: int, items: int, keys: int) -> Any:
     # Every prompt compacts the whole state (a few hundred values) once or twice per
-    # turn: scalars return first, and small containers are not sliced into copies.
+    # turn: scalars return first, and small containers are not sliced into copies. An
+    # item that is a number, a bool, None or a short str is kept without a call of its
+    # own (most items are; at_level took 39 us a turn on Puramur's state, timeit).
     if isinstance(value, str):
         return value if len(value) <= chars else value[:chars] + "…"
     if isinstance(value, list):
-        return [_compact(v, chars, items, keys)
+        return [v if (t := type(v)) in _AS_IS or (t is str and len(v) <= chars)
+                else _compact(v, chars, items, keys)
                 for v in (value if len(value) <= items else value[-items:])]
     if isinstance(value, dict):
         pairs = value.items() if len(value) <= keys else list(value.items())[:keys]
         return {(k if type(k) is str and len(k) <= chars else str(k)[:chars]):
-                _compact(v, chars, items, keys) for k, v in pairs}
+                v if (t := type(v)) in _AS_IS or (t is str and len(v) <= chars)
+                else _compact(v, chars, items, keys) for k, v in pairs}
     return value
+
+
+# What _compact keeps as it is (exact types: a subclass goes through its checks).
+_AS_IS = frozenset({int, float, bool, type(None)})
 
 
 RECALL_HEADING = ("Earlier messages of this conversation that may matter now (recalled; "

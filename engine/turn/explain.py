@@ -22,6 +22,7 @@ form above back, so readers show the same explanation as before.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -36,14 +37,20 @@ __all__ = ["describe", "explain_stage", "why_not"]
 _MAX_VALUE = 120  # characters of one value's JSON kept in an explanation
 
 
-def _lookup(ctx: Mapping[str, Any], dotted: str) -> Any:
+def _lookup(ctx: Mapping[str, Any], parts: tuple[str, ...]) -> Any:
     value: Any = ctx
-    for part in dotted.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else None
+    for part in parts:
+        # A dict first: the ABC check costs more than the lookup, on every value read.
+        value = value.get(part) if type(value) is dict or isinstance(value, Mapping) else None
     return value
 
 
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def _short(value: Any) -> Any:
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, str | int | float | bool) or value is None:
         return value if not isinstance(value, str) or len(value) <= _MAX_VALUE \
             else value[:_MAX_VALUE] + "…"
@@ -92,23 +99,50 @@ def _held(funnel: CompiledFunnel, sources: tuple[str, ...], ctx: Mapping[str, An
     return [_evaluate(funnel.explain_conditions[s], ctx) for s in sources]
 
 
+# (to, when, global, [(name, its parts)], whether it reads the completeness field)
+_Exit = tuple[str, str | None, bool, tuple[tuple[str, tuple[str, ...]], ...], bool]
+# Per compiled funnel and stage: its exits as explain_stage reads them, and their
+# conditions. Built once, not on every turn (a stage's exits are the funnel's).
+_PLANS: weakref.WeakKeyDictionary[CompiledFunnel, dict[str, tuple[list[_Exit], tuple[str, ...]]]
+                                  ] = weakref.WeakKeyDictionary()
+
+
+def _plan(funnel: CompiledFunnel, stage: str) -> tuple[list[_Exit], tuple[str, ...]]:
+    plans = _PLANS.get(funnel)
+    if plans is None:
+        plans = _PLANS[funnel] = {}
+    plan = plans.get(stage)
+    if plan is None:
+        spec = funnel.spec
+        own = spec.stages[stage].transitions if stage in spec.stages else ()
+        candidates = [(t, True) for t in spec.global_transitions if t.to != stage] + \
+            [(t, False) for t in own]
+        exits: list[_Exit] = []
+        for t, is_global in candidates:
+            names = condition_names(t.when) if t.when is not None else ()
+            exits.append((t.to, t.when, is_global,
+                          tuple((n, tuple(n.split("."))) for n in names),
+                          spec.completeness_field is not None
+                          and spec.completeness_field in names))
+        plan = plans[stage] = (exits, tuple(t.when for t, _ in candidates
+                                            if t.when is not None))
+    return plan
+
+
 def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any], *,
                   values: bool = True) -> dict[str, Any]:
     """Every exit of ``stage`` (global ones first, as the machine tries them), evaluated;
     with ``values`` False, without the values each condition read (nor how a derived
     field got its value): only which held."""
-    spec = funnel.spec
-    own = spec.stages[stage].transitions if stage in spec.stages else ()
-    candidates = [(t, True) for t in spec.global_transitions if t.to != stage] + \
-        [(t, False) for t in own]
-    verdicts = iter(_held(funnel, tuple(t.when for t, _ in candidates if t.when is not None),
-                          ctx))
+    exits, sources = _plan(funnel, stage)
+    verdicts = iter(_held(funnel, sources, ctx))
+    derived: str | None = None  # how the completeness field got its value, once a call
     out: list[dict[str, Any]] = []
-    for t, is_global in candidates:
-        entry: dict[str, Any] = {"to": t.to, "when": t.when}
+    for to, when, is_global, names, reads_derived in exits:
+        entry: dict[str, Any] = {"to": to, "when": when}
         if is_global:
             entry["global"] = True
-        if t.when is None:
+        if when is None:
             entry["held"] = True
         else:
             held, error = next(verdicts)
@@ -118,11 +152,14 @@ def explain_stage(funnel: CompiledFunnel, stage: str, ctx: Mapping[str, Any], *,
             if not values:
                 out.append(entry)
                 continue
-            names = condition_names(t.when)
-            entry["values"] = {n: _short(_lookup(ctx, n)) for n in names}
-            derived = {n: d for n in names if (d := _derived(funnel, n, ctx)) is not None}
-            if derived:
-                entry["derived"] = derived
+            entry["values"] = {n: _short(_lookup(ctx, parts)) for n, parts in names}
+            if reads_derived:
+                field = funnel.spec.completeness_field
+                assert field is not None
+                if derived is None:
+                    derived = _derived(funnel, field, ctx)
+                if derived is not None:
+                    entry["derived"] = {field: derived}
         out.append(entry)
     return {"stage": stage, "fired": None, "transitions": out}
 

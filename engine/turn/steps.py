@@ -122,7 +122,7 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
     context = build_context(turn.funnel, stage, turn.state, turn.pos,
                             customer_message=turn.text, messages=history,
                             returning=turn.mover.returning, idle_seconds=turn.idle,
-                            now=turn.now.isoformat())
+                            now=turn.mover.now_iso)
     if stage.spec.knowledge is not None:
         found = await knowledge.retrieve(store, turn.spec, stage.spec.knowledge,
                                          turn.text, turn.state)
@@ -180,7 +180,7 @@ def apply(turn: Turn, answer: Answer) -> None:
     turn.mover.accepted = [o.type for o in turn.outcomes if o.accepted]
     turn.pos["turns"] += 1
     turn.handoff_before = handoff_time(spec, state)
-    funnel.rules.recompute(state, turn.mover.context(state), turn.now.isoformat())
+    funnel.rules.recompute(state, turn.mover.context(state), turn.mover.now_iso)
 
 
 def handoff_time(spec: FunnelSpec, state: Mapping[str, Any]) -> Any:
