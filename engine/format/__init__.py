@@ -1,9 +1,10 @@
 """The funnel format: what a funnel file declares, read and checked for shape.
 
 Holds the typed declaration (`spec`, with the model, memory, language and
-knowledge `settings`; `build` makes it of a file's data), the YAML reader that keeps line numbers (`_yaml`), the
-engine's fixed names (`names`), the project confinement of files (`paths`), the
-catalog (`catalog`), an A/B experiment's declaration (`experiment`), the
+knowledge `settings`; `build` makes it of a file's data), the YAML reader that
+keeps line numbers (`_yaml`), the engine's fixed names (`names`), the project
+confinement of files (`paths`), the catalog (`catalog`), an A/B experiment's
+declaration (`experiment`), the
 declared state migrations between versions (`migrations`), the main path and side
 branches of the stages (`main_path`) and the phone numbers of
 `format: phone` fields (`phones`, libphonenumber's rules).

@@ -297,9 +297,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         # render, include and condition copies or iterates its template's globals
         # (Context, new_context), and a ChainMap does that in Python, key by key. Measured
         # in bench/turn_instructions.py's turn (callgrind, 100 turns, runs vary by
-        # ~0.1 M): 3.68-3.70 -> 3.49-3.59 M instructions per turn. The environment's globals are all set in __init__,
-        # before any template is loaded (as Jinja's documentation of make_globals asks),
-        # so the snapshot holds what the ChainMap would have shown.
+        # ~0.1 M): 3.68-3.70 -> 3.49-3.59 M instructions per turn. The environment's
+        # globals are all set in __init__, before any template is loaded (as Jinja's
+        # documentation of make_globals asks), so the snapshot holds what the ChainMap
+        # would have shown.
         return {**self.globals, **(d or {})}
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
