@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,28 +231,35 @@ async def run_engine(url: str, sessions: list[str], turns: int, tasks: int) -> d
     return await counters.stop(out, len(sessions) * turns)
 
 
-async def run_floor(url: str, sessions: list[str], turns: int, tasks: int) -> dict[str, float]:
-    """The same work's floor (bench/floor.py): the statements the engine's turn sent, with
-    their parameters, run on plain psycopg."""
+@contextlib.asynccontextmanager
+async def floor_turns(url: str, turns: int, tasks: int) -> AsyncIterator[Turn]:
+    """The same work's floor's turn (bench/floor.py): the statements the engine's turn
+    sent, with their parameters, on ``tasks`` plain psycopg connections; warmed up."""
     recording = await floor.record(url, HAPPY, [message(t) for t in range(turns)])
     conns = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(tasks)]
-    counters = Counters(url)
+    free = list(conns)
+
+    async def turn(sid: str, t: int) -> None:
+        conn = free.pop()
+        try:
+            await floor.replay_turn(conn, recording, t, sid)
+        finally:
+            free.append(conn)
+
     try:
-        free = list(conns)
-
-        async def turn(sid: str, t: int) -> None:
-            conn = free.pop()
-            try:
-                await floor.replay_turn(conn, recording, t, sid)
-            finally:
-                free.append(conn)
-
-        await play(turn, [f"warm-{s}" for s in sessions[:8]], turns, 1)
-        await counters.start()
-        out = await play(turn, sessions, turns, tasks)
+        await play(turn, [f"floor-warm-{i}" for i in range(8)], turns, 1)
+        yield turn
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def run_floor(url: str, sessions: list[str], turns: int, tasks: int) -> dict[str, float]:
+    """The same work's floor (bench/floor.py) on ``sessions``: latency, rate, CPU."""
+    counters = Counters(url)
+    async with floor_turns(url, turns, tasks) as turn:
+        await counters.start()
+        out = await play(turn, sessions, turns, tasks)
     return await counters.stop(out, len(sessions) * turns)
 
 

@@ -129,30 +129,13 @@ async def floor_rate(db: str, sessions: int = 200, turns: int = 10, tasks: int =
     """The same work's floor (bench/floor.py, as bench/realistic_turn.py plays it): turns per
     second of one process, and the CPU per turn of that client and of PostgreSQL (measured
     while its connections are open: a backend's figures go with it)."""
-    import floor
     import realistic_turn
 
-    recording = await floor.record(db, realistic_turn.HAPPY,
-                                   [realistic_turn.message(t) for t in range(turns)])
-    conns = [await psycopg.AsyncConnection.connect(db, autocommit=True) for _ in range(tasks)]
-    free = list(conns)
-
-    async def turn(sid: str, t: int) -> None:
-        conn = free.pop()
-        try:
-            await floor.replay_turn(conn, recording, t, sid)
-        finally:
-            free.append(conn)
-
-    try:
-        await realistic_turn.play(turn, [f"floor-warm-{i}" for i in range(8)], turns, 1)
+    async with realistic_turn.floor_turns(db, turns, tasks) as turn:
         pg0, cpu0 = cpu_seconds(), time.process_time()
         out = await realistic_turn.play(turn, [f"floor-{i}" for i in range(sessions)], turns,
                                         tasks)
         client, pg = time.process_time() - cpu0, spent(pg0, cpu_seconds())
-    finally:
-        for conn in conns:
-            await conn.close()
     n = sessions * turns
     return {"tps": out["tps"], "client_ms": client * 1000 / n, "pg_ms": pg * 1000 / n}
 
