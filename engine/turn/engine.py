@@ -16,7 +16,7 @@ sequence of named steps over a :class:`Turn` (the turn in flight):
 4. ``steps.apply``: allowed updates and declared actions applied, derived fields
    recomputed;
 5. advance (`engine.turn.advance`): exit transitions evaluated on the new state;
-6. ``_record``: state, reply, turn record and outbox saved in one transaction
+6. ``save.record``: state, reply, turn record and outbox saved in one transaction
    (checked against the row version).
 """
 
@@ -50,22 +50,20 @@ from ..memory.recall import Recall, make_embedder
 from ..memory.summary import RollingSummary, Summarizer
 from ..records.messages import Message
 from ..records.orders import Conversion, make_order
-from ..store import Inbound, OutboxItem, SessionAccess, Store, TurnWrite, open_store
-from . import approval, held, language, steps
-from .advance import Mover, Position, handoff_payload, record_current, start_position
-from .budget import bound_notices
-from .data import Incoming, Turn, TurnResult, refused_claims, turn_record
+from ..store import Inbound, SessionAccess, Store, open_store
+from . import approval, held, language, save, steps
+from .advance import Mover, Position, record_current, start_position
+from .data import Incoming, Turn, TurnResult
 from .notify import Notifier, dispatch, make_notifier
 from .output import Answer
 from .routing import Routing
+from .save import TECHNICAL_REPLY
 from .stream import Listener, ReplyStream
 
 __all__ = ["TECHNICAL_REPLY", "Engine", "TurnResult"]
 
 log = logging.getLogger("funnel.engine")
 
-# The reply when not even the stage's fallback is at hand (the stage is unknown).
-TECHNICAL_REPLY = "Sorry, something went wrong on our side. Please send your message again."
 
 
 class Engine:
@@ -293,7 +291,8 @@ class Engine:
                     except (ConcurrentUpdate, StoreUnavailable):
                         raise
                     except Exception as exc:  # every failure after the log ends in a reply
-                        result = await self._fail(access, turn, exc)
+                        result = await save.fail(access, turn, exc, self._model_name,
+                                                 self._restart)
                 break
             except ConcurrentUpdate as exc:
                 # A session deleted under the turn (a retention purge took it after this
@@ -365,7 +364,7 @@ class Engine:
             if turn.recall_task is not None and not turn.recall_task.done():
                 turn.recall_task.cancel()
         await steps.off_loop(turn, _apply_and_advance, turn, answer)
-        return await self._record(access, turn, answer)
+        return await save.record(access, turn, answer, self._model_name)
 
     async def _load(self, access: SessionAccess, inbound: Incoming) -> Turn:
         """Log the message (once, however often the turn is retried) and read the row."""
@@ -421,6 +420,14 @@ class Engine:
                     stage_before=pos["stage"], mover=Mover(funnel, pos, now, scratch),
                     funnel=funnel, migration=migration)
 
+    @property
+    def _model_name(self) -> str | None:
+        return getattr(self.model, "name", None)
+
+    def _restart(self, turn: Turn) -> Turn:
+        """The turn begun afresh from what ``turn`` read, on the funnel it ran on."""
+        return self._start(turn.inbound, turn.now, turn.row, turn.recent, turn.funnel)
+
     async def _fold_summary(self, turn: Turn) -> None:
         """Plan folding old messages into the summary: inline now, or after the reply."""
         # Messages outside the window not yet in the summary, once the reply is logged,
@@ -434,85 +441,6 @@ class Engine:
         turn.folded = await self.summary.fold_now(planned) if planned else None
         if planned and turn.folded is None:
             turn.summary_job = planned  # folded in the background, after the reply
-
-    async def _record(self, access: SessionAccess, turn: Turn, answer: Answer) -> TurnResult:
-        """SAVE: state, reply, turn record and outbox in one transaction."""
-        spec, state, pos = turn.spec, turn.state, turn.pos
-        handoff = turn.handoff_before is None and steps.handoff_time(spec, state) is not None
-        outbox = []
-        if handoff and spec.handoff is not None:
-            if spec.handoff.channel and not state.get(spec.handoff.channel):
-                state[spec.handoff.channel] = turn.channel
-            outbox.append(OutboxItem(
-                key=f"{spec.name}:{turn.session_id}:handoff", kind="handoff",
-                payload=handoff_payload(turn.funnel, turn.session_id, state, turn.channel)))
-        reply = str(answer.envelope["reply"])
-        gated = approval.gate(turn)  # a move held for a manager (engine.turn.approval)
-        if gated is not None:
-            outbox.append(gated[1])
-            waiting = turn.funnel.stages[gated[0]["held"]["to"]].spec.approval
-            if waiting is not None and waiting.holding_reply:
-                reply = waiting.holding_reply
-        if turn.inbound.reply_to is not None:  # delivered by the outbox, with retries
-            outbox.insert(0, OutboxItem(
-                key=f"{spec.name}:{turn.session_id}:reply:{turn.inbound.message_id}",
-                kind="reply", payload={**turn.inbound.reply_to, "text": reply}))
-        notices = turn.mover.scratch.notices
-        # Notices are cleared once the model was shown them; a turn that never reached the
-        # model keeps them (bounded: they can never crowd the model out of the prompt).
-        pos["notices"] = bound_notices(
-            [*(pos["notices"] or []), *notices] if not answer.completions else notices)
-        transitions = [{"from": f.source, "to": f.dest, "trigger": f.trigger,
-                        "when": f.spec.when if f.spec else None} for f in turn.firings]
-        values = {**state, **pos, "funnel_version": spec.version,
-                  "variant": turn.funnel.variant}
-        record = turn_record(turn, answer, transitions, getattr(self.model, "name", None))
-        await access.save(TurnWrite(
-            session_id=turn.session_id, values=values, expected_version=turn.expected,
-            reply=reply, stage_after=pos["stage"], turn=record, outbox=outbox,
-            message_time=turn.now, summary=turn.folded[0] if turn.folded else None,
-            summary_upto=turn.folded[1] if turn.folded else None, spec=spec,
-            approval=gated[0] if gated is not None else None))
-        return TurnResult(
-            session_id=turn.session_id, reply=reply, stage_before=turn.stage_before,
-            stage_after=pos["stage"], state=values, transitions=transitions,
-            actions=turn.outcomes, updated=turn.updated, notices=list(notices),
-            validation_failures=answer.failures, repaired=record["repaired"],
-            fallback=answer.fallback, prompt_tokens=record["prompt_tokens"],
-            completion_tokens=record["completion_tokens"], handoff=handoff,
-            cached_prompt_tokens=record["cached_prompt_tokens"],
-            cache_write_tokens=record["cache_write_tokens"],
-            returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
-            message_id=turn.inbound.message_id or 0, recalled=list(turn.recalled),
-            model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
-            explain=turn.mover.explanation,
-            approval=gated[0]["held"]["to"] if gated is not None else None,
-            refused_claims=refused_claims(turn.mover.scratch.ungrounded))
-
-    async def _fail(self, access: SessionAccess, turn: Turn, exc: Exception) -> TurnResult:
-        """A turn that failed after its message was logged still ends well: the stage's
-        fallback (or a technical reply when the stage is unknown), the state as it was
-        read, and a turn record naming the error. A failure that is not a
-        :class:`FunnelError` is a bug: logged with its traceback, and the record says so.
-        """
-        bug = not isinstance(exc, FunnelError)
-        if bug:
-            log.exception("session %r: the turn failed (a bug); answering with the fallback",
-                          turn.session_id)
-        else:
-            log.warning("session %r: the turn failed (%s); answering with the fallback",
-                        turn.session_id, exc)
-        # On the funnel the turn ran on: a deploy since it began must not change it.
-        fresh = self._start(turn.inbound, turn.now, turn.row, turn.recent, turn.funnel)
-        try:
-            reply = fresh.funnel.stage(fresh.pos["stage"]).spec.fallback
-        except ConfigError:  # a stage neither declared nor mapped under removed_stages
-            reply = TECHNICAL_REPLY
-        error = f"{'bug: ' if bug else ''}the turn failed: {type(exc).__name__}: {exc}"
-        fresh.pos["turns"] += 1
-        fresh.handoff_before = steps.handoff_time(fresh.spec, fresh.state)  # nothing new to hand off
-        return await self._record(access, fresh, Answer({"reply": reply}, [], fallback=True,
-                                                        error=error))
 
 
 def _apply_and_advance(turn: Turn, answer: Answer) -> None:
