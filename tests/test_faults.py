@@ -250,7 +250,7 @@ async def test_database_restart_between_two_turns(proxy: Proxy, puramur: Compile
                                                   sql: Any, pause: float, db_url: str) -> None:
     """Pooled connections that a restart broke are replaced: the next turn, or at the latest
     the one after it, succeeds. A connection idle for more than 2 s is checked before use
-    (``_Health``), so after a pause even the first turn succeeds."""
+    (``engine.store.health.Health``), so after a pause even the first turn succeeds."""
     async with engine_on(proxy, puramur, {"turns": [HELLO, PROFILE, {"reply": "3"},
                                                     {"reply": "4"}]}) as engine:
         # Several sessions at once, as in a service: both pools hold several connections.

@@ -4,7 +4,8 @@ There is one SQL dialect, PostgreSQL: a server given by URL, or the embedded
 one (`embedded`) when no URL is given. The modules:
 
 - `base`: the interface (:class:`Store`, :class:`TurnWrite`, ...), no psycopg;
-- `postgres`: the store itself (one pool); `session`: a turn's lease and save;
+- `postgres`: the store itself (one pool), `health`: its connections' set-up and checks;
+  `session`: a turn's lease and save;
 - `ddl`, `statements`, `functions`: the SQL, built once per funnel;
 - `migrate` (tables, append-only migrations), `retention` (purge),
   `analytics_sql` (the report's queries; `analytics_shared`, the sections over the shared

@@ -8,16 +8,12 @@ connection, while the model thinks. See docs/persistence.md.
 from __future__ import annotations
 
 import asyncio
-import time
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
-from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..errors import SchemaOutdated, StoreUnavailable, first_line
@@ -32,6 +28,7 @@ from .base import Match, TurnWrite, VectorSupport
 from .connect import safe_url
 from .control import ControlMixin
 from .delivery import DeliveryMixin
+from .health import Health, configure
 from .heartbeat import Heartbeat
 from .migrate import (
     apply_shared,
@@ -43,51 +40,6 @@ from .migrate import (
 from .session import SessionHandle, save_turn_on
 from .statements import Statements
 from .versions import VersionsMixin
-
-
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    # A turn reads its row and window as JSON: orjson decodes it several times faster.
-    set_json_loads(orjson.loads, conn)
-
-
-class _Health:
-    """Checks a pooled connection before use only if it sat idle for a while.
-
-    Checking every checkout costs a round trip per statement; checking none
-    hands out connections that a database restart broke. A connection used in
-    the last few seconds is trusted; an older one gets an empty query, and the
-    pool replaces it if that fails (so the pool reconnects by itself).
-    """
-
-    def __init__(self, trust_seconds: float = 2.0) -> None:
-        self.trust = trust_seconds
-        self.broken_at = float("-inf")
-        # Weak keys: a connection the pool discards leaves no entry behind.
-        self.last_used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
-            weakref.WeakKeyDictionary())
-
-    async def check(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        if time.monotonic() - self.last_used.get(conn, 0.0) > self.trust:
-            try:
-                await conn.execute("")
-            except psycopg.Error:
-                self.broken_at = time.monotonic()
-                raise
-
-    def recently_broken(self) -> bool:
-        """A pooled connection was found broken in the last few seconds (a restart)."""
-        return time.monotonic() - self.broken_at < 10
-
-    def used(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        # Recorded by the store's own checkout, not by a pool `reset` callback: with
-        # one, psycopg_pool hands every returned connection to a background task.
-        self.last_used[conn] = time.monotonic()
-
-    def distrust(self) -> None:
-        """A connection was lost, so the server may have restarted: every pooled
-        connection is checked at its next use, however recently it was used.
-        Otherwise each of them would fail one turn before the pool replaces it."""
-        self.last_used.clear()
 
 
 class _Checkout:
@@ -173,7 +125,7 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
     """A :class:`engine.store.Store` on PostgreSQL."""
 
     def __init__(self, url: str, pool: AsyncConnectionPool, timeout: float,
-                 health: _Health | None = None, max_turns: int = 500) -> None:
+                 health: Health | None = None, max_turns: int = 500) -> None:
         self.url = url
         self.pool = pool
         self.timeout = timeout
@@ -182,7 +134,7 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
         self._orphans: dict[str, str] = {}  # leases not given back: session key -> holder
         # A turn may wait this long for its session (another turn's model call) or a slot.
         self.turn_wait = timeout * 24
-        self.health = health or _Health()
+        self.health = health or Health()
         self._tables: dict[tuple[str, int], Statements] = {}
         self._vectors: VectorSupport | None = None  # recall_prepare's answer
         self.heartbeat = Heartbeat(self._conn)
@@ -213,7 +165,7 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
                 "check that it runs and the URL (--db / FUNNEL_DB) is right") from None
         await probe.close()
         kwargs: dict[str, Any] = {"autocommit": True}
-        health = _Health()
+        health = Health()
         # psycopg_pool retries a failed connection in the background with a doubling
         # delay (1, 2, 4, ... s) for up to 5 minutes: after a minute down, the next
         # attempt may come a minute after the database is back, and every request
@@ -221,7 +173,7 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
         # start a fresh attempt at once.
         pool = AsyncConnectionPool(url, min_size=1, max_size=max_connections, open=False,
                                    kwargs=kwargs, timeout=timeout, check=health.check,
-                                   configure=_configure,
+                                   configure=configure,
                                    name="funnel",
                                    reconnect_timeout=timeout)
         store = cls(url, pool, timeout, health, max_turns)
