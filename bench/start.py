@@ -8,8 +8,9 @@ imported as in production) and measures, from the process's start:
 
 - ``/healthz`` answering 200, and ``/readyz`` answering ready;
 - the resident memory of each worker once ready (RSS), its proportional share (PSS:
-  pages shared with the master and the other workers divided among them), and the
-  whole service's PSS (what the processes together cost the machine);
+  pages shared with the master and the other workers divided among them), its own
+  pages (USS: what one more worker adds), and the whole service's PSS (what the
+  processes together cost the machine);
 - the first customer's turn and the second's (another session), so that what a lazy
   load would move out of the start into the first turn shows.
 
@@ -111,7 +112,9 @@ def one_run(db: str, workers: int, fake: FakeOpenAI) -> dict[str, float]:
         procs = [proc, *proc.children(recursive=True)]
         workers_rss = [p.memory_info().rss / 2**20 for p in procs
                        if p.pid != proc.pid or workers == 1]
-        pss_each = {p.pid: p.memory_full_info().pss / 2**20 for p in procs}
+        full = {p.pid: p.memory_full_info() for p in procs}
+        pss_each = {pid: m.pss / 2**20 for pid, m in full.items()}
+        workers_uss = [m.uss / 2**20 for pid, m in full.items() if pid != proc.pid or workers == 1]
         pss = sum(pss_each.values())
         workers_pss = [v for pid, v in pss_each.items() if pid != proc.pid or workers == 1]
         url = f"{base}/v1/funnels/puramur/sessions/%s/messages"
@@ -124,7 +127,8 @@ def one_run(db: str, workers: int, fake: FakeOpenAI) -> dict[str, float]:
         except psutil.TimeoutExpired:
             proc.kill()
     return {"healthz": healthz, "readyz": readyz, "rss_max": max(workers_rss), "pss": pss,
-            "pss_worker": max(workers_pss), "pss_master": pss_each[proc.pid] if workers > 1 else 0.0,
+            "pss_worker": max(workers_pss), "uss_worker": max(workers_uss),
+            "pss_master": pss_each[proc.pid] if workers > 1 else 0.0,
             "first_turn": first, "second_turn": second}
 
 
@@ -168,6 +172,8 @@ def main() -> None:
     print(f"| a worker's RSS once ready (max over workers) | {med([r['rss_max'] for r in rows]):.0f} |")
     print(f"| a worker's PSS once ready (max over workers) | "
           f"{med([r['pss_worker'] for r in rows]):.0f} |")
+    print(f"| a worker's USS once ready (its own pages: what each further worker costs) | "
+          f"{med([r['uss_worker'] for r in rows]):.0f} |")
     if args.workers > 1:
         print(f"| the master's PSS | {med([r['pss_master'] for r in rows]):.0f} |")
     print(f"| the whole service's PSS (master + workers) | {med([r['pss'] for r in rows]):.0f} |")

@@ -156,3 +156,46 @@ def test_each_message_is_counted_once() -> None:
     assert calls == [1, 2, 1, 1, 1]  # the probe (twice), then a, b, c once each
     count([a])  # size 2: a was the oldest kept, so it is counted again
     assert calls[-1] == 1 and len(calls) == 6
+
+
+
+_PRELOAD_THEN_FORK = """
+import multiprocessing, sys, tiktoken
+from engine.llm.models import make_model
+from engine.service.server import preload
+
+MODEL, BASE, TEXT = sys.argv[1], "http://127.0.0.1:9/v1", [{"role": "user", "content": "Привіт, котику"}]
+assert "o200k_base" not in tiktoken.registry.ENCODINGS
+preload([], MODEL, BASE)
+print("loaded before the fork:", "o200k_base" in tiktoken.registry.ENCODINGS)
+
+def child(queue):
+    queue.put(make_model(MODEL, api_base=BASE).count_tokens(TEXT))
+
+context = multiprocessing.get_context("fork")
+queue = context.Queue()
+process = context.Process(target=child, args=(queue,))
+process.start()
+process.join(60)
+print("child:", process.exitcode, queue.get(timeout=5))
+"""
+
+
+def test_serve_loads_the_tokenizer_before_it_forks_and_the_workers_count_with_it() -> None:
+    """`funnel serve --workers N` loads each model's tokenizer in the master (about 110 MB
+    that the workers then share, bench/start.py): a forked worker counts with it, as
+    many tokens as the tokenizer itself makes of the message (a fresh process: nothing
+    loaded before the preload)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PRELOAD_THEN_FORK, MODEL], capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
+                         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    from engine.llm.models import make_model
+
+    unforked = make_model(MODEL, api_base="http://127.0.0.1:9/v1")
+    expected = unforked.count_tokens([{"role": "user", "content": "Привіт, котику"}])  # type: ignore[attr-defined]
+    assert expected > len(_o200k().encode("Привіт, котику"))  # the framing counted too
+    assert out.stdout.splitlines() == ["loaded before the fork: True", f"child: 0 {expected}"]

@@ -237,13 +237,19 @@ class LiteLLMModel:
     async def complete(self, request: ModelRequest) -> Completion:
         return await self.caller.complete(request)
 
+    def load_tokenizer(self) -> None:
+        """Load the model's tokenizer now (over a second for o200k, ~110 MB with litellm's
+        default cl100k). No thread is started: `funnel serve` calls it before it forks its
+        workers, which then share it (engine.service.server.preload)."""
+        self.count_tokens([])
+
     def warm(self) -> None:
         """Build now what litellm builds on its first call (its response types, the
         provider's modules), through its own ``mock_response``: no request leaves the
         process. Without it the first customer's turn after a start pays about a second
         (bench/start.py). Blocking: ``Engine.open`` runs it in a thread."""
         try:
-            self.count_tokens([])  # loads the tokenizer (over a second for o200k)
+            self.load_tokenizer()  # at once where the master of `funnel serve` loaded it
             self._litellm.completion(model=self.name, api_base=self.api_base,
                                      messages=[{"role": "user", "content": "warm-up"}],
                                      mock_response='{"reply": ""}')

@@ -75,9 +75,12 @@ def preload(compiled: list[CompiledFunnel], model: str | None, api_base: str | N
     for name in sorted(names):
         if not name.startswith("scripted"):
             # Constructing imports litellm; its warm-up call stays in the worker (it
-            # starts litellm's logging thread, which a fork would not carry over).
-            make_model(name, api_base=api_base)
-            break
+            # starts litellm's logging thread, which a fork would not carry over). The
+            # model's tokenizer does not: loaded here, its ~110 MB (o200k and litellm's
+            # default cl100k) are shared, where each worker held a copy of its own.
+            load_tokenizer = getattr(make_model(name, api_base=api_base), "load_tokenizer", None)
+            if load_tokenizer is not None:
+                load_tokenizer()
     for funnel in compiled:
         if funnel.spec.language_policy.mode != "model":
             language.warm(funnel.spec.language_policy.candidates)
