@@ -19,7 +19,8 @@ where the recording had the template's.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,22 +142,44 @@ async def replay_turn(conn: psycopg.AsyncConnection[Any], recording: Recording, 
                       sid: str) -> None:
     """Turn ``t`` of session ``sid``: the recorded statements, with this session's id and
     this turn's logged message id."""
-    template_id = recording.ids[t]
     new_id: str | None = None
     for st in recording.turns[t]:
-        params = _swap(st.params, TEMPLATE, sid)
-        if template_id is not None and new_id is not None and isinstance(params, list):
-            params = [new_id if p == template_id else p for p in params]
-        if st.raw:
-            cur = psycopg.AsyncRawCursor(conn)
-            await cur.execute(st.query, params)
-            rows = await cur.fetchall() if cur.description else []
-            if st.returns_id and rows and new_id is None and rows[0][0] is not None:
-                new_id = str(rows[0][0])
-        else:
-            cur2 = await conn.execute(st.query, params)
-            if cur2.description:
-                await cur2.fetchall()
+        new_id = await _replay(conn, st, recording.ids[t], new_id, sid)
+
+
+async def replay_split(connection: Callable[[], AbstractAsyncContextManager[Any]],
+                       recording: Recording, t: int, sid: str,
+                       pause: Callable[[], Awaitable[None]]) -> None:
+    """:func:`replay_turn` as the engine's turn runs it (bench/floor_service.py): the
+    statements before the save on one connection, ``pause`` (the model's time) with no
+    connection held, then the save on a connection taken again."""
+    new_id: str | None = None
+    *first, save = recording.turns[t]
+    async with connection() as conn:
+        for st in first:
+            new_id = await _replay(conn, st, recording.ids[t], new_id, sid)
+    await pause()
+    async with connection() as conn:
+        await _replay(conn, save, recording.ids[t], new_id, sid)
+
+
+async def _replay(conn: psycopg.AsyncConnection[Any], st: Statement, template_id: str | None,
+                  new_id: str | None, sid: str) -> str | None:
+    """Run one recorded statement for ``sid``; the turn's logged message id, once known."""
+    params = _swap(st.params, TEMPLATE, sid)
+    if template_id is not None and new_id is not None and isinstance(params, list):
+        params = [new_id if p == template_id else p for p in params]
+    if st.raw:
+        cur = psycopg.AsyncRawCursor(conn)
+        await cur.execute(st.query, params)
+        rows = await cur.fetchall() if cur.description else []
+        if st.returns_id and rows and new_id is None and rows[0][0] is not None:
+            return str(rows[0][0])
+    else:
+        cur2 = await conn.execute(st.query, params)
+        if cur2.description:
+            await cur2.fetchall()
+    return new_id
 
 
 def describe(recording: Recording) -> str:

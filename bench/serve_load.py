@@ -237,6 +237,51 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise SystemExit(f"funnel serve was not ready in 90 s:\n{log.read_text()[-3000:]}")
 
 
+def floor_service(db: str, args: argparse.Namespace, tmp: Path
+                  ) -> tuple[dict[str, Any], dict[str, float]]:
+    """The same load on bench/floor_service.py: its conversations and CPU by process."""
+    import pickle
+
+    import floor
+
+    recording = asyncio.run(floor.record(db, _floor_script(), MESSAGES))
+    (tmp / "recording.pickle").write_bytes(pickle.dumps(recording))
+    port = free_port()
+    log = tmp / "floor_service.log"
+    env = {**os.environ, "FLOOR_RECORDING": str(tmp / "recording.pickle"), "FLOOR_DB": db,
+           "FLOOR_DELAY": str(args.delay), "FLOOR_DB_POOL": str(args.db_pool)}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "floor_service:app", "--app-dir",
+             str(ROOT / "bench"), "--port", str(port), "--workers", str(args.workers),
+             "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+             "--log-level", "warning"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_ready(port, proc, log)
+        svc0, pg0, me0 = cpu_seconds([proc.pid]), cpu_seconds(), time.process_time()
+        c = asyncio.run(conversations(port, args.conversations, args.duration,
+                                      args.session_turns, f"f{int(time.time())}",
+                                      0.0 if args.lockstep else args.delay))
+        cpu = {"service": spent(svc0, cpu_seconds([proc.pid])),
+               "postgres": spent(pg0, cpu_seconds()), "client": time.process_time() - me0}
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if "Traceback" in log.read_text():
+        print(f"floor service log:\n{log.read_text()[-3000:]}")
+    return c, cpu
+
+
+def _floor_script() -> list[dict[str, Any]]:
+    import realistic_turn
+
+    return realistic_turn.HAPPY
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
@@ -253,6 +298,11 @@ def main() -> int:
     ap.add_argument("--floor", action="store_true",
                     help="also run the same work's floor (bench/floor.py) and print the CPU "
                          "each costs per turn and the turns a core can carry")
+    ap.add_argument("--floor-service", action="store_true",
+                    help="also run the same load on bench/floor_service.py (the floor's "
+                         "statements and the model's delay behind the same HTTP stack) and "
+                         "print its throughput and added latency: what the machine adds "
+                         "without the engine")
     ap.add_argument("--lockstep", action="store_true",
                     help="start every conversation at the same instant (by default the first "
                          "messages are spread over one model delay)")
@@ -308,6 +358,7 @@ def main() -> int:
         if "Traceback" in log.read_text():
             print(f"service log:\n{log.read_text()[-3000:]}")
         f = asyncio.run(floor_rate(db)) if args.floor else None
+        fs = floor_service(db, args, Path(tmp)) if args.floor_service else None
 
     ideal = args.conversations / args.delay
     bound = min(ideal, h["rps"])
@@ -351,6 +402,17 @@ def main() -> int:
               f"a turn, {1000 / floor_total:.0f} turns per CPU-second ({f['tps']:.0f} turns/s "
               f"from one process); the service carries {floor_total / total:.2f} x the floor's "
               "turns per CPU-second")
+    if fs is not None:
+        fc, fcpu = fs
+        fper = {k: v * 1000 / max(1, fc["turns"]) for k, v in fcpu.items()}
+        print(f"(f) the floor service (bench/floor_service.py: the same statements and the "
+              f"model's delay, behind uvicorn and starlette, {args.workers} workers), the same "
+              f"load: {fc['tps']:.0f} turns/s = {fc['tps'] / ideal:.2f} x the ideal; p50 "
+              f"{fc['p50'] * 1000:.0f} ms, p99 {fc['p99'] * 1000:.0f} ms, added p99 "
+              f"{fc['p99'] * 1000 - delay_ms:.0f} ms (the engine's: "
+              f"{c['p99'] * 1000 - delay_ms:.0f} ms); CPU per turn: service "
+              f"{fper['service']:.2f} ms, PostgreSQL {fper['postgres']:.2f} ms, load client "
+              f"{fper['client']:.2f} ms; errors {sum(fc['errors'].values())}")
     print(f"(d) errors: {sum(c['errors'].values())} {c['errors'] or ''}".rstrip())
     print("the load client ran on the same machine, on the same cores")
     return 0
