@@ -84,8 +84,11 @@ async def _record(url: str, script: list[dict[str, Any]], messages: Sequence[str
         seq = (await (await conn.execute(
             "SELECT pg_get_serial_sequence(%s, 'id')", (MESSAGES,))).fetchone() or [None])[0]
         assert seq is not None, "the message log has no id sequence"
+        # Past any id a recording before this one took (a second length, the same database).
+        top = (await (await conn.execute(sql.SQL("SELECT COALESCE(max(id), 0) FROM {}").format(
+            sql.Identifier(MESSAGES)))).fetchone() or [0])[0]
         await conn.execute(sql.SQL("ALTER SEQUENCE {} RESTART WITH {}").format(
-            sql.SQL(seq), sql.Literal(ID_START)))  # seq: the server's own quoted name
+            sql.SQL(seq), sql.Literal(max(ID_START, int(top) + 1000))))  # seq: quoted by the server
     out = Recording()
     current: list[Statement] = []
     logged: list[str | None] = [None]
