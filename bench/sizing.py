@@ -2,7 +2,7 @@
 
     python bench/sizing.py [--db URL] [--daily 10000] [--conversations 40]
                            [--peak-share 0.15] [--model-seconds 1.5] [--retention-days 90]
-                           [--utilisation 0.6] [--worker-pss 260]
+                           [--utilisation 0.6] [--worker-pss 200]
 
 Plays ``--conversations`` Puramur conversations in Ukrainian (bench/tokens.py's 12-turn
 script: greeting, the pet, products, questions, the cart with its gift, the contact, the
@@ -23,8 +23,8 @@ parameters, printed with the result: the busiest hour's share of the day's turns
 (``--peak-share``), the model's latency (``--model-seconds``: a turn holds no database
 connection while the model thinks, so it sets only how many turns are in flight), the
 CPU utilisation to plan for, the retention of personal data and rows, and a worker's
-proportional memory (``--worker-pss``, MB: bench/start.py measures it; 254-265 MB there
-with 2 workers forked from a preloaded master).
+proportional memory (``--worker-pss``, MB: bench/start.py measures it; 193 MB there
+with 2 workers forked from a preloaded master, the master 209 MB).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ async def main() -> None:
     ap.add_argument("--model-seconds", type=float, default=1.5)
     ap.add_argument("--retention-days", type=int, default=90)
     ap.add_argument("--utilisation", type=float, default=0.6, help="CPU to plan for, 0-1")
-    ap.add_argument("--worker-pss", type=float, default=260.0, help="MB (bench/start.py)")
+    ap.add_argument("--worker-pss", type=float, default=200.0, help="MB (bench/start.py)")
     args = ap.parse_args()
     logging.getLogger("funnel").setLevel(logging.ERROR)  # a hand-off alert per conversation
     with throwaway_schema(server_url(args.db)) as url:
