@@ -237,6 +237,27 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise SystemExit(f"funnel serve was not ready in 90 s:\n{log.read_text()[-3000:]}")
 
 
+def measured_load(port: int, pid: int, args: argparse.Namespace, run: str
+                  ) -> tuple[dict[str, Any], dict[str, float]]:
+    """The conversations' load on the service at ``port``, and the CPU seconds it cost the
+    service (``pid`` and its workers), PostgreSQL and this client."""
+    svc0, pg0, me0 = cpu_seconds([pid]), cpu_seconds(), time.process_time()
+    c = asyncio.run(conversations(port, args.conversations, args.duration, args.session_turns,
+                                  f"{run}{int(time.time())}",
+                                  0.0 if args.lockstep else args.delay))
+    return c, {"service": spent(svc0, cpu_seconds([pid])), "postgres": spent(pg0, cpu_seconds()),
+               "client": time.process_time() - me0}
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT (uvicorn's graceful stop) to the service's process group, SIGKILL after 30 s."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def floor_service(db: str, args: argparse.Namespace, tmp: Path
                   ) -> tuple[dict[str, Any], dict[str, float]]:
     """The same load on bench/floor_service.py: its conversations and CPU by process."""
@@ -259,18 +280,9 @@ def floor_service(db: str, args: argparse.Namespace, tmp: Path
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_ready(port, proc, log)
-        svc0, pg0, me0 = cpu_seconds([proc.pid]), cpu_seconds(), time.process_time()
-        c = asyncio.run(conversations(port, args.conversations, args.duration,
-                                      args.session_turns, f"f{int(time.time())}",
-                                      0.0 if args.lockstep else args.delay))
-        cpu = {"service": spent(svc0, cpu_seconds([proc.pid])),
-               "postgres": spent(pg0, cpu_seconds()), "client": time.process_time() - me0}
+        c, cpu = measured_load(port, proc.pid, args, "f")
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop(proc)
     if "Traceback" in log.read_text():
         print(f"floor service log:\n{log.read_text()[-3000:]}")
     return c, cpu
@@ -339,19 +351,9 @@ def main() -> int:
         try:
             wait_ready(port, proc, log)
             h = asyncio.run(healthz(port, args.conversations, args.healthz_seconds))
-            svc0, pg0, me0 = cpu_seconds([proc.pid]), cpu_seconds(), time.process_time()
-            c = asyncio.run(conversations(port, args.conversations, args.duration,
-                                          args.session_turns, f"r{int(time.time())}",
-                                          0.0 if args.lockstep else args.delay))
-            cpu = {"service": spent(svc0, cpu_seconds([proc.pid])),
-                   "postgres": spent(pg0, cpu_seconds()),
-                   "client": time.process_time() - me0}
+            c, cpu = measured_load(port, proc.pid, args, "r")
         finally:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop(proc)
         with psycopg.connect(db) as conn:
             turn_ms, llm_ms = zip(*conn.execute(
                 "SELECT turn_ms, llm_ms FROM funnel_turns").fetchall(), strict=True)
