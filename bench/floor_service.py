@@ -30,13 +30,12 @@ from typing import Any
 import floor
 import orjson
 from psycopg_pool import AsyncConnectionPool
+from serve_load import MESSAGES  # what the load client sends, in this order
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-MESSAGES = ["Hi!", "I have a cat", "her skin is dry", "what would you recommend?",
-            "is it expensive?", "ok", "thanks"]  # bench/serve_load.py's
 _STATE: dict[str, Any] = {}
 
 

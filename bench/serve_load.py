@@ -264,8 +264,9 @@ def floor_service(db: str, args: argparse.Namespace, tmp: Path
     import pickle
 
     import floor
+    import realistic_turn
 
-    recording = asyncio.run(floor.record(db, _floor_script(), MESSAGES))
+    recording = asyncio.run(floor.record(db, realistic_turn.HAPPY, MESSAGES))
     (tmp / "recording.pickle").write_bytes(pickle.dumps(recording))
     port = free_port()
     log = tmp / "floor_service.log"
@@ -286,12 +287,6 @@ def floor_service(db: str, args: argparse.Namespace, tmp: Path
     if "Traceback" in log.read_text():
         print(f"floor service log:\n{log.read_text()[-3000:]}")
     return c, cpu
-
-
-def _floor_script() -> list[dict[str, Any]]:
-    import realistic_turn
-
-    return realistic_turn.HAPPY
 
 
 def main() -> int:

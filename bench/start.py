@@ -110,13 +110,14 @@ def one_run(db: str, workers: int, fake: FakeOpenAI) -> dict[str, float]:
             raise SystemExit("funnel serve did not become ready in 180 s")
         time.sleep(0.5)  # let the workers settle before reading their memory
         procs = [proc, *proc.children(recursive=True)]
-        workers_rss = [p.memory_info().rss / 2**20 for p in procs
-                       if p.pid != proc.pid or workers == 1]
         full = {p.pid: p.memory_full_info() for p in procs}
         pss_each = {pid: m.pss / 2**20 for pid, m in full.items()}
-        workers_uss = [m.uss / 2**20 for pid, m in full.items() if pid != proc.pid or workers == 1]
         pss = sum(pss_each.values())
-        workers_pss = [v for pid, v in pss_each.items() if pid != proc.pid or workers == 1]
+        # With one worker the process is the worker; with more, the master is not one.
+        workers_mem = [m for pid, m in full.items() if pid != proc.pid or workers == 1]
+        workers_rss = [m.rss / 2**20 for m in workers_mem]
+        workers_pss = [m.pss / 2**20 for m in workers_mem]
+        workers_uss = [m.uss / 2**20 for m in workers_mem]
         url = f"{base}/v1/funnels/puramur/sessions/%s/messages"
         first = _post(url % f"first-{port}", {"text": "Hi"})
         second = _post(url % f"second-{port}", {"text": "Hi"})

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 import tiktoken
 from conftest import PURAMUR
 
-from engine.llm.models import ScriptedModel
+from engine.llm.models import ScriptedModel, make_model
 from engine.llm.tokens import MessageCounts, token_counter
 from engine.records.messages import estimate_tokens
 
@@ -158,7 +160,6 @@ def test_each_message_is_counted_once() -> None:
     assert calls[-1] == 1 and len(calls) == 6
 
 
-
 _PRELOAD_THEN_FORK = """
 import multiprocessing, sys, tiktoken
 from engine.llm.models import make_model
@@ -186,15 +187,10 @@ def test_serve_loads_the_tokenizer_before_it_forks_and_the_workers_count_with_it
     that the workers then share, bench/start.py): a forked worker counts with it, as
     many tokens as the tokenizer itself makes of the message (a fresh process: nothing
     loaded before the preload)."""
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", _PRELOAD_THEN_FORK, MODEL], capture_output=True,
                          text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
                          env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     assert out.returncode == 0, out.stderr[-2000:]
-    from engine.llm.models import make_model
-
     unforked = make_model(MODEL, api_base="http://127.0.0.1:9/v1")
     expected = unforked.count_tokens([{"role": "user", "content": "Привіт, котику"}])  # type: ignore[attr-defined]
     assert expected > len(_o200k().encode("Привіт, котику"))  # the framing counted too
