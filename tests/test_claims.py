@@ -98,3 +98,110 @@ def test_the_labelled_replies_are_judged_as_labelled(funnels: dict[str, Compiled
           f"{counts[('replies', 'true')]} true ({counts[('replies_ok', 'true')]} passed)")
     print("\n".join(lines))
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize(("reply", "state", "kinds"), [
+    # The issue's reply, word for word.
+    ("Exotic Spa shampoo is only 99 UAH today, and a 50% discount on the lotion!", {},
+     ["discount", "price"]),
+    # What SmolLM2-135M wrote (issue 38): unbacked product and order claims.
+    ("Our shampoos are natural and biodegradable.", {}, ["composition"]),
+    ("Your request has been approved.", {}, ["promise"]),
+    ("Confirming order.", {}, ["promise"]),
+    ("Your cart total is 1,120 UAH.", {"cart_total": 697}, ["price"]),
+    # Full-width digits and letters are read as what they look like (NFKC).
+    ("Exotic Spa shampoo: ２７７ ＵＡＨ.", {}, []),
+    ("Exotic Spa shampoo: ９９ ＵＡＨ.", {}, ["price"]),
+    ("₴277 for Exotic Spa shampoo.", {}, []),
+    ("Шампунь Exotic Spa — 277,00 грн.", {}, []),
+    ("Набір Professional grooming коштує 1 250 грн.", {}, []),
+    ("Набір Professional grooming коштує 1\u00a0250\u00a0грн.", {}, []),
+    ("Exotic Spa shampoo costs $9.", {}, ["price"]),
+    # An invented SKU, a real one.
+    ("I added PR999999 to your cart.", {}, ["product"]),
+    ("PR251010 is Exotic Spa shampoo.", {}, []),
+    # A pet's breed beside a product word is the session's fact, not a product name.
+    ("The best Sphynx shampoo here is Exotic Spa shampoo.", {"pet": {"breed": "Sphynx"}}, []),
+    # Numbers that are not money.
+    ("Murka is 3 years old, weighs 4 kg; the bottle is 250 ml. Call +380 67 123 45 67 "
+     "on 12.05.2026 at 15:00.", {}, []),
+])
+def test_hostile_replies(funnels: dict[str, CompiledFunnel], reply: str,
+                         state: dict[str, Any], kinds: list[str]) -> None:
+    assert refused(funnels["puramur"], reply, state) == kinds
+
+
+def test_a_promise_holds_once_the_state_backs_it(funnels: dict[str, CompiledFunnel]) -> None:
+    puramur = funnels["puramur"]
+    assert refused(puramur, "A manager will call you shortly.", {}) == ["promise"]
+    assert refused(puramur, "A manager will call you shortly.",
+                   {"handoff_triggered_at": "2026-12-05T10:00:00+00:00"}) == []
+    assert refused(puramur, "Delivery is free!", {"cart_free_delivery": True}) == []
+    assert refused(puramur, "Would you like free delivery?", {}) == []  # an offer
+    assert refused(puramur, "Delivery is not free yet.", {}) == []  # said not to hold
+
+
+def test_a_long_reply_of_true_claims_passes(funnels: dict[str, CompiledFunnel]) -> None:
+    """Not a timing: the check reads each sentence a bounded number of times, so a long
+    reply (the contract's 1,500 characters of claims) is checked in one pass."""
+    reply = ("Exotic Spa shampoo costs 277 UAH. " * 44)[:1500]
+    assert refused(funnels["puramur"], reply, {}) == []
+
+
+# -- bad declarations: `funnel validate` errors with their line, never a run-time failure --
+
+def _validate(tmp_path: Path, edit: Any, catalog: str | None = None) -> list[Any]:
+    from engine.validation import check_file
+
+    data = puramur_data()
+    edit(data)
+    if catalog is not None:
+        (tmp_path / "catalog.yaml").write_text(catalog)
+        data["catalog"] = str(tmp_path / "catalog.yaml")
+    path = tmp_path / "puramur.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False))
+    return [d for d in check_file(path)[1] if d.severity == "error"]
+
+
+def _custom(pattern: str, lang: str = "en") -> Any:
+    return lambda d: d["claims"]["custom"].update(
+        {"cure": {"patterns": {lang: pattern}, "when": "false"}})
+
+
+@pytest.mark.parametrize(("edit", "code", "words"), [
+    (_custom(r"(a+)+\1"), "F901", "linear time"),
+    (_custom("(?=heals)"), "F901", "linear time"),
+    (_custom("heals", "de"), "F901", "does not speak"),
+    (lambda d: d["claims"]["promises"].update(order_confirmed="cart_totl > 0"), "F402",
+     "cart_totl"),
+    (lambda d: d["claims"]["custom"]["composition"].update(when="nope("), "F401",
+     "does not parse"),
+    (lambda d: d["claims"].update(figures=["delivery_fee"]), "F902", "not a state field"),
+    (lambda d: d["claims"].update(figures=["pet"]), "F902", "number field"),
+    (lambda d: d.update(promotions=[{"name": "Spring"}]), "F903", "gives nothing"),
+    (lambda d: d.update(promotions=[{"name": "Spring", "percent": 5, "skus": ["PR1"]}]),
+     "F903", "PR1"),
+])
+def test_bad_claims_are_validate_errors_with_their_line(tmp_path: Path, edit: Any, code: str,
+                                                        words: str) -> None:
+    errors = _validate(tmp_path, edit)
+    found = [d for d in errors if d.code == code]
+    assert found and words in found[0].message and found[0].line > 0, errors
+
+
+CATALOG = """currency: UAH
+products:
+  - {sku: PR100999, name: Brilliant Gloss (gift), price: 0}
+  - {sku: A1, name: Silk shampoo, price: 100}
+  - {sku: A2, name: silk  Shampoo, price: 120}
+  - {sku: A3, name: Silk serum, price: 130, discount: 140}
+"""
+
+
+def test_a_catalog_with_one_name_for_two_products_or_a_bad_discount_is_refused(
+        tmp_path: Path) -> None:
+    errors = _validate(tmp_path, lambda d: None, CATALOG)
+    by_code = {d.code: d for d in errors}
+    assert by_code["F904"].line == 5 and "A1" in by_code["F904"].message
+    assert by_code["F905"].line == 6 and "140" in by_code["F905"].message
+    assert str(tmp_path / "catalog.yaml") == by_code["F904"].file

@@ -348,6 +348,8 @@ class ClaimChecker:
             return []
         out = []
         names = self.products.name_spans(sentence.folded) if self.products else []
+        cart = self.spec.cart
+        total = _decimal(context.get(cart.total)) if cart and cart.total else None
         for kind in self._kinds.get(stage, ()):
             match = next((m for m in kind.pattern.finditer(sentence.folded)
                           if not any(a <= m.start() and m.end() <= b for a, b in names)), None)
@@ -356,11 +358,14 @@ class ClaimChecker:
             if match is None or (not custom and _negated(sentence, match.start(),
                                                           match.end())):
                 continue
+            rule = {kind.threshold} if kind.threshold is not None else set()
+            if kind.threshold is not None and total is not None and kind.threshold > total:
+                rule.add(kind.threshold - total)
             if kind.products and nearby and all(p.sku in kind.products for p in nearby):
                 continue  # true of the products the sentence is about
             if kind.threshold is not None and any(
-                    not a.percent and a.value.quantize(_CENT) == kind.threshold for a in found):
-                continue  # the rule itself ("free delivery from 1500 UAH")
+                    not a.percent and a.value.quantize(_CENT) in rule for a in found):
+                continue  # the rule ("free from 1500 UAH", "446 UAH more for a gift")
             if kind.when is not None:
                 if kind.source not in cache:
                     try:
