@@ -86,6 +86,18 @@ async def test_a_repair_that_claims_too_much_again_gets_the_fallback(db_url: str
     assert fallback and "150 UAH" in error
 
 
+async def test_the_report_counts_the_refused_claims_per_stage(db_url: str) -> None:
+    from engine.report.build import build_report, render_table
+
+    lie = {"output": {"reply": LIE}, "repair": {"reply": "Only 150 UAH for you!"}}
+    await play(db_url, [GREET, PROFILE, lie], "Hi", "Sphynx, dry skin", "Recommend?")
+    report = await build_report(PURAMUR, db=db_url)
+    assert [(c["stage"], c["kind"], c["refused"], c["turns"], c["fallback_turns"])
+            for c in report["claims"]] == [("presentation", "price", 2, 1, 1),
+                                           ("presentation", "discount", 1, 1, 1)]
+    assert "Claims refused" in render_table(report)
+
+
 async def test_an_order_confirmed_with_an_empty_cart_is_refused_and_the_effects_stand(
         db_url: str, sql: Any) -> None:
     """The words are replaced; what code allowed of the answer (the pet's age) stays."""
