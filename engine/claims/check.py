@@ -108,6 +108,10 @@ class ClaimChecker:
         self.thresholds = {
             "gift": _decimal(cart.gift_threshold) if cart else None,
             "free_delivery": _decimal(cart.free_delivery_threshold) if cart else None}
+        # Fields that hold catalog products (the cart, the products shown): their words are
+        # the catalog's, not the session's own facts.
+        self._catalog_fields = frozenset(
+            f for f in (cart.field if cart else None, spec.presented_field) if f)
         self.promotions = [(p, compile_condition(p.when) if p.when else None)
                            for p in spec.promotions]
         self._conditions: dict[str, Condition] = {}
@@ -173,7 +177,7 @@ class ClaimChecker:
         if not claims.check or not reply.strip():
             return []
         parts = sentences(reply)
-        known = _known_words(state)
+        known = _known_words({k: v for k, v in state.items() if k not in self._catalog_fields})
         mentions = [self.products.mention(s, known) if self.products else None
                     for s in parts]
         cart = self._cart(state)

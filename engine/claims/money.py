@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 
 from .lexicon import CURRENCIES, PERCENT_WORDS, PRICE_WORDS, QUANTITY_UNITS
 from .text import Sentence, Word
@@ -33,6 +34,7 @@ class Amount:
     end: int
 
 
+@lru_cache(maxsize=8192)  # a reply's words repeat from turn to turn; the lookup is the cost
 def matches_word(folded: str, forms: tuple[str, ...]) -> bool:
     """Whether a folded word is one of ``forms`` (a trailing ``*`` is a stem)."""
     for form in forms:
@@ -45,10 +47,13 @@ def matches_word(folded: str, forms: tuple[str, ...]) -> bool:
 
 
 def _currency(word: Word | None) -> str | None:
-    if word is None:
-        return None
+    return _currency_of(word.folded) if word is not None else None
+
+
+@lru_cache(maxsize=8192)
+def _currency_of(folded: str) -> str | None:
     for code, forms in CURRENCIES.items():
-        if matches_word(word.folded, forms):
+        if matches_word(folded, forms):
             return code
     return None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ..format.catalog import Catalog, Product
@@ -34,6 +35,7 @@ _JOINERS = frozenset({
 _MAX_DESCRIPTORS = 2
 
 
+@lru_cache(maxsize=8192)  # a reply's words repeat from turn to turn; the lookup is the cost
 def _kinds(folded: str) -> frozenset[str]:
     found = set()
     for kind, stems in PRODUCT_WORDS.items():
