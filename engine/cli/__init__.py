@@ -192,6 +192,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="variant: the experiment's variants side by side, with the goal's "
                     "rate, its 95%% interval and the p-value against the control "
                     "(docs/experiments.md)")
+    rp.add_argument("--include-playground", action="store_true",
+                    help="count the studio's playground sessions too (left out by default)")
     db_opts(rp)
     rl = sub.add_parser("replay", help="replay recorded sessions against an edited funnel: "
                         "what the edit changes, session by session and in all")
@@ -201,6 +203,9 @@ def _parser() -> argparse.ArgumentParser:
     rl.add_argument("--sessions", nargs="+", default=(), metavar="ID",
                     help="only these sessions")
     rl.add_argument("--variant", default=None, help="only the sessions of this variant")
+    rl.add_argument("--include-playground", action="store_true",
+                    help="replay the studio's playground sessions too (left out by default, "
+                    "unless named in --sessions)")
     rl.add_argument("--base", default=None, metavar="FILE", help="the funnel the sessions ran "
                     "on (default: each session's version, from the version store)")
     rl.add_argument("--format", choices=["text", "json", "github", "html"], default="text")

@@ -24,7 +24,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     edited = load_funnel(args.funnel)
     fixed = load_funnel(args.base) if args.base else None
     population = read_population(args.db, edited.name, since=args.since,
-                                 sessions=args.sessions, variant=args.variant)
+                                 sessions=args.sessions, variant=args.variant,
+                                 include_playground=args.include_playground)
     resolve, loaded, where = base_from(lambda v: read_bundle(args.db, edited.name, v),
                                        edited.name, fixed)
     known: list[str] = []

@@ -21,11 +21,13 @@ from ..report.variants import (
 def cmd_report(args: argparse.Namespace) -> int:
     funnel = load_funnel(args.funnel)
     if args.by == "variant":
-        report = asyncio.run(build_variant_report(funnel, db=args.db, since=args.since))
+        report = asyncio.run(build_variant_report(
+            funnel, db=args.db, since=args.since, include_playground=args.include_playground))
         text = {"html": render_variant_html, "json": render_variant_json}.get(
             args.format, render_variant_table)(report)
     else:
-        report = asyncio.run(build_report(funnel, db=args.db, since=args.since))
+        report = asyncio.run(build_report(funnel, db=args.db, since=args.since,
+                                          include_playground=args.include_playground))
         text = _render(report, args.format)
     if args.out:
         Path(args.out).write_text(text, "utf-8")

@@ -23,9 +23,10 @@ from psycopg import sql
 from psycopg.types.json import set_json_loads
 
 from ..errors import StoreUnavailable, first_line
-from ..format.names import CONVERSIONS, MESSAGES, TURNS, VERSIONS
+from ..format.names import CONVERSIONS, MESSAGES, PLAYGROUND, TURNS, VERSIONS
 from ..store.connect import safe_url
 from ..store.embedded import embedded_url
+from ..store.playground import real_session
 from .play import Recorded
 
 __all__ = ["Population", "Session", "read_population", "read_bundle"]
@@ -68,9 +69,12 @@ def _connect(url: str | None) -> psycopg.Connection[Any]:
 
 def read_population(url: str | None, funnel: str, *, since: float | None = None,
                     sessions: Sequence[str] = (), variant: str | None = None,
-                    now: datetime | None = None) -> Population:
+                    now: datetime | None = None, include_playground: bool = False
+                    ) -> Population:
     """The sessions of ``funnel`` to replay: those with a turn in the last ``since``
-    seconds (all when None), or the ``sessions`` named; only ``variant``'s when given."""
+    seconds (all when None), or the ``sessions`` named; only ``variant``'s when given.
+    The studio's playground sessions (engine.store.playground) are customers' of no
+    one: left out unless named or ``include_playground``."""
     conn = _connect(url)
     with conn:
         where: list[sql.Composable] = [sql.SQL("funnel = %s")]
@@ -78,6 +82,9 @@ def read_population(url: str | None, funnel: str, *, since: float | None = None,
         if sessions:
             where.append(sql.SQL("session_id = ANY(%s)"))
             params.append(list(sessions))
+        elif not include_playground and _has(conn, PLAYGROUND):
+            where.append(real_session(sql.Placeholder(), sql.Identifier(TURNS, "session_id")))
+            params.append(funnel)
         if since is not None:
             where.append(sql.SQL("session_id IN (SELECT session_id FROM {} WHERE funnel = %s "
                                  "AND created_at >= %s)").format(sql.Identifier(TURNS)))
@@ -104,6 +111,12 @@ def read_population(url: str | None, funnel: str, *, since: float | None = None,
             "session_id = ANY(%s) GROUP BY session_id").format(sql.Identifier(CONVERSIONS)),
             (funnel, ids)).fetchall()
     return Population(_sessions(turns, messages, {o[0]: (o[1], o[2]) for o in orders}))
+
+
+def _has(conn: psycopg.Connection[Any], table: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                       (sql.Identifier(table).as_string(conn),)).fetchone()
+    return bool(row and row[0])
 
 
 def _sessions(turns: list[Any], messages: list[Any], orders: dict[str, Any]

@@ -74,10 +74,12 @@ EXITS = "funnel_exits"
 CONTROL = "funnel_control"
 CONTROL_EVENTS = "funnel_control_events"
 EMBEDDINGS = "funnel_embeddings"
+# The sessions the studio made (engine.store.playground): never a customer's.
+PLAYGROUND = "funnel_playground"
 SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
                                   UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS,
                                   CONVERSIONS, VERSIONS, JOBS, EXITS, CONTROL, CONTROL_EVENTS,
-                                  EMBEDDINGS)
+                                  EMBEDDINGS, PLAYGROUND)
 
 
 def refused_hook_module(module: str) -> str | None:

@@ -170,14 +170,18 @@ def purchase_sections(spec: FunnelSpec, sec: dict[str, Any], sessions: int,
 
 
 async def build_report(funnel: str | Path | CompiledFunnel, *, db: str | None = None,
-                       since: float = 7 * 86400, limit: int = 20) -> dict[str, Any]:
-    """Compute the report of a funnel on the database at ``db`` (the embedded one if None).
+                       since: float = 7 * 86400, limit: int = 20,
+                       include_playground: bool = False) -> dict[str, Any]:
+    """Compute the report of a funnel on the database at ``db`` (the embedded one if None):
+    its customers' sessions, and the studio's playground sessions too with
+    ``include_playground``.
 
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
     compiled = funnel if isinstance(funnel, CompiledFunnel) else load_funnel(funnel)
-    data = await fetch_report(db, compiled.spec, since, limit=limit)
+    data = await fetch_report(db, compiled.spec, since, limit=limit,
+                              include_playground=include_playground)
     catalog = compiled.catalog
     names = {p.sku: p.name for p in catalog.products} if catalog else {}
     return shape(compiled.spec, data, since, names, catalog.currency if catalog else None)

@@ -102,8 +102,10 @@ def shape_variants(funnel: CompiledFunnel, experiment: Experiment | None, goal: 
 
 
 async def build_variant_report(funnel: str | Path | CompiledFunnel, *, db: str | None = None,
-                               since: float = 7 * 86400) -> dict[str, Any]:
-    """The report by variant of a funnel's experiment, on the database at ``db``.
+                               since: float = 7 * 86400, include_playground: bool = False
+                               ) -> dict[str, Any]:
+    """The report by variant of a funnel's experiment, on the database at ``db`` (the
+    studio's playground sessions left out unless ``include_playground``).
 
     Raises:
         ConfigError: the experiment is invalid, or the funnel lacks what its goal reads.
@@ -112,7 +114,8 @@ async def build_variant_report(funnel: str | Path | CompiledFunnel, *, db: str |
     compiled = funnel if isinstance(funnel, CompiledFunnel) else load_funnel(funnel)
     experiment = load_experiment(compiled.spec.path, set(compiled.spec.stages))
     goal = experiment.goal if experiment else Goal("handoff")
-    data = await fetch_variants(db, compiled.spec, goal.kind, goal.cart_at_least, since)
+    data = await fetch_variants(db, compiled.spec, goal.kind, goal.cart_at_least, since,
+                                include_playground=include_playground)
     return shape_variants(compiled, experiment, goal, data, since)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from psycopg import sql
 
 from ..format.spec import FunnelSpec
+from .playground import real_session
 
 # The window of the views: `SET funnel.since = '30 days'` changes it for a session.
 SINCE_SETTING = "funnel.since"
@@ -22,12 +23,19 @@ Section = Callable[[FunnelSpec, "Binder"], sql.Composed | None]
 
 
 class Binder:
-    """Values as parameters (the report) or as quoted literals (a view, which has no parameters)."""
+    """Values as parameters (the report) or as quoted literals (a view, which has no parameters).
 
-    def __init__(self, inline: bool, since: float = 0.0, limit: int | None = None) -> None:
+    With ``funnel`` (its name), the sessions read leave out the studio's playground
+    sessions (engine.store.playground) unless ``include_playground``.
+    """
+
+    def __init__(self, inline: bool, since: float = 0.0, limit: int | None = None, *,
+                 funnel: str | None = None, include_playground: bool = False) -> None:
         self.inline = inline
         self.since_seconds = float(since)
         self.limit = limit
+        self.funnel = funnel
+        self.include_playground = include_playground
         self.params: dict[str, Any] = {}
 
     def __call__(self, name: str, value: Any, cast: str | None = None) -> sql.Composable:
@@ -80,5 +88,15 @@ def handoff_time(spec: FunnelSpec, b: Binder) -> sql.Composable:
                        b("handoff_stage", h.stage, "text"))
 
 
+def real(b: Binder, alias: str = "t") -> sql.Composable:
+    """A condition on ``alias`` (a row with a ``session_id``): not a playground session
+    (TRUE when the report includes them, or knows no funnel)."""
+    if b.include_playground or b.funnel is None:
+        return sql.SQL("TRUE")
+    return real_session(b("funnel", b.funnel, "text"),
+                        sql.SQL("{}.session_id").format(sql.Identifier(alias)))
+
+
 def recent(b: Binder) -> sql.Composed:
-    return sql.SQL("t.created_at > NOW() - {}").format(b.since())
+    """The sessions ``t`` started in the window (and not in the playground)."""
+    return sql.SQL("t.created_at > NOW() - {} AND {}").format(b.since(), real(b))

@@ -10,7 +10,7 @@ from psycopg import sql
 
 from ..format.spec import FunnelSpec
 from . import ddl
-from .analytics_base import Binder, col, recent
+from .analytics_base import Binder, col, real, recent
 
 
 # -- (7) purchases, (8) revenue, (9) presented vs bought, from funnel_conversions --------
@@ -98,11 +98,11 @@ def approvals(spec: FunnelSpec, b: Binder) -> sql.Composed | None:
         "round((percentile_cont(0.9) WITHIN GROUP (ORDER BY {wait}) FILTER (WHERE {decided}))"
         "::numeric, 1) AS p90_wait_seconds "
         "FROM {events} e WHERE e.funnel = {funnel} AND (e.event IN ('approval', 'approved', "
-        "'rejected', 'timeout') OR {ended}) AND e.created_at > NOW() - {since} "
+        "'rejected', 'timeout') OR {ended}) AND e.created_at > NOW() - {since} AND {real} "
         "GROUP BY 1) a ORDER BY 1"
     ).format(wait=wait, decided=decided, ended=ended, c=sql.Identifier(ddl.CONTROL),
              events=sql.Identifier(ddl.CONTROL_EVENTS), funnel=b("funnel", spec.name, "text"),
-             since=b.since())
+             since=b.since(), real=real(b, "e"))
 
 
 # -- (10) trends: sessions and conversions a day, this period against the previous one --
@@ -135,12 +135,13 @@ def trend_totals(spec: FunnelSpec, b: Binder) -> sql.Composed:
         "NULLIF(x.previous_sessions, 0), 1) AS sessions_change_pct, "
         "round(100.0 * (x.conversions - x.previous_conversions) / "
         "NULLIF(x.previous_conversions, 0), 1) AS conversions_change_pct FROM (SELECT "
-        "(SELECT count(*) FROM {t} t WHERE t.created_at > NOW() - {since}) AS sessions, "
+        "(SELECT count(*) FROM {t} t WHERE t.created_at > NOW() - {since} AND {real}) "
+        "AS sessions, "
         "(SELECT count(*) FROM {t} t WHERE t.created_at > NOW() - 2 * {since} "
-        "AND t.created_at <= NOW() - {since}) AS previous_sessions, "
+        "AND t.created_at <= NOW() - {since} AND {real}) AS previous_sessions, "
         "(SELECT count(*) FROM {c} c WHERE {orders} AND c.ordered_at > NOW() - {since}) "
         "AS conversions, "
         "(SELECT count(*) FROM {c} c WHERE {orders} AND c.ordered_at > NOW() - 2 * {since} "
         "AND c.ordered_at <= NOW() - {since}) AS previous_conversions) x"
     ).format(t=sql.Identifier(spec.table), since=since, c=sql.Identifier(ddl.CONVERSIONS),
-             orders=_orders_in(spec, b))
+             orders=_orders_in(spec, b), real=real(b))

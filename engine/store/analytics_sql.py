@@ -32,6 +32,7 @@ from .analytics_base import (
     col,
     handed_off,
     handoff_time,
+    real,
     recent,
     stage_list,
 )
@@ -65,10 +66,10 @@ def active_by_stage(spec: FunnelSpec, b: Binder) -> sql.Composed:
     return sql.SQL(
         "WITH {st} SELECT t.stage, st.pos, count(*) AS sessions FROM {t} t "
         "LEFT JOIN st ON st.stage = t.stage "
-        "WHERE t.last_message_at > NOW() - INTERVAL {window}{not_handed} "
+        "WHERE t.last_message_at > NOW() - INTERVAL {window}{not_handed} AND {real} "
         "GROUP BY t.stage, st.pos ORDER BY sessions DESC, st.pos NULLS LAST, t.stage"
     ).format(st=stage_list(spec, b), t=sql.Identifier(spec.table),
-             window=sql.Literal(ACTIVE_WINDOW), not_handed=not_handed)
+             window=sql.Literal(ACTIVE_WINDOW), not_handed=not_handed, real=real(b))
 
 
 # -- (2) the funnel: sessions that reached each stage ----------------------------------
@@ -189,8 +190,8 @@ def handoff_reasons(spec: FunnelSpec, b: Binder) -> sql.Composed | None:
     cart = (col(spec.cart.total) if spec.cart and spec.cart.total else sql.SQL("NULL::numeric"))
     at = handoff_time(spec, b)
     if h.triggered_at:  # the partial index on the hand-off time serves this
-        where = sql.SQL("{at} IS NOT NULL AND {at} > NOW() - {since}").format(at=at,
-                                                                            since=b.since())
+        where = sql.SQL("{at} IS NOT NULL AND {at} > NOW() - {since} AND {real}").format(
+            at=at, since=b.since(), real=real(b))
     else:
         where = sql.SQL("{} AND {}").format(recent(b), handed_off(spec, b))
     return sql.SQL(
@@ -202,8 +203,8 @@ def handoff_reasons(spec: FunnelSpec, b: Binder) -> sql.Composed | None:
 
 # -- (6) cost, tokens and quality, from funnel_turns ------------------------------------
 def _turns_where(spec: FunnelSpec, b: Binder) -> sql.Composed:
-    return sql.SQL("tr.funnel = {} AND tr.created_at > NOW() - {}").format(
-        b("funnel", spec.name, "text"), b.since())
+    return sql.SQL("tr.funnel = {} AND tr.created_at > NOW() - {} AND {}").format(
+        b("funnel", spec.name, "text"), b.since(), real(b, "tr"))
 
 
 def conversation_costs(spec: FunnelSpec, b: Binder) -> sql.Composed:
@@ -310,12 +311,15 @@ SECTIONS: dict[str, tuple[Section, bool]] = {
 }
 
 
-def section_queries(spec: FunnelSpec, since: float, *, limit: int = 20
+def section_queries(spec: FunnelSpec, since: float, *, limit: int = 20,
+                    include_playground: bool = False
                     ) -> dict[str, tuple[sql.Composed, dict[str, Any], bool]]:
-    """The report's queries that apply to the funnel: name -> (query, parameters, uses turns)."""
+    """The report's queries that apply to the funnel: name -> (query, parameters, uses turns).
+    The studio's playground sessions are left out unless ``include_playground``."""
     out = {}
     for name, (build, turns) in SECTIONS.items():
-        b = Binder(inline=False, since=since, limit=limit)
+        b = Binder(inline=False, since=since, limit=limit, funnel=spec.name,
+                   include_playground=include_playground)
         query = build(spec, b)
         if query is not None:
             out[name] = (query, b.params, turns)
@@ -327,7 +331,7 @@ def inline_queries(spec: FunnelSpec) -> dict[str, sql.Composed]:
     window read from the ``funnel.since`` setting): the bodies of the analysts' views."""
     out = {}
     for section, (build, _) in SECTIONS.items():
-        query = build(spec, Binder(inline=True))
+        query = build(spec, Binder(inline=True, funnel=spec.name))
         if query is not None:
             out[section] = query
     return out
@@ -359,23 +363,29 @@ async def report_snapshot(url: str | None, timeout: float
 
 
 async def fetch_report(url: str | None, spec: FunnelSpec, since: float, *, limit: int = 20,
-                       timeout: float = 10.0) -> dict[str, Any]:
+                       timeout: float = 10.0, include_playground: bool = False
+                       ) -> dict[str, Any]:
     """Run every section in one read-only snapshot; return the aggregated rows.
 
     Returns ``{"now", "sessions_table", "turns_table", "sections": {name: [row, ...]}}``;
-    a section whose table does not exist yet has no rows. Nothing is written.
+    a section whose table does not exist yet has no rows. Nothing is written. The
+    studio's playground sessions are left out unless ``include_playground``.
     """
     async with report_snapshot(url, timeout) as conn:
         row = await (await conn.execute(
             "SELECT NOW(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
-            "to_regclass(%s) IS NOT NULL",
+            "to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
             (sql.Identifier(spec.table).as_string(conn),
              sql.Identifier(ddl.TURNS).as_string(conn),
-             sql.Identifier(ddl.CONVERSIONS).as_string(conn)))).fetchone()
+             sql.Identifier(ddl.CONVERSIONS).as_string(conn),
+             sql.Identifier(ddl.PLAYGROUND).as_string(conn)))).fetchone()
         assert row is not None
-        now, have_sessions, have_turns, have_orders = row
+        now, have_sessions, have_turns, have_orders, have_playground = row
+        # A database from before the playground's table has no playground sessions.
+        everyone = include_playground or not have_playground
         sections: dict[str, list[dict[str, Any]]] = {}
-        for name, (query, params, turns) in section_queries(spec, since, limit=limit).items():
+        for name, (query, params, turns) in section_queries(
+                spec, since, limit=limit, include_playground=everyone).items():
             if not (have_turns if turns else have_sessions) or (
                     name in CONVERSION_SECTIONS and not have_orders):
                 sections[name] = []

@@ -20,6 +20,7 @@ from ..format.names import LEASES as LEASES
 from ..format.names import MESSAGES as MESSAGES
 from ..format.names import MIGRATIONS as MIGRATIONS
 from ..format.names import OUTBOX as OUTBOX
+from ..format.names import PLAYGROUND as PLAYGROUND
 from ..format.names import TURNS as TURNS
 from ..format.names import UNREACHABLE as UNREACHABLE
 from ..format.names import VERSIONS as VERSIONS
@@ -376,4 +377,15 @@ SHARED_MIGRATIONS: list[str] = [
     # (engine.claims): {kind, name, text, expected, attempt} each; `funnel report` counts
     # them per stage. They quote the model's reply: an anonymization empties them.
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS claims JSONB NOT NULL DEFAULT '[]'",
+    # The playground's sessions (engine.store.playground): made by the studio, never a
+    # customer's; where one was branched from. `funnel report`, `funnel replay`, the
+    # experiments' figures, /metrics and the studio's list leave them out by default.
+    f"""CREATE TABLE IF NOT EXISTS {PLAYGROUND} (
+        funnel TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        branched_from TEXT,
+        branched_turn INT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        PRIMARY KEY (funnel, session_id)
+    )""",
 ]

@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..format.spec import FunnelSpec
 from . import ddl
 from .analytics_sql import report_snapshot
+from .playground import real_session
 
 GoalKind = Literal["handoff", "purchase", "cart_at_least"]
 
@@ -53,15 +54,19 @@ def goal_condition(spec: FunnelSpec, kind: GoalKind, amount: float | None,
                    "AND c.session_id = t.session_id)").format(sql.Identifier(ddl.CONVERSIONS))
 
 
-def variant_queries(spec: FunnelSpec, kind: GoalKind, amount: float | None, since: float
+def variant_queries(spec: FunnelSpec, kind: GoalKind, amount: float | None, since: float,
+                    *, include_playground: bool = False
                     ) -> tuple[dict[str, sql.Composed], dict[str, Any]]:
-    """(name -> query, the parameters they share): ``summary``, ``stages``, ``costs``."""
+    """(name -> query, the parameters they share): ``summary``, ``stages``, ``costs``; the
+    studio's playground sessions left out unless ``include_playground``."""
     params: dict[str, Any] = {"funnel": spec.name, "since": float(since),
                               "stages": list(spec.stages)}
     goal = goal_condition(spec, kind, amount, params)
     t = sql.Identifier(spec.table)
     window = sql.SQL("t.variant IS NOT NULL AND t.created_at > NOW() - "
-                     "make_interval(secs => %(since)s::float8)")
+                     "make_interval(secs => %(since)s::float8) AND {}").format(
+                         sql.SQL("TRUE") if include_playground else real_session(
+                             sql.Placeholder("funnel"), sql.SQL("t.session_id")))
     cart = (sql.SQL("round(avg(COALESCE({}, 0)), 2)").format(_col(spec.cart.total))
             if spec.cart is not None and spec.cart.total else sql.SQL("NULL::numeric"))
     summary = sql.SQL(
@@ -91,24 +96,31 @@ def variant_queries(spec: FunnelSpec, kind: GoalKind, amount: float | None, sinc
 
 
 async def fetch_variants(url: str | None, spec: FunnelSpec, kind: GoalKind,
-                         amount: float | None, since: float, *, timeout: float = 10.0
-                         ) -> dict[str, Any]:
-    """Run the queries in one read-only snapshot: ``{"now", "table", name: [row, ...]}``.
+                         amount: float | None, since: float, *, timeout: float = 10.0,
+                         include_playground: bool = False) -> dict[str, Any]:
+    """Run the queries in one read-only snapshot: ``{"now", "table", name: [row, ...]}``
+    (the studio's playground sessions left out unless ``include_playground``).
 
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
-    queries, params = variant_queries(spec, kind, amount, since)
-    out: dict[str, Any] = {name: [] for name in queries}
+    variant_queries(spec, kind, amount, since)  # a goal the funnel cannot measure: say so first
     async with report_snapshot(url, timeout) as conn:
         row = await (await conn.execute(
             "SELECT NOW(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
             "EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = "
-            "current_schema() AND table_name = %s AND column_name = 'variant')",
+            "current_schema() AND table_name = %s AND column_name = 'variant'), "
+            "to_regclass(%s) IS NOT NULL",
             (sql.Identifier(spec.table).as_string(conn),
-             sql.Identifier(ddl.TURNS).as_string(conn), spec.table))).fetchone()
+             sql.Identifier(ddl.TURNS).as_string(conn), spec.table,
+             sql.Identifier(ddl.PLAYGROUND).as_string(conn)))).fetchone()
         assert row is not None
-        out["now"], have_table, have_turns, have_variant = row
+        now, have_table, have_turns, have_variant, have_playground = row
+        # A database from before the playground's table has no playground sessions.
+        queries, params = variant_queries(spec, kind, amount, since, include_playground=(
+            include_playground or not have_playground))
+        out: dict[str, Any] = {name: [] for name in queries}
+        out["now"] = now
         out["table"] = bool(have_table and have_variant)
         if out["table"]:
             for name, query in queries.items():

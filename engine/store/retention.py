@@ -128,7 +128,8 @@ async def delete_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec
     """Delete the sessions ``ids`` (leased and locked by the caller) with every row
     they left; how many."""
     for table, key in ((ddl.MESSAGES, "messages"), (ddl.TURNS, "turns"), (ddl.OUTBOX, None),
-                       (ddl.INBOUND, None), (ddl.CONTROL, None), (ddl.CONTROL_EVENTS, None)):
+                       (ddl.INBOUND, None), (ddl.CONTROL, None), (ddl.CONTROL_EVENTS, None),
+                       (ddl.PLAYGROUND, None)):
         cur = await conn.execute(sql.SQL(
             "DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)").format(
                 sql.Identifier(table)), (funnel.name, ids))

@@ -183,7 +183,8 @@ async def sessions(request: Request) -> Response:
                           reached=_q(request, "reached"), stopped=_q(request, "stopped"),
                           bought=_flag(request, "bought"),
                           fell_back=_period(request, "fell_back"),
-                          fallback_stage=_q(request, "fallback_stage"))
+                          fallback_stage=_q(request, "fallback_stage"),
+                          playground=bool(_flag(request, "playground")))
     return _json(await sql.sessions(studio.store, spec, f))
 
 
@@ -197,10 +198,14 @@ async def report(request: Request) -> Response:
     name = _q(request, "funnel") or next(iter(studio.engines))
     compiled = studio.funnel(name)
     since = _period(request, "since") or 7 * 86400
-    data = await build_report(compiled, db=getattr(studio.store, "url", None), since=since)
+    # Customers' sessions, as `funnel report` counts; `&playground=true`: the studio's too.
+    everyone = bool(_flag(request, "playground"))
+    data = await build_report(compiled, db=getattr(studio.store, "url", None), since=since,
+                              include_playground=everyone)
 
     def link(params: Mapping[str, str]) -> str:
         return "./?" + urlencode({"funnel": name, "tab": "sessions",
+                                  **({"playground": "true"} if everyone else {}),
                                   **{k: v for k, v in params.items() if k in DRILL}})
 
     return HTMLResponse(render_html(data, link=link), headers={"cache-control": "no-store"})

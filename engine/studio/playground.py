@@ -6,6 +6,13 @@ service's, when mounted in ``funnel serve``), and the :class:`~engine.studio.wat
 state of its files. Playground turns are real turns of that engine: they are logged,
 recorded in ``funnel_turns`` and saved like any other, which is what lets the studio
 rewind them, save them as scenarios, and show them in the sessions list.
+
+Isolation: the studio runs turns only on sessions it made, registered as playground
+sessions (engine.store.playground) before their first turn. A turn typed on any other
+session (a customer's) runs on a new branch of it, replayed from its turn records;
+the customer's session is only ever read. Its engine is a playground engine
+(engine.turn.playground): nothing a turn would send (a hand-off alert, an approval
+request, a channel's reply) is queued; the page shows it as "would send" instead.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from ..memory.summary import ExtractiveSummarizer
 from ..scenarios.load import discover, load_scenario
 from ..scenarios.record import recorded_scenario, scenario_yaml
 from ..scenarios.run import run_all
-from ..store import Store, open_store
+from ..store import Store, open_store, playground
 from ..turn.engine import Engine, TurnResult
 from ..turn.output import parse_output
 from . import sql, views
@@ -74,7 +81,7 @@ class Studio:
             for path in paths:
                 funnel = load_funnel(path)
                 engine = await Engine.open(funnel, store=store, model=studio_model,
-                                           summarizer=ExtractiveSummarizer())
+                                           summarizer=ExtractiveSummarizer(), playground=True)
                 studio.engines[funnel.name] = engine
                 studio.watched[funnel.name] = Watched(Path(path), funnel, engine.deploy)
         except BaseException:
@@ -125,10 +132,13 @@ class Studio:
 
     async def view(self, name: str, session: str, result: TurnResult | None = None,
                    before: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Everything the panels show of a session now (after ``result``, when given)."""
+        """Everything the panels show of a session now (after ``result``, when given).
+        ``playground``: a session the studio made (``origin``: what it was branched
+        from); ``real``: someone else's (a customer's), which a turn typed on branches."""
         engine = self.engine(name)
         funnel = engine.funnel
         row = await engine.state(session)
+        origin = await playground.origin(self.store, name, session)
         state = row or {}
         stage = state.get("stage") or funnel.spec.initial
         last = await sql.transcript(self.store, funnel.spec, session, last=True)
@@ -153,6 +163,9 @@ class Studio:
             stage in funnel.spec.removed_stages else None,
             "model": self.model.choice.get(session, self.model.default),
             "status": self.watched[name].status(),
+            "playground": origin is not None, "origin": origin,
+            "real": row is not None and origin is None,
+            "would_send": would_send(engine, result.withheld) if result else [],
         }
 
     # -- playing -----------------------------------------------------------------------
@@ -163,32 +176,60 @@ class Studio:
                    answer: Any = None, force: bool = False) -> dict[str, Any]:
         """One turn of a playground session. With ``answer`` (the form's, "I am the
         model"), it is the model's output: checked first as the turn will check it, and
-        refused with the problem the repair call would quote unless ``force``.
+        refused with the problem the repair call would quote unless ``force``. On a
+        session the studio did not make (a customer's), the turn runs on a new branch of
+        it (``branched_from`` in the view); that session is left as it was.
 
         Raises:
-            InvalidInput: a bad message or session id, or an unknown funnel.
+            InvalidInput: a bad message or session id, an unknown funnel, or a customer's
+                session with no recorded turns to branch from.
             ConfigError: a model that cannot be built.
         """
         engine = self.engine(name)
+        output = None if answer is None else answer if isinstance(answer, str) \
+            else json.dumps(answer, ensure_ascii=False)
+        branched: dict[str, Any] | None = None
+        if not await self._ours(name, session):
+            # Someone else's session (a customer's): never written; the turn goes to a
+            # new branch of it, in the state its recorded turns lead to. An answer the
+            # turn would refuse is refused first: no branch is made for nothing.
+            row = await engine.state(session) or {}
+            refused = None if output is None or force else _refused(engine, row, output)
+            if refused is not None:
+                return refused
+            records = await engine.store.turn_records(engine.spec, session, limit=1000)
+            if not records:
+                raise InvalidInput(f"session {session!r} is not a playground session and has "
+                                   "no recorded turns to branch from; start a new session")
+            branched = await self.rewind(name, session, len(records))
+            session = branched["session"]
         if model:
             self.model.choose(session, model)
         async with self._lock(name, session):
             before = await engine.state(session)
-            if answer is not None:
-                output = answer if isinstance(answer, str) else json.dumps(answer,
-                                                                          ensure_ascii=False)
-                stage = (before or {}).get("stage") or engine.spec.initial
-                if not force:
-                    envelope, problem = parse_output(engine.funnel.stage(stage), output)
-                    if envelope is None:
-                        return {"rejected": problem, "stage": stage,
-                                "repair": _REPAIR.format(problem=problem)}
+            if output is not None:
+                refused = None if force else _refused(engine, before or {}, output)
+                if refused is not None:
+                    return refused
                 self.model.queue(session, ScriptEntry(output=output))
             try:
                 result = await engine.handle(session, text, channel=CHANNEL)
             finally:
                 self.model.clear(session)
-            return await self.view(name, session, result, before)
+            view = await self.view(name, session, result, before)
+        if branched is not None:
+            view.update(branched_from=branched["branched_from"], diverged=branched["diverged"])
+        return view
+
+    async def _ours(self, name: str, session: str) -> bool:
+        """Whether the studio may write into ``session``: a playground session, or a new
+        one (registered as such now, before its first turn)."""
+        if await playground.origin(self.store, name, session) is not None:
+            return True
+        if await self.engine(name).state(session) is not None:
+            return False
+        await playground.mark(self.store, name, session)
+        return True
 
     async def rewind(self, name: str, session: str, upto: int, *, answer: Any = None,
                      text: str | None = None, replay_after: bool = False) -> dict[str, Any]:
@@ -210,6 +251,7 @@ class Studio:
         branch = f"{session[:100]}.b{secrets.token_hex(3)}"
         plan = records[:upto] if not (answer is not None and replay_after) else records
         diverged = []
+        await playground.mark(self.store, name, branch, branched_from=session, turn=upto)
         async with self._lock(name, branch):
             for number, rec in enumerate(plan, start=1):
                 customer = rec.get("customer")
@@ -276,6 +318,54 @@ class Studio:
 
 
 _NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def _targets(engine: Engine) -> str:
+    """The hand-off alert's targets as the funnel declares them (``handoff.notify``)."""
+    handoff = engine.spec.handoff
+    notify = handoff.notify if handoff else {"log": True}
+    out = [f"webhook {notify['webhook']}"] if notify.get("webhook") else []
+    out += [f"hook {notify['hook']}"] if notify.get("hook") else []
+    if notify.get("log", not out):
+        out.append("the log")
+    return ", ".join(out)
+
+
+def would_send(engine: Engine, withheld: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a playground turn did not send (engine.turn.playground), each with a sentence
+    saying what would have been sent, to whom."""
+    out = []
+    for item in withheld:
+        kind, p = item["kind"], item["payload"]
+        reason = f" (reason: {p['reason']})" if p.get("reason") else ""
+        if kind == "handoff" and p.get("event") == "approval":
+            text = (f"would ask the managers ({_targets(engine)}) to approve the move "
+                    f"{p.get('stage')} → {p.get('to')}{reason}; on timeout: "
+                    f"{p.get('on_timeout')}")
+        elif kind == "handoff":
+            cart = p.get("cart") or {}
+            total = f", cart total {cart['total']}" if cart.get("total") is not None else ""
+            text = (f"would notify the manager ({_targets(engine)}): hand-off of session "
+                    f"{p.get('session_id')}{reason}{total}")
+        elif kind == "approval":
+            text = (f"would hold the move {p.get('from')} → {p.get('to')} for a manager's "
+                    f"approval until {p.get('deadline')}")
+        elif kind == "reply":
+            text = f"would send the customer: {p.get('text')}"
+        else:
+            text = f"would queue a {kind} side effect"
+        out.append({"kind": kind, "text": text, "payload": p})
+    return out
+
+
+def _refused(engine: Engine, row: Mapping[str, Any], output: str) -> dict[str, Any] | None:
+    """An answer the turn would refuse in the session's stage: the problem, and what the
+    repair call would tell a model; None when it passes."""
+    stage = row.get("stage") or engine.spec.initial
+    envelope, problem = parse_output(engine.funnel.stage(stage), output)
+    if envelope is not None:
+        return None
+    return {"rejected": problem, "stage": stage, "repair": _REPAIR.format(problem=problem)}
 
 
 def _recorded(rec: Mapping[str, Any]) -> ScriptEntry:

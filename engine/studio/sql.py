@@ -23,6 +23,7 @@ from ..format.spec import FunnelSpec
 from ..records.explanation import expand
 from ..store.analytics_sql import furthest_main_stage
 from ..store.base import Store
+from ..store.playground import real_session
 from ..store.turns import TURN_MESSAGES
 
 __all__ = ["SessionFilter", "sessions", "transcript"]
@@ -52,15 +53,18 @@ class SessionFilter:
     ``started`` (seconds: created in that window), ``reached`` (a stage in the history),
     ``stopped`` (the furthest main-path stage reached), ``bought`` (an order recorded),
     ``fell_back`` (seconds: a turn in that window fell back, in ``fallback_stage`` if
-    given)."""
+    given); ``playground``: the studio's own sessions too (customers' only by default,
+    as the report counts)."""
 
     def __init__(self, *, stage: str | None = None, handoff: bool | None = None,
                  since_seconds: float | None = None, variant: str | None = None,
                  fallback: bool | None = None, search: str | None = None,
                  offset: int = 0, started: float | None = None, reached: str | None = None,
                  stopped: str | None = None, bought: bool | None = None,
-                 fell_back: float | None = None, fallback_stage: str | None = None) -> None:
+                 fell_back: float | None = None, fallback_stage: str | None = None,
+                 playground: bool = False) -> None:
         self.stage, self.handoff, self.since = stage, handoff, since_seconds
+        self.playground = playground
         self.variant, self.fallback, self.search = variant, fallback, search
         self.offset = max(0, offset)
         self.started, self.reached, self.stopped = started, reached, stopped
@@ -120,17 +124,20 @@ async def sessions(store: Store, spec: FunnelSpec, f: SessionFilter) -> dict[str
         where.append(sql.SQL("strpos(s.session_id, %s) > 0"))
         params.append(f.search)
     _report_filters(spec, f, where, params)
+    if not f.playground:
+        where.append(real_session(sql.Literal(spec.name), sql.SQL("s.session_id")))
     having: sql.Composable = sql.SQL("")
     if f.fallback is not None:
         having = sql.SQL("WHERE fallbacks {} 0").format(sql.SQL(">" if f.fallback else "="))
     q = sql.SQL(
         "SELECT * FROM (SELECT s.session_id, s.stage, s.turns, s.variant, s.created_at, "
-        "s.last_message_at, {handoff} AS handed_off, "
+        "s.last_message_at, {handoff} AS handed_off, NOT {real} AS playground, "
         "(SELECT count(*) FROM {turns} tr WHERE tr.funnel = %s AND tr.session_id = s.session_id "
         " AND tr.fallback) AS fallbacks FROM {t} s WHERE {where}) x {having} "
         "ORDER BY last_message_at DESC, session_id LIMIT %s OFFSET %s"
     ).format(handoff=sql.SQL("s.{} IS NOT NULL").format(sql.Identifier(handoff)) if handoff
              else sql.SQL("FALSE"), turns=sql.Identifier(TURNS), t=t,
+             real=real_session(sql.Literal(spec.name), sql.SQL("s.session_id")),
              where=sql.SQL(" AND ").join(where), having=having)
     async with _connect(store) as conn:
         cur = conn.cursor(row_factory=dict_row)

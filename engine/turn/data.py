@@ -70,6 +70,9 @@ class TurnResult:
     # (engine.claims): ``{kind, name, text, expected, attempt}`` each; a refused reply was
     # repaired or replaced by the fallback, never sent.
     reply_claims: list[dict[str, Any]] = field(default_factory=list)
+    # A playground engine's turn (engine.turn.playground): the side effects it did not
+    # queue, ``{"kind", "key", "payload"}`` each (what would have been sent).
+    withheld: list[dict[str, Any]] = field(default_factory=list)
 
 
 def refused_claims(ungrounded: list[tuple[str, str]]) -> list[tuple[str, str]]:

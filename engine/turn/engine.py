@@ -56,6 +56,7 @@ from .advance import Mover, Position, record_current, start_position
 from .data import Incoming, Turn, TurnResult
 from .notify import Notifier, dispatch, make_notifier
 from .output import Answer
+from .playground import Withholding
 from .routing import Routing
 from .save import TECHNICAL_REPLY
 from .stream import Listener, ReplyStream
@@ -78,8 +79,12 @@ class Engine:
 
     def __init__(self, funnel: CompiledFunnel, store: Store, model: Model, *,
                  notifier: Notifier | None = None,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None,
+                 playground: bool = False) -> None:
         self.funnel = funnel
+        # The studio's: its turns queue nothing that leaves the process
+        # (engine.turn.playground); they say what they would have sent instead.
+        self.playground = playground
         self.spec = funnel.spec
         self.store = store
         self.model = model
@@ -101,7 +106,7 @@ class Engine:
                    notifier: Notifier | None = None, store: Store | None = None,
                    clock: Callable[[], datetime] | None = None,
                    summarizer: Summarizer | None = None,
-                   embedder: Embedder | None = None) -> Engine:
+                   embedder: Embedder | None = None, playground: bool = False) -> Engine:
         """Load the funnel, open the store (embedded PostgreSQL without ``db``), check the table.
 
         Raises:
@@ -112,7 +117,9 @@ class Engine:
         ``model`` defaults to the funnel's ``model.name``; ``summarizer`` to observational
         memory written by ``memory.summarizer_model`` when set, else by ``model`` when it
         is a real (litellm) model, at its ``api_base``; with the scripted model, to the
-        offline extractive summary (docs/memory.md). With ``memory.recall`` set, the
+        offline extractive summary (docs/memory.md). ``playground``: the studio's engine,
+        whose turns queue no hand-off alert, reply or approval (engine.turn.playground).
+        With ``memory.recall`` set, the
         store is readied for semantic recall (pgvector, else the ``real[]`` fallback, with
         a warning saying so) and ``embedder`` defaults to ``memory.recall.embedder``.
         """
@@ -134,7 +141,8 @@ class Engine:
                 warm_ups.append(asyncio.to_thread(language.warm,
                                                   compiled.spec.language_policy.candidates))
             await asyncio.gather(*warm_ups)
-            engine = cls(compiled, store, model, notifier=notifier, clock=clock)
+            engine = cls(compiled, store, model, notifier=notifier, clock=clock,
+                         playground=playground)
             settings = compiled.spec.memory.recall
             if settings is not None:
                 engine.recall = Recall(compiled.spec, store, embedder or make_embedder(
@@ -268,7 +276,8 @@ class Engine:
                             stream=ReplyStream(stream) if stream is not None else None)
         for attempt in range(3):
             try:
-                async with self.store.session(self.spec, session_id) as access:
+                async with self.store.session(self.spec, session_id) as opened:
+                    access = Withholding(opened) if self.playground else opened
                     turn = await self._load(access, inbound)
                     # Read with the row, under the lease: a take-over is either before
                     # this (the turn is held) or after it (the bot answers first).
@@ -309,7 +318,9 @@ class Engine:
                 raise
         if inbound.stream is not None:
             inbound.stream.finish(result.reply)
-        if result.handoff or result.approval:
+        if isinstance(access, Withholding):
+            result.withheld = access.withheld
+        elif result.handoff or result.approval:
             # Deliver after the reply, never before it: a slow manager webhook must not
             # delay the customer. A delivery that fails is retried by the next dispatch.
             self._background(self._dispatch_quietly(session_id))

@@ -149,9 +149,32 @@
     S.form = null;
     if (view.form) { S.form = ModelForm.build(view.form); $("form").append(S.form.el); }
   }
+  // What a playground turn did not send (a hand-off alert, an approval request): the
+  // studio's engine queues none of it (engine.turn.playground).
+  function drawWouldSend(items) {
+    const box = $("would"); box.replaceChildren();
+    box.hidden = !items.length;
+    if (!items.length) return;
+    box.append(el("div", {class: "hint", text: "nothing was sent: this is the playground"}));
+    for (const w of items) box.append(el("div", {class: "would-item", "data-kind": w.kind, text: w.text}));
+  }
+  // Whose session this is: a customer's is only read (typing branches it), a playground
+  // one may say where it was branched from.
+  function drawOrigin(view) {
+    const b = $("branch");
+    if (view.real) {
+      b.hidden = false; b.className = "branch real";
+      b.textContent = "A customer's session (" + view.session + "): read only. What you type goes to a new " +
+        "playground session branched from it; this session, its messages and its alerts stay as they are.";
+    } else if (view.origin && view.origin.branched_from) {
+      b.hidden = false; b.className = "branch";
+      b.textContent = "A playground session, branched from " + view.origin.branched_from + " after turn " + view.origin.turn;
+    } else { b.hidden = true; b.className = "branch"; }
+  }
   function render(view) {
     S.view = view;
     $("session").textContent = S.session;
+    drawWouldSend(view.would_send || []);
     drawGraph(view); drawCompleteness(view.completeness); drawWhy(view.why, view.result);
     drawState(view.state, view.changed || []); drawPrompt(view); drawForm(view);
   }
@@ -197,12 +220,20 @@
     $("log").prepend(...page.data.turns.map(turnItem));
     S.offset = off; $("earlier").hidden = S.offset === 0;
   }
+  function leaveEdit() {
+    // "Change the answer" belongs to the session it was started on: another session
+    // starts without it (its JSON, its message, its notice).
+    if (S.branchEdit) notice("");
+    S.branchEdit = null; $("replay-box").hidden = true; $("replay-after").checked = false;
+    $("raw").value = ""; $("raw-box").open = false; $("input").value = ""; $("form-errors").hidden = true;
+  }
   async function openSession(id, latest = true) {
-    S.session = id; S.branchEdit = null; $("replay-box").hidden = true; $("branch").hidden = true;
+    S.session = id; leaveEdit(); $("branch").hidden = true;
     $("log").replaceChildren();
     const res = await api("session?" + q({funnel: S.funnel, session: id}));
     if (!res.ok) return failed(res);
     render(res.data);
+    drawOrigin(res.data);
     await loadTranscript(latest);
   }
 
@@ -232,7 +263,20 @@
       notice(res.data.result && res.data.result.fallback ? "this turn ended in the stage's fallback: " + (res.data.result.error || "") : "", true);
       $("input").value = ""; $("raw").value = "";
       $("form").dataset.key = "";  // a fresh form for the next answer
+      if (res.data.branched_from) {  // typed on a customer's session: the turn went to a branch
+        S.session = res.data.session;
+        render(res.data);
+        await loadTranscript(true);
+        const b = $("branch"); b.hidden = false; b.className = "branch real";
+        b.textContent = "Typed on a customer's session: the turn went to a new playground session " +
+          res.data.session + ", branched from " + res.data.branched_from.session + " after turn " +
+          res.data.branched_from.turn + "; " + res.data.branched_from.session + " is untouched." +
+          (res.data.diverged && res.data.diverged.length ? " On the funnel as it is now, turns went elsewhere: " +
+            res.data.diverged.map(d => "#" + d.turn + " " + d.recorded + "→" + d.now).join(", ") : "");
+        return;
+      }
       render(res.data);
+      drawOrigin(res.data);
       await loadTranscript(true);
     } finally { $("send").disabled = $("submit").disabled = false; }
   }
@@ -245,7 +289,7 @@
     S.session = view.session; S.branchEdit = null; $("replay-box").hidden = true;
     render(view);
     await loadTranscript(true);
-    const b = $("branch"); b.hidden = false;
+    const b = $("branch"); b.hidden = false; b.className = "branch";
     b.textContent = "branched from " + view.branched_from.session + " after turn " + view.branched_from.turn +
       (view.diverged && view.diverged.length ? "; on the funnel as it is now, turns went elsewhere: " +
         view.diverged.map(d => "#" + d.turn + " " + d.recorded + "→" + d.now).join(", ") : "");
@@ -329,11 +373,12 @@
     S.listOffset = more ? S.listOffset + 50 : 0;
     const res = await api("sessions?" + q({funnel: S.funnel, stage: $("f-stage").value, handoff: $("f-handoff").value,
       fallback: $("f-fallback").value, since: $("f-since").value.trim(), variant: $("f-variant").value.trim(),
-      q: $("f-q").value.trim(), offset: S.listOffset, ...S.drill}));
+      q: $("f-q").value.trim(), playground: $("f-playground").checked ? "true" : "",
+      offset: S.listOffset, ...S.drill}));
     if (!res.ok) return failed(res);
     const rows = res.data.sessions.map(s => {
-      const tr = el("tr", {"data-session": s.session_id},
-        el("td", {}, el("code", {text: s.session_id})), el("td", {text: s.stage}), el("td", {text: String(s.turns)}),
+      const tr = el("tr", {"data-session": s.session_id, class: s.playground ? "playground" : null},
+        el("td", {}, el("code", {text: s.session_id}), s.playground ? el("span", {class: "tag", text: " playground"}) : null), el("td", {text: s.stage}), el("td", {text: String(s.turns)}),
         el("td", {text: s.handed_off ? "yes" : ""}), el("td", {text: String(s.fallbacks || "")}),
         el("td", {text: s.variant || ""}), el("td", {text: String(s.last_message_at).slice(0, 19)}));
       tr.addEventListener("click", () => { tab("play"); openSession(s.session_id); });
@@ -347,6 +392,7 @@
     for (const k of Object.keys(DRILL)) if (params.get(k)) S.drill[k] = params.get(k);
     const parts = Object.entries(S.drill).map(([k, v]) => DRILL[k] + (v === "true" ? "" : " " + v));
     if (params.get("stage")) { $("f-stage").value = params.get("stage"); parts.push("now in " + params.get("stage")); }
+    if (params.get("playground") === "true") $("f-playground").checked = true;
     $("drill").hidden = !parts.length;
     $("drill-text").textContent = parts.length ? "From the report: sessions that " + parts.join(", ") : "";
   }
@@ -377,6 +423,7 @@
     $("tab-play").addEventListener("click", () => tab("play"));
     $("tab-sessions").addEventListener("click", () => tab("sessions"));
     $("f-go").addEventListener("click", () => listSessions(false));
+    $("f-playground").addEventListener("change", () => listSessions(false));
     $("more").addEventListener("click", () => listSessions(true));
     await openSession(params.get("session") || newId());
     if (params.get("tab") === "sessions") tab("sessions");
