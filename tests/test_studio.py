@@ -9,9 +9,7 @@ engine's own turn path for every answer the page gives.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,67 +20,28 @@ import httpx
 import pytest
 from projects import copy_puramur
 from service_support import running
+from studio_support import headless_chromium, opener, real_session
 
-from engine.studio import Studio, create_studio_app
+from engine.studio import create_studio_app
 from engine.studio.server import LOOPBACK_HOSTS, serve_studio
 
 pytestmark = [pytest.mark.postgres]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _chromium() -> tuple[str, str]:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not (browser and driver):
-        message = "chromium and chromium-driver are needed: apt-get install -y chromium chromium-driver"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return browser, driver
-
-
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One headless Chromium for the module (the widget test's flags), console kept."""
-    browser, driver_path = _chromium()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"  # never let selenium-manager download anything
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1500,1000",
-                 f"--user-data-dir={tmp_path_factory.mktemp('profile')}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
-    try:
+    with headless_chromium(tmp_path_factory.mktemp("profile")) as d:
         yield d
-    finally:
-        d.quit()
 
 
 def _real_session(funnel: Path, db: str) -> str:
     """A conversation that did not happen in the studio: the demo script via the Engine."""
-    from engine import Engine
-    from engine.llm.models import ScriptedModel
-
-    async def play() -> None:
-        model = ScriptedModel.from_file(ROOT / "funnels" / "puramur" / "demo.yaml")
-        async with await Engine.open(funnel, db=db, model=model) as engine:
-            for text in ("Hi!", "I have a Sphynx cat, her skin is very dry"):
-                await engine.handle("tg-real-1", text, channel="telegram")
-
-    asyncio.run(play())
-    return "tg-real-1"
+    return real_session(funnel, db)
 
 
-def _opener(funnel: Path, db: str) -> Any:
-    async def opened() -> Studio:
-        return await Studio.open([funnel], db=db)
-    return opened
+_opener = opener
 
 
 @pytest.mark.slow
@@ -270,8 +229,12 @@ def test_studio_api(db_url: str, tmp_path: Path) -> None:
         page = c.get("/api/transcript", params={"funnel": "puramur", "session": "s3",
                                                 "offset": 1, "limit": 1}).json()
         assert page["total"] == 3 and page["turns"][0]["number"] == 2
-        listed = c.get("/api/sessions", params={"funnel": "puramur", "stage": "presentation"})
-        assert {s["session_id"] for s in listed.json()["sessions"]} >= {"s3", view["session"]}
+        # The studio's own sessions are listed when asked (customers' only by default).
+        listed = c.get("/api/sessions", params={"funnel": "puramur", "stage": "presentation",
+                                                "playground": "true"}).json()["sessions"]
+        assert {s["session_id"] for s in listed} >= {"s3", view["session"]}
+        assert all(s["playground"] for s in listed)
+        assert c.get("/api/sessions", params={"funnel": "puramur"}).json()["sessions"] == []
         assert c.get("/api/sessions", params={"funnel": "puramur", "since": "soon"}
                      ).status_code == 400
         # Save a session as a scenario and run the funnel's scenarios, as the page's buttons do.

