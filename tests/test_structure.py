@@ -47,7 +47,6 @@ LOCAL_IMPORTS_ALLOWED = {
     ("engine.llm.client", "litellm.llms.custom_httpx.async_client_cleanup"):
         "litellm, when a command closes its clients",
     ("engine.service.server", "uvicorn"): "the optional `serve` extra",
-    ("engine.studio.server", "uvicorn"): "the optional `serve` extra",
     ("engine.service.server", "uvicorn.supervisors.multiprocess"): "the optional `serve` extra",
     ("engine.service.server", "uvicorn._subprocess"): "the optional `serve` extra",
     ("engine.service.server", "prometheus_client.multiprocess"): "the optional `serve` extra",

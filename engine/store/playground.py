@@ -16,15 +16,16 @@ sessions list.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
+import psycopg
 from psycopg import sql
 
+from ..errors import StoreUnavailable, first_line
 from . import ddl
 from .base import Store
-
-if TYPE_CHECKING:
-    from .postgres import PostgresStore
 
 __all__ = ["mark", "origin", "real_session"]
 
@@ -37,13 +38,19 @@ def real_session(funnel: sql.Composable, session_id: sql.Composable) -> sql.Comp
                                                  session_id)
 
 
-def _postgres(store: Store) -> PostgresStore:
-    # Imported here: the report's SQL builders import this module, and the store them.
-    from .postgres import PostgresStore
-
-    if not isinstance(store, PostgresStore):
-        raise TypeError("the playground's sessions are registered in PostgreSQL")
-    return store
+@asynccontextmanager
+async def _connect(store: Store) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    # The store's pool (the report's SQL builders import this module, and the store's
+    # module imports them: no import of the store itself here).
+    pool = getattr(store, "pool", None)
+    if pool is None:
+        raise StoreUnavailable("the playground's sessions are registered in PostgreSQL; "
+                               "this store has no pool")
+    try:
+        async with pool.connection() as conn:
+            yield conn
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"PostgreSQL did not answer: {first_line(exc)}") from None
 
 
 async def mark(store: Store, funnel: str, session_id: str, *, branched_from: str | None = None,
@@ -53,7 +60,7 @@ async def mark(store: Store, funnel: str, session_id: str, *, branched_from: str
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
-    async with _postgres(store)._conn() as conn:
+    async with _connect(store) as conn:
         await conn.execute(sql.SQL(
             "INSERT INTO {} (funnel, session_id, branched_from, branched_turn) "
             "VALUES (%s, %s, %s, %s) ON CONFLICT (funnel, session_id) DO NOTHING").format(
@@ -67,7 +74,7 @@ async def origin(store: Store, funnel: str, session_id: str) -> dict[str, Any] |
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
-    async with _postgres(store)._conn() as conn:
+    async with _connect(store) as conn:
         row = await (await conn.execute(sql.SQL(
             "SELECT branched_from, branched_turn FROM {} WHERE funnel = %s AND session_id = %s"
         ).format(sql.Identifier(ddl.PLAYGROUND)), (funnel, session_id))).fetchone()

@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 from types import FrameType
 
+import uvicorn
+
 from ..errors import ConfigError
 from ..store.embedded import stop_started
 from .app import create_studio_app
@@ -44,8 +46,6 @@ def serve_studio(funnels: list[str], *, db: str | None = None, model: str | None
     for path in funnels:
         if not Path(path).is_file():
             raise ConfigError(f"no funnel file at {path}")
-    import uvicorn  # the `serve` extra (the tests' too): imported when it runs
-
     async def opened() -> Studio:
         return await Studio.open(list(funnels), db=db, model=model, api_base=api_base)
 
