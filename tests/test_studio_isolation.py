@@ -428,6 +428,28 @@ async def test_a_playground_engine_queues_nothing_and_says_what_it_withheld(
     assert sql("SELECT handoff_reason FROM puramur_sessions_state") == [("explicit_request",)]
 
 
+def test_a_playground_approval_asks_no_manager(db_url: str, sql: Any, tmp_path: Path) -> None:
+    """A move that waits for a manager's approval, played in the studio: the customer's
+    holding reply as a customer would read it, and no alert, control row or event: the
+    managers' queue and the service's sweep never see it."""
+    from test_approval import HOLD, gated
+
+    funnel = gated(tmp_path)
+    with running(create_studio_app(opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url, \
+            httpx.Client(base_url=url, timeout=60) as c:
+        view = c.post("/api/turn", json={
+            "funnel": "puramur", "session": "studio-a1", "text": "I have a cat",
+            "answer": {"reply": "A cat!", "updates": {"pet": {"type": "cat"}}}}).json()
+    assert view["result"]["reply"] == HOLD and view["stage"] == "greeting"
+    said = [w["text"] for w in view["would_send"]]
+    assert said[0] == ("would ask the managers (the log) to approve the move greeting → "
+                       "discovery (reason: cats need the vet's word); on timeout: reject")
+    assert said[1].startswith("would hold the move greeting → discovery for a manager's "
+                              "approval until ")
+    for table in ("funnel_outbox", "funnel_control", "funnel_control_events"):
+        assert sql(f"SELECT count(*) FROM {table}") == [(0,)], table
+
+
 # -- `funnel studio` itself -----------------------------------------------------------------
 def test_studio_without_its_web_stack_says_what_to_install(tmp_path: Path) -> None:
     """One line naming the extra, never a traceback (as after an install that lacks it)."""
