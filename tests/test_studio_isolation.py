@@ -412,6 +412,29 @@ def test_experiment_figures_leave_the_playground_out(db_url: str, tmp_path: Path
     assert sum(v["sessions"] for v in everyone["variants"]) == 3
 
 
+def test_the_studio_never_writes_the_version_store(db_url: str, sql: Any,
+                                                  tmp_path: Path) -> None:
+    """Opening the studio and editing the funnel live (a draft) leave ``funnel_versions``
+    as production left it: a production engine loads a pinned session's version from
+    there, the bundle deployed last."""
+    funnel = copy_puramur(tmp_path)
+    real_session(funnel, db_url, "c1", texts=("Hi!",), model=script())
+    stored = "SELECT version, hash, deployed_at FROM funnel_versions ORDER BY 1, 2"
+    before = sql(stored)
+    assert len(before) == 1
+    with running(create_studio_app(opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url, \
+            httpx.Client(base_url=url, timeout=60) as c:
+        generation = c.get("/api/status").json()["puramur"]["generation"]
+        funnel.write_text(funnel.read_text("utf-8").replace(
+            "Build the pet profile", "Build the pet's profile (a draft)"), "utf-8")
+        wait_for(lambda: (lambda st: st["ok"] and st["generation"] > generation)(
+            c.get("/api/status").json()["puramur"]), 60)
+        played = c.post("/api/turn", json={"funnel": "puramur", "session": "studio-v1",
+                                           "text": "Hi!", "answer": SAY["Hi!"]}).json()
+        assert played["stage"] == "discovery"
+    assert sql(stored) == before
+
+
 # -- the engine ---------------------------------------------------------------------------
 async def test_a_playground_engine_queues_nothing_and_says_what_it_withheld(
         db_url: str, sql: Any, tmp_path: Path) -> None:

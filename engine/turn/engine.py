@@ -97,7 +97,9 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.summary = RollingSummary(funnel.spec, store, self._window, model=model,
                                       clock=self.clock)
-        self.routing = Routing(funnel, store)  # versions and variants (engine.turn.routing)
+        # Versions and variants (engine.turn.routing); a playground engine's versions (the
+        # studio's live edits) stay out of the version store production loads from.
+        self.routing = Routing(funnel, store, record=not playground)
         self.recall: Recall | None = None  # semantic recall, when the funnel sets it
 
     @classmethod
@@ -118,7 +120,8 @@ class Engine:
         memory written by ``memory.summarizer_model`` when set, else by ``model`` when it
         is a real (litellm) model, at its ``api_base``; with the scripted model, to the
         offline extractive summary (docs/memory.md). ``playground``: the studio's engine,
-        whose turns queue no hand-off alert, reply or approval (engine.turn.playground).
+        whose turns queue no hand-off alert, reply or approval (engine.turn.playground),
+        and whose versions are not written to the version store.
         With ``memory.recall`` set, the
         store is readied for semantic recall (pgvector, else the ``real[]`` fallback, with
         a warning saying so) and ``embedder`` defaults to ``memory.recall.embedder``.

@@ -24,8 +24,9 @@ __all__ = ["Routing"]
 class Routing:
     """The versions an engine holds and each one's experiment variants, compiled once."""
 
-    def __init__(self, newest: CompiledFunnel, store: Store) -> None:
-        self.versions = Versions(newest, store)
+    def __init__(self, newest: CompiledFunnel, store: Store, *, record: bool = True) -> None:
+        # ``record``: the versions deployed here are stored (not by the studio's engine).
+        self.versions = Versions(newest, store, record=record)
         # The newest version's experiment; an older version's variants are compiled when
         # a session pinned to it comes back.
         self.variants = Variants.for_funnel(newest)

@@ -34,9 +34,12 @@ MAX_LOADED = 32
 class Versions:
     """The versions of one funnel an engine runs: the newest, and old ones on demand."""
 
-    def __init__(self, newest: CompiledFunnel, store: Store) -> None:
+    def __init__(self, newest: CompiledFunnel, store: Store, *, record: bool = True) -> None:
         self.newest = newest
         self.store = store
+        # False for the studio's engine: its drafts are never written to the version
+        # store, where a production engine would load them for its pinned sessions.
+        self.record = record
         self.digest: str | None = None  # the newest's content hash, once stored
         self._old: OrderedDict[int, LoadedVersion] = OrderedDict()
         self._missing: set[int] = set()  # versions the store cannot give (logged once)
@@ -59,8 +62,8 @@ class Versions:
                         funnel.name, funnel.spec.version, exc)
             self.newest = funnel
             return False
-        new = await self.store.save_version(bundle.name, bundle.version, bundle.digest,
-                                            bundle.entry, bundle.files)
+        new = self.record and await self.store.save_version(
+            bundle.name, bundle.version, bundle.digest, bundle.entry, bundle.files)
         old = self.newest
         if old is not funnel and old.spec.version != funnel.spec.version and self.digest:
             # The version it replaces keeps running its pinned sessions: keep it compiled.
