@@ -33,6 +33,7 @@ from .knowledge import check_knowledge, check_language
 from .migrations import check_migrations
 from .semantics import check_semantics
 from .storage import StorageNames
+from .texts import check_texts
 
 _FUNNEL_KEY = re.compile(r"^funnel\s*:", re.MULTILINE)
 # Scenario files (`funnel test`) name their funnel with `funnel:` too; no funnel has these keys.
@@ -112,6 +113,7 @@ def check_file(
     check_stage_files(data, state, report)
     check_catalog(data, report)
     check_language(data, report)
+    check_texts(data, report)
     check_knowledge(data, report)
     check_recall(data, report)
     check_migrations(data, state, report)
