@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import did_you_mean
 from ..format.texts import BUILTIN_LANGUAGES, name_of
 from .diagnostics import Report, as_dict, as_list
+from .knowledge import LANGUAGE_CODES
 
 Keys = tuple[str | int, ...]
 
@@ -86,7 +87,7 @@ def check_texts(data: dict[str, Any], report: Report) -> None:
             if code not in value:
                 report.at(keys, "warning", "F704", f"{what} has no {_named(code)} text: a "
                           f"customer answered in {_named(code)} gets the "
-                          f"{_named(instead)} one. Add `{code}: \"...\"`")
+                          f"{_named(instead)} one. Add `{code}: \"...\"`", key=True)
     _check_builtin(data, languages, default, report)
 
 
@@ -115,6 +116,11 @@ def _check_builtin(data: dict[str, Any], languages: list[str], default: str | No
 
 
 def _undeclared(what: str, code: str, languages: list[str]) -> str:
+    if code not in LANGUAGE_CODES:
+        hint = did_you_mean(code, languages) or did_you_mean(code, LANGUAGE_CODES)
+        return (f"{what} gives a text under {code!r}, which is not an ISO 639-1 language "
+                f"code{hint}: no customer is answered in it. Key it by one of the funnel's "
+                f"languages ({', '.join(languages) or 'it declares none'})")
     if not languages:
         return (f"{what} gives a {_named(code)} text, but the funnel declares no languages "
                 "(its `language:` has neither `fixed` nor `follow_customer`), so a plain "
@@ -125,4 +131,6 @@ def _undeclared(what: str, code: str, languages: list[str]) -> str:
 
 
 def _named(code: str | None) -> str:
-    return f"{name_of(code)} ({code})" if code else "the first language it gives"
+    if not code:
+        return "the first language it gives"
+    return f"{name_of(code)} ({code})" if name_of(code) != code else code
