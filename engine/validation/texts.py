@@ -95,7 +95,8 @@ def _check_builtin(data: dict[str, Any], languages: list[str], default: str | No
                    report: Report) -> None:
     """F704 for a funnel's language that the engine's own texts do not ship in, when the
     funnel leaves one of them to the engine."""
-    other = [c for c in languages if c not in BUILTIN_LANGUAGES]
+    # A code the detector does not know is F701's already.
+    other = [c for c in languages if c not in BUILTIN_LANGUAGES and c in LANGUAGE_CODES]
     if not other:
         return
     left = [f"stage '{name}': `fallback`" for name, raw in as_dict(data.get("stages")).items()
