@@ -12,6 +12,7 @@ and the scripted model.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,26 @@ async def test_a_session_in_an_unknown_stage_gets_the_technical_reply_in_its_lan
         result = await engine.handle("lost", "Halo?")
     assert result.fallback and "has no stage 'ghost'" in (result.error or "")
     assert result.reply == text_in(TECHNICAL, "pl")
+
+
+async def test_a_turn_that_fails_after_deciding_answers_in_the_decided_language(
+        db_url: str) -> None:
+    # A render the sandbox refuses fails the turn after its language was decided (a
+    # switch to English on this very message): the fallback the failed turn ends in
+    # (engine.turn.save.fail, begun afresh from the row as read) is in English, not in
+    # the Ukrainian the row still holds.
+    funnel = load_funnel(PURAMUR)
+    stage = funnel.stages["discovery"]
+    source = (PURAMUR.parent.parent / "prompts" / "puramur" / "discovery.j2").read_text("utf-8")
+    trap = stage.template.environment.from_string(source + "\n{{ ''.__class__.__mro__ }}")
+    funnel.stages["discovery"] = dataclasses.replace(stage, template=trap)
+    model = ScriptedModel.from_data({"default": {"reply": UK_REPLY}})
+    async with await Engine.open(funnel, db=db_url, model=model) as engine:
+        first = await engine.handle("s1", CUSTOMER["uk"])
+        assert first.stage_after == "discovery" and first.state["response_language"] == "uk"
+        failed = await engine.handle("s1", CUSTOMER["en"])
+    assert failed.fallback and "template failed" in (failed.error or "")
+    assert failed.reply == text_in(stage.spec.fallback, "en")
 
 
 HOLDING = {"uk": "Менеджер уже тут і скоро вам відповість.",
