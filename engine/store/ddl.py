@@ -372,4 +372,8 @@ SHARED_MIGRATIONS: list[str] = [
         created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{EMBEDDINGS}_session ON {EMBEDDINGS} (funnel, session_id)",
+    # The claims of a turn's replies that the catalog and the state did not back
+    # (engine.claims): {kind, name, text, expected, attempt} each; `funnel report` counts
+    # them per stage. They quote the model's reply: an anonymization empties them.
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS claims JSONB NOT NULL DEFAULT '[]'",
 ]

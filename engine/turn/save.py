@@ -79,7 +79,8 @@ async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str |
         model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
         explain=turn.mover.explanation,
         approval=gated[0]["held"]["to"] if gated is not None else None,
-        refused_claims=refused_claims(turn.mover.scratch.ungrounded))
+        refused_claims=refused_claims(turn.mover.scratch.ungrounded),
+        reply_claims=list(turn.claims))
 
 
 async def fail(access: SessionAccess, turn: Turn, exc: Exception, model: str | None,
