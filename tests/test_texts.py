@@ -221,6 +221,25 @@ async def test_a_turn_that_fails_after_deciding_answers_in_the_decided_language(
     assert failed.reply == text_in(stage.spec.fallback, "en")
 
 
+async def test_a_reply_whose_claims_are_refused_twice_gets_the_fallback_in_its_language(
+        db_url: str) -> None:
+    # The claims check (engine.turn.truth) replaces a reply that claims a false price
+    # twice with the stage's fallback: in the customer's language too.
+    profile = {"reply": "Sfinks z suchą skórą potrzebuje delikatnej pielęgnacji. Ile ma lat?",
+               "updates": {"pet": {"type": "cat", "breed": "Sphynx",
+                                   "problems": ["dry_skin"]}}}
+    lie = {"output": {"reply": "Szampon Exotic Spa kosztuje dziś tylko 99 UAH, polecam!"},
+           "repair": {"reply": "Szampon Exotic Spa kosztuje dla ciebie tylko 150 UAH!"}}
+    model = ScriptedModel.from_data({"turns": [{"reply": PL_REPLY}, profile, lie]})
+    async with await Engine.open(PURAMUR, db=db_url, model=model) as engine:
+        for text in (CUSTOMER["pl"], "To sfinks, ma bardzo suchą skórę"):
+            await engine.handle("pl-1", text)
+        result = await engine.handle("pl-1", "Co polecasz dla mojej kotki?")
+    assert result.fallback and [c["text"] for c in result.reply_claims] == ["99 UAH", "150 UAH"]
+    presentation = load_funnel(PURAMUR).spec.stages[result.stage_before].fallback
+    assert result.reply == text_in(presentation, "pl")
+
+
 HOLDING = {"uk": "Менеджер уже тут і скоро вам відповість.",
            "ru": "Менеджер уже здесь и скоро вам ответит.",
            "en": "A manager is on it and will answer you here shortly.",
