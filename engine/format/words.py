@@ -1,0 +1,191 @@
+"""The customer's words: how grounded values and ``confirm:`` phrases are compared.
+
+A grounded value (a name, an address) and a ``confirm:`` phrase are matched against the
+customer's messages word by word, never as substrings: "her" is not in "here", and
+"Personally" is not "person". Each text is cut into words the same way:
+
+- NFKC (a full-width "ＭＵＲＫＡ" is "MURKA"), then case folded; apostrophe variants
+  (’ ‘ ʼ ` ´ ′) are one ``'``, so "Мар’яна" and "Мар'яна" are one word; ``ё`` is
+  ``е`` and ``ґ`` is ``г`` (customers write both); stress marks are dropped;
+- a word is a run of letters, marks and digits, with an apostrophe inside it; anything
+  else (spaces, punctuation, hyphens, emoji) separates words;
+- a word whose letters mix Latin, Cyrillic or Greek ("Мурkа", a Cyrillic "а" in "Murka")
+  is *mixed*: a look-alike, which never matches anything, not even itself.
+
+Two words are one word when they are equal so folded, or when they are one word
+inflected: each, with one of its language's case endings removed (or none), leaves the
+same stem ("Мурка" / "Мурку" / "Мурці": ``к`` becomes ``ц`` before ``і``; "Kasia" /
+"Kasię"). The endings, the stem-final alternations and the closed lists of pronouns and
+function words, per language (uk, ru, en, pl), are data: ``engine/data/words.yaml``. A
+function word ("her", "його", "jej") matches only a function word, and a value made of
+function words only grounds nothing.
+
+A ``confirm:`` phrase may end a word with ``*``: a word starting with it ("подзвон*":
+"подзвоніть", "подзвонити").
+
+Everything here is linear in the text: one RE2 pass cuts a message (engine.sandbox's
+engine, used directly: this layer sits below it), and a word's stems are a bounded set.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, NamedTuple
+
+import re2
+import yaml
+
+__all__ = ["ALL", "MIN_PREFIX", "Language", "PhraseWord", "Word", "cut", "fold",
+           "is_stop", "languages", "phrase", "phrase_problems", "stems"]
+
+# A word: letters, marks, digits, an apostrophe inside (Мар'яна, O'Neil, Olena's).
+_WORD = re2.compile(r"[\p{L}\p{M}\p{N}]+(?:'[\p{L}\p{M}\p{N}]+)*")
+# The scripts whose letters look alike: a word mixing two of them is a look-alike.
+_SCRIPTS = tuple(re2.compile(p) for p in (r"\p{Latin}", r"\p{Cyrillic}", r"\p{Greek}"))
+_APOSTROPHES = str.maketrans({c: "'" for c in "\u2019\u2018\u02bc`\u00b4\u2032"})
+_FOLD = str.maketrans({"ё": "е", "ґ": "г", "\u0301": None, "\u0300": None})
+# A `confirm:` stem ("подзвон*") keeps at least this many letters: a shorter one
+# ("по*") would match half of any message.
+MIN_PREFIX = 4
+
+
+class Word(NamedTuple):
+    """One word of a text: as written (NFKC), folded, where, and whether a look-alike."""
+
+    text: str
+    folded: str
+    start: int
+    end: int
+    mixed: bool
+
+
+def fold(word: str) -> str:
+    """``word`` as words are compared: NFKC, case folded, ``ё``/``ґ`` as ``е``/``г``."""
+    return unicodedata.normalize("NFKC", word).translate(_APOSTROPHES).casefold() \
+        .translate(_FOLD)
+
+
+def _mixed(word: str) -> bool:
+    if word.isascii():
+        return False
+    return sum(1 for script in _SCRIPTS if script.search(word)) > 1
+
+
+def cut(text: str) -> tuple[str, list[Word]]:
+    """``text`` NFKC-normalized (apostrophes unified), and its words, in order."""
+    text = unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
+    return text, [Word(m.group(), m.group().casefold().translate(_FOLD), m.start(), m.end(),
+                       _mixed(m.group())) for m in _WORD.finditer(text)]
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: one per language
+class Language:
+    """A language's inflection and function words (engine/data/words.yaml)."""
+
+    code: str
+    min_stem: int
+    endings: tuple[str, ...]
+    # (seen, base, after): a stem ending in `seen` once `after` is removed is `base` too.
+    alternations: tuple[tuple[str, str, str], ...]
+    stop: frozenset[str]
+
+
+@cache
+def _load() -> dict[str, Language]:
+    text = resources.files("engine").joinpath("data/words.yaml").read_text("utf-8")
+    raw: dict[str, Any] = yaml.safe_load(text)
+    return {code: Language(
+        code, int(data["min_stem"]),
+        tuple(sorted({str(e) for e in data["endings"]}, key=len, reverse=True)),
+        tuple((str(a["seen"]), str(a["base"]), str(after))
+              for a in data["alternations"] for after in a["after"]),
+        frozenset(str(w) for w in data["stop"])) for code, data in raw.items()}
+
+
+def languages(codes: Iterable[str] | None = None) -> tuple[Language, ...]:
+    """The rules of ``codes`` the engine knows (None: every language it knows)."""
+    known = _load()
+    if codes is None:
+        return tuple(known[c] for c in sorted(known))
+    return tuple(known[c] for c in sorted(set(codes)) if c in known)
+
+
+ALL: tuple[str, ...] = tuple(sorted(_load()))
+
+
+@cache
+def _stop() -> frozenset[str]:
+    return frozenset().union(*(lang.stop for lang in _load().values()))
+
+
+def is_stop(folded: str) -> bool:
+    """Whether a folded word is a pronoun or a function word, in any language known."""
+    return folded in _stop()
+
+
+def stems(folded: str, rules: tuple[Language, ...]) -> frozenset[str]:
+    """The stems a folded word may have under ``rules``: itself, and itself without each
+    case ending it carries (then with the alternation that ending causes)."""
+    out = {folded}
+    for lang in rules:
+        for seen, base, after in lang.alternations:
+            if after == "" and folded.endswith(seen):
+                out.add(folded[:-len(seen)] + base)
+        for ending in lang.endings:
+            if not folded.endswith(ending) or len(folded) - len(ending) < lang.min_stem:
+                continue
+            stem = folded[:-len(ending)]
+            out.add(stem)
+            for seen, base, after in lang.alternations:
+                if after == ending and stem.endswith(seen):
+                    out.add(stem[:-len(seen)] + base)
+    return frozenset(out)
+
+
+class PhraseWord(NamedTuple):
+    """A word of a ``confirm:`` phrase; ``prefix``: written with a trailing ``*``."""
+
+    folded: str
+    prefix: bool
+    mixed: bool
+
+
+def phrase(text: str) -> tuple[PhraseWord, ...]:
+    """A ``confirm:`` phrase's words (``*`` right after a word makes it a prefix)."""
+    normal, words = cut(text)
+    return tuple(PhraseWord(w.folded, normal[w.end:w.end + 1] == "*", w.mixed) for w in words)
+
+
+def phrase_problems(text: str) -> list[str]:
+    """Why a ``confirm:`` phrase can never match, or matches nearly anything (`funnel
+    validate`'s F507); empty when it is fine. A phrase of no word at all is the caller's."""
+    normal, words = cut(text)
+    problems = []
+    for w in words:
+        after = normal[w.end:w.end + 1]
+        if w.mixed:
+            problems.append(f"the word {w.text!r} mixes letters of two scripts (Latin, "
+                            "Cyrillic, Greek): a look-alike, which never matches a "
+                            "customer's word. Retype it in one script")
+        elif after == "*" and len(w.folded) < MIN_PREFIX:
+            problems.append(f"the stem {w.text + '*'!r} is shorter than {MIN_PREFIX} "
+                            "letters: it would match many unrelated words. Write more of "
+                            "the word")
+        elif after == "*" and is_stop(w.folded):
+            problems.append(f"the stem {w.text + '*'!r} is a function word: it would "
+                            "match nearly any message. Write the word the customer would use")
+    stars = normal.count("*")
+    prefixes = sum(1 for w in words if normal[w.end:w.end + 1] == "*")
+    if stars > prefixes:
+        problems.append("a `*` that does not end a word: only a trailing `*` means \"a word "
+                        "starting with this\" (`подзвон*`). Remove it or move it to the "
+                        "word's end")
+    if words and all(is_stop(w.folded) for w in words):
+        problems.append("every word of it is a pronoun or a function word "
+                        f"({', '.join(repr(w.text) for w in words)}): it would match nearly "
+                        "any message. Write the words that name what the customer asks for")
+    return problems
