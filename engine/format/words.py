@@ -127,13 +127,14 @@ def is_stop(folded: str) -> bool:
     return folded in _stop()
 
 
-def stems(folded: str, rules: tuple[Language, ...]) -> frozenset[str]:
-    """The stems a folded word may have under ``rules``: itself, and itself without each
-    case ending it carries (then with the alternation that ending causes)."""
-    out = {folded}
+def stems(folded: str, rules: tuple[Language, ...], *, bare: bool = True) -> frozenset[str]:
+    """The stems a folded word may have under ``rules``: itself without each case ending
+    it carries (then with the alternation that ending causes); with ``bare``, also the
+    word itself as a stem (a nominative with no ending: "Іван", "Piotr", "Федір")."""
+    out = {folded} if bare else set()
     for lang in rules:
         for seen, base, after in lang.alternations:
-            if after == "" and folded.endswith(seen):
+            if bare and after == "" and folded.endswith(seen):
                 out.add(folded[:-len(seen)] + base)
         for ending in lang.endings:
             if not folded.endswith(ending) or len(folded) - len(ending) < lang.min_stem:

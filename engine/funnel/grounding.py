@@ -89,14 +89,17 @@ class Said:
         return self._exact.get(folded, [])
 
     def inflected(self, folded: str, rules: tuple[Language, ...]) -> list[_Pos]:
-        """Where the customer wrote a word sharing a stem with ``folded`` under ``rules``."""
+        """Where the customer wrote ``folded``, or a word with a case ending whose stem is
+        one of ``folded``'s under ``rules``. The customer's word must carry the ending: a
+        model's inflection of a word the customer wrote bare is not theirs (their "ром",
+        rum, does not hold "Рома"; their "Іван" holds "Іван", not the model's "Івана")."""
         index = self._by_stem.get(rules)
         if index is None:
             index = self._by_stem[rules] = {}
             for pos, w in self._words():
-                for stem in stems(w.folded, rules):
+                for stem in stems(w.folded, rules, bare=False):
                     index.setdefault(stem, []).append(pos)
-        found: set[_Pos] = set()
+        found: set[_Pos] = set(self.exact(folded))
         for stem in stems(folded, rules):
             found.update(index.get(stem, ()))
         return sorted(found)
