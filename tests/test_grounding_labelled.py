@@ -72,6 +72,9 @@ def test_the_labelled_file_covers_what_the_issue_lists() -> None:
         assert categories[category] >= 5 or category == "apostrophe" and \
             categories[category] >= 3, (category, categories)
     for case in CASES:
+        # YAML reads an unquoted Yes, No, On as a boolean: a case testing nothing.
+        assert all(isinstance(v, str) for v in [case.get("value", ""), *_said(case),
+                                                case.get("stored", "")]), case
         assert case["expect"] in ({"confirmed", "refused"} if case.get("kind") == "confirm"
                                   else {"grounded", "refused"}), case
         assert ("stored" in case) == (case["expect"] == "grounded"), case

@@ -100,10 +100,18 @@ def _load() -> dict[str, Language]:
     raw: dict[str, Any] = yaml.safe_load(text)
     return {code: Language(
         code, int(data["min_stem"]),
-        tuple(sorted({str(e) for e in data["endings"]}, key=len, reverse=True)),
-        tuple((str(a["seen"]), str(a["base"]), str(after))
-              for a in data["alternations"] for after in a["after"]),
-        frozenset(str(w) for w in data["stop"])) for code, data in raw.items()}
+        tuple(sorted(_strings(data["endings"]), key=len, reverse=True)),
+        tuple((a["seen"], a["base"], after)
+              for a in data["alternations"] for after in _strings(a["after"])),
+        frozenset(_strings(data["stop"]))) for code, data in raw.items()}
+
+
+def _strings(items: list[Any]) -> list[str]:
+    # YAML reads an unquoted `on`, `no`, `yes` as a boolean: a stop word lost quietly.
+    wrong = [item for item in items if not isinstance(item, str)]
+    if wrong:
+        raise TypeError(f"engine/data/words.yaml: {wrong!r} are not strings: quote them")
+    return items
 
 
 def languages(codes: Iterable[str] | None = None) -> tuple[Language, ...]:
@@ -167,25 +175,23 @@ def phrase_problems(text: str) -> list[str]:
     normal, words = cut(text)
     problems = []
     for w in words:
-        after = normal[w.end:w.end + 1]
+        stem = normal[w.end:w.end + 1] == "*"
         if w.mixed:
             problems.append(f"the word {w.text!r} mixes letters of two scripts (Latin, "
                             "Cyrillic, Greek): a look-alike, which never matches a "
                             "customer's word. Retype it in one script")
-        elif after == "*" and len(w.folded) < MIN_PREFIX:
+        elif w.start and normal[w.start - 1] == "*" and normal[:w.start - 1].strip():
+            problems.append(f"a `*` inside a word (before {w.text!r}): only a trailing "
+                            "`*` means \"a word starting with this\" (`подзвон*`). Remove "
+                            "it, or end the word with it")
+        elif stem and is_stop(w.folded):
+            problems.append(f"the stem {w.text + '*'!r} is a function word: it would "
+                            "match nearly any message. Write the word the customer would use")
+        elif stem and len(w.folded) < MIN_PREFIX:
             problems.append(f"the stem {w.text + '*'!r} is shorter than {MIN_PREFIX} "
                             "letters: it would match many unrelated words. Write more of "
                             "the word")
-        elif after == "*" and is_stop(w.folded):
-            problems.append(f"the stem {w.text + '*'!r} is a function word: it would "
-                            "match nearly any message. Write the word the customer would use")
-    stars = normal.count("*")
-    prefixes = sum(1 for w in words if normal[w.end:w.end + 1] == "*")
-    if stars > prefixes:
-        problems.append("a `*` that does not end a word: only a trailing `*` means \"a word "
-                        "starting with this\" (`подзвон*`). Remove it or move it to the "
-                        "word's end")
-    if words and all(is_stop(w.folded) for w in words):
+    if not problems and words and all(is_stop(w.folded) for w in words):
         problems.append("every word of it is a pronoun or a function word "
                         f"({', '.join(repr(w.text) for w in words)}): it would match nearly "
                         "any message. Write the words that name what the customer asks for")
