@@ -29,9 +29,10 @@ engine, used directly: this layer sits below it), and a word's stems are a bound
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any, NamedTuple
@@ -42,12 +43,33 @@ import yaml
 __all__ = ["ALL", "MIN_PREFIX", "Language", "PhraseWord", "Word", "cut", "fold",
            "is_stop", "languages", "phrase", "phrase_problems", "stems"]
 
-# A word: letters, marks, digits, an apostrophe inside (Мар'яна, O'Neil, Olena's).
-_WORD = re2.compile(r"[\p{L}\p{M}\p{N}]+(?:'[\p{L}\p{M}\p{N}]+)*")
+# A word: letters and digits, an apostrophe inside (Мар'яна, O'Neil, Olena's). Python's
+# engine, not RE2: a fixed pattern with no ambiguity between its repeats runs in linear
+# time there too, and RE2's binding costs ~5 us a match (a turn cuts hundreds of words).
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
+# Fast paths for look-alikes: a text with letters of the Latin or the Cyrillic blocks
+# only, not both, holds no word mixing scripts; a word of one block's letters (and digits,
+# apostrophes) mixes nothing. Anything else is asked of RE2's Unicode script tables.
+_LATIN = "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f"
+_CYRILLIC = "\u0400-\u052f"
+_HAS_LATIN = re.compile(f"[{_LATIN}]")
+_HAS_CYRILLIC = re.compile(f"[{_CYRILLIC}]")
+_HAS_OTHER_LETTER = re.compile(f"(?![{_LATIN}{_CYRILLIC}])[^\\W\\d_]")
+_ONE_SCRIPT = (re.compile(f"[{_CYRILLIC}0-9']+"), re.compile(f"[{_LATIN}0-9']+"))
 # The scripts whose letters look alike: a word mixing two of them is a look-alike.
 _SCRIPTS = tuple(re2.compile(p) for p in (r"\p{Latin}", r"\p{Cyrillic}", r"\p{Greek}"))
-_APOSTROPHES = str.maketrans({c: "'" for c in "\u2019\u2018\u02bc`\u00b4\u2032"})
-_FOLD = str.maketrans({"ё": "е", "ґ": "г", "\u0301": None, "\u0300": None})
+# (str.replace, not str.translate: a translate table costs ~5 us on a short text)
+_APOSTROPHES = tuple((c, "'") for c in "\u2019\u2018\u02bc`\u00b4\u2032")
+# Stress marks (no precomposed letter holds them after NFKC): dropped, not word breaks.
+_STRESS = (("\u0301", ""), ("\u0300", ""))
+_FOLD = (("ё", "е"), ("ґ", "г"))
+
+
+def _replace(text: str, pairs: tuple[tuple[str, str], ...]) -> str:
+    for old, new in pairs:
+        if old in text:
+            text = text.replace(old, new)
+    return text
 # A `confirm:` stem ("подзвон*") keeps at least this many letters: a shorter one
 # ("по*") would match half of any message.
 MIN_PREFIX = 4
@@ -65,21 +87,35 @@ class Word(NamedTuple):
 
 def fold(word: str) -> str:
     """``word`` as words are compared: NFKC, case folded, ``ё``/``ґ`` as ``е``/``г``."""
-    return unicodedata.normalize("NFKC", word).translate(_APOSTROPHES).casefold() \
-        .translate(_FOLD)
+    return _replace(_normal(word).casefold(), _FOLD)
+
+
+def _normal(text: str) -> str:
+    return _replace(unicodedata.normalize("NFKC", text), _APOSTROPHES + _STRESS)
 
 
 def _mixed(word: str) -> bool:
-    if word.isascii():
+    if word.isascii() or any(one.fullmatch(word) for one in _ONE_SCRIPT):
         return False
     return sum(1 for script in _SCRIPTS if script.search(word)) > 1
 
 
 def cut(text: str) -> tuple[str, list[Word]]:
-    """``text`` NFKC-normalized (apostrophes unified), and its words, in order."""
-    text = unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
-    return text, [Word(m.group(), m.group().casefold().translate(_FOLD), m.start(), m.end(),
-                       _mixed(m.group())) for m in _WORD.finditer(text)]
+    """``text`` NFKC-normalized (apostrophes unified, stress marks dropped), and its
+    words, in order."""
+    text = _normal(text)
+    folded = _replace(text.casefold(), _FOLD)
+    aligned = len(folded) == len(text)  # casefold grew no letter ("ß" is "ss")
+    mixes = bool(_HAS_OTHER_LETTER.search(text)) or bool(
+        _HAS_LATIN.search(text) and _HAS_CYRILLIC.search(text))
+    words = []
+    for m in _WORD.finditer(text):
+        start, end = m.span()
+        word = m.group()
+        words.append(Word(word, folded[start:end] if aligned
+                          else _replace(word.casefold(), _FOLD),
+                          start, end, mixes and _mixed(word)))
+    return text, words
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: one per language
@@ -88,10 +124,20 @@ class Language:
 
     code: str
     min_stem: int
-    endings: tuple[str, ...]
+    endings: frozenset[str]
     # (seen, base, after): a stem ending in `seen` once `after` is removed is `base` too.
     alternations: tuple[tuple[str, str, str], ...]
     stop: frozenset[str]
+    # The alternations by the ending that causes them ("" for the bare word).
+    after: dict[str, tuple[tuple[str, str], ...]] = field(init=False, repr=False)
+    longest: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        after: dict[str, list[tuple[str, str]]] = {}
+        for seen, base, ending in self.alternations:
+            after.setdefault(ending, []).append((seen, base))
+        object.__setattr__(self, "after", {k: tuple(v) for k, v in after.items()})
+        object.__setattr__(self, "longest", max(map(len, self.endings), default=0))
 
 
 @cache
@@ -100,7 +146,7 @@ def _load() -> dict[str, Language]:
     raw: dict[str, Any] = yaml.safe_load(text)
     return {code: Language(
         code, int(data["min_stem"]),
-        tuple(sorted(_strings(data["endings"]), key=len, reverse=True)),
+        frozenset(_strings(data["endings"])),
         tuple((a["seen"], a["base"], after)
               for a in data["alternations"] for after in _strings(a["after"])),
         frozenset(_strings(data["stop"]))) for code, data in raw.items()}
@@ -141,16 +187,19 @@ def stems(folded: str, rules: tuple[Language, ...], *, bare: bool = True) -> fro
     word itself as a stem (a nominative with no ending: "Іван", "Piotr", "Федір")."""
     out = {folded} if bare else set()
     for lang in rules:
-        for seen, base, after in lang.alternations:
-            if bare and after == "" and folded.endswith(seen):
-                out.add(folded[:-len(seen)] + base)
-        for ending in lang.endings:
-            if not folded.endswith(ending) or len(folded) - len(ending) < lang.min_stem:
+        if bare:
+            for seen, base in lang.after.get("", ()):
+                if folded.endswith(seen):
+                    out.add(folded[:-len(seen)] + base)
+        # Each possible ending is a suffix of the word: a few set look-ups, not a scan.
+        for size in range(1, min(lang.longest, len(folded) - lang.min_stem) + 1):
+            ending = folded[-size:]
+            if ending not in lang.endings:
                 continue
-            stem = folded[:-len(ending)]
+            stem = folded[:-size]
             out.add(stem)
-            for seen, base, after in lang.alternations:
-                if after == ending and stem.endswith(seen):
+            for seen, base in lang.after.get(ending, ()):
+                if stem.endswith(seen):
                     out.add(stem[:-len(seen)] + base)
     return frozenset(out)
 

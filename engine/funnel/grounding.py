@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 from ..format.personal import EVERY_ITEM, Path
@@ -67,9 +68,14 @@ class Said:
 
     def __init__(self, messages: Iterable[str]) -> None:
         self.raw = tuple(messages)
-        self.messages: list[tuple[str, list[Word]]] = [cut(m) for m in self.raw]
         self._exact: dict[str, list[_Pos]] | None = None
         self._by_stem: dict[tuple[Language, ...], dict[str, list[_Pos]]] = {}
+
+    @cached_property
+    def messages(self) -> list[tuple[str, list[Word]]]:
+        # Cut on first use: a turn whose model writes no grounded value and calls no
+        # confirmed action never pays for it.
+        return [cut(m) for m in self.raw]
 
     def word(self, pos: _Pos) -> Word:
         return self.messages[pos[0]][1][pos[1]]
@@ -96,8 +102,12 @@ class Said:
         index = self._by_stem.get(rules)
         if index is None:
             index = self._by_stem[rules] = {}
+            known: dict[str, frozenset[str]] = {}  # a word said twice is stemmed once
             for pos, w in self._words():
-                for stem in stems(w.folded, rules, bare=False):
+                its = known.get(w.folded)
+                if its is None:
+                    its = known[w.folded] = stems(w.folded, rules, bare=False)
+                for stem in its:
                     index.setdefault(stem, []).append(pos)
         found: set[_Pos] = set(self.exact(folded))
         for stem in stems(folded, rules):
