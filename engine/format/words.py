@@ -23,8 +23,9 @@ function words only grounds nothing.
 A ``confirm:`` phrase may end a word with ``*``: a word starting with it ("подзвон*":
 "подзвоніть", "подзвонити").
 
-Everything here is linear in the text: one RE2 pass cuts a message (engine.sandbox's
-engine, used directly: this layer sits below it), and a word's stems are a bounded set.
+Everything here is linear in the text: one pass of a fixed pattern cuts a message, the
+scripts of a word that may mix them are read from RE2's Unicode tables, and a word's stems
+are a bounded set (a set look-up per possible ending).
 """
 
 from __future__ import annotations
