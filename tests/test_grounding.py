@@ -133,6 +133,9 @@ def test_words_not_substrings() -> None:
     assert not words_hold("Olen", ["Olenka"]) and not words_hold("", ["anything"])
     assert ground("Murka", ["her name is MURKA"]) == ("MURKA", "")
     assert ground("Olena Petrenko", ["Olena, my surname is Petrenko"])[0] == "Olena Petrenko"
+    # Between words the customer wrote apart: the model's punctuation, never its symbols.
+    assert ground("olena@example.com", ["olena at example dot com"])[0] == "olena@example.com"
+    assert ground("Olena 💋 Petrenko", ["Olena, surname Petrenko"])[0] == "Olena Petrenko"
     # Words given apart are not joined into one fact.
     assert not words_hold("Olena Petrenko", ["Olena here", "Petrenko is my vet"])
     confirm = {"explicit_request": {"en": ["manager", "call me"], "uk": ["подзвон*"]}}

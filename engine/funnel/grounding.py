@@ -22,7 +22,8 @@ look-alikes refused, case endings of uk, ru, en, pl allowed), never substrings:
 
 What is stored is the customer's text, never the model's: each word as the customer
 wrote it (NFKC: their "Murka" even when the model wrote "ＭＵＲＫＡ"), the customer's own
-separators between words that follow each other in their message. One exception: a word
+separators between words that follow each other in their message (between words they
+wrote apart, the model's punctuation, or a space). One exception: a word
 matched through inflection keeps the model's form (NFKC), so that the customer's
 "Мурку" stores the model's nominative "Мурка". That form is safe to keep: it is in the
 customer's script (a mixed word never matches), and it differs from the customer's word
@@ -35,6 +36,7 @@ The customer's messages of a turn are cut once (:class:`Said`, kept on the turn'
 from __future__ import annotations
 
 import re
+import unicodedata
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
@@ -164,8 +166,12 @@ def _stored(value: str, value_words: list[Word], chain: list[_Pos], said: Said) 
     for k, (vw, (_, j)) in enumerate(zip(value_words, chain, strict=True)):
         if k:
             prev = chain[k - 1][1]
-            between = text[words[prev].end:words[j].start] if j == prev + 1 \
-                else value_text[value_words[k - 1].end:vw.start]
+            if j == prev + 1:  # the customer's own separator
+                between = text[words[prev].end:words[j].start]
+            else:  # words apart: the model's, when it is only punctuation and spaces
+                between = value_text[value_words[k - 1].end:vw.start]
+                if not all(unicodedata.category(c)[0] in "PZ" for c in between):
+                    between = " "
             out.append(_SPACES.sub(" ", between) or " ")
         cw = words[j]
         out.append(cw.text if cw.folded == vw.folded else vw.text)
