@@ -25,14 +25,21 @@ from engine.funnel.grounding import Confirm, Said, ground
 CASES: list[dict[str, Any]] = yaml.safe_load(
     (Path(__file__).parent / "data" / "grounding_labelled.yaml").read_text("utf-8"))
 
-# Cases the rule gets wrong, knowingly, keyed (lang, value or what was said). Both are a
-# model's value that is the customer's word without its last letter: a name with no ending
-# is a masculine nominative in Polish and Ukrainian ("Jan" of the customer's "Jana", "Іван"
-# of "Івана"), and the rule cannot tell it from a feminine name cut short. What is
-# stored is still made of the customer's letters, never an invented name.
+# Cases the rule gets wrong, knowingly, keyed (lang, value or what was said):
+# - a model's value that is the customer's word without its last letter: a name with no
+#   ending is a masculine nominative in Polish and Ukrainian ("Jan" of the customer's
+#   "Jana", "Іван" of "Івана"), and the rule cannot tell it from a feminine name cut short.
+#   What is stored is still made of the customer's letters, never an invented name;
+# - puramur's verb stems (`перезвон*`, `передзвон*`, `zadzwo*`, kept from the substring
+#   days on purpose: "передзвоніть", "передзвони", "передзвонити" all ask for a call) also
+#   hold the customer's own "I will call back". Listing the imperatives as whole words
+#   instead (the last case of the file) refuses it, and misses the informal singular.
 ALLOWED_MISSES: dict[tuple[str, str], str] = {
     ("en", "Bell"): "Polish genitive plural of 'Bella' by the rule (cf. 'Jan' / 'Jana')",
     ("en", "Ann"): "Polish genitive plural of 'Anna' by the rule (cf. 'Jan' / 'Jana')",
+    ("ru", "Я перезвоню вам позже"): "the stem перезвон* holds the first person",
+    ("uk", "Я вам передзвоню пізніше"): "the stem передзвон* holds the first person",
+    ("pl", "Zadzwonię później"): "the stem zadzwo* holds the first person",
 }
 
 
