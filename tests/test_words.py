@@ -7,6 +7,8 @@ import time
 from importlib import resources
 
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.format.words import ALL, cut, fold, is_stop, languages, phrase, phrase_problems, stems
 from engine.funnel.grounding import Said, ground
@@ -73,3 +75,39 @@ def test_a_turns_words_are_cut_once_and_in_linear_time() -> None:
         ground("Оксана", said)
     large = time.perf_counter() - start
     assert large < small * 30, (small, large)  # 10x the words: about 10x the time
+
+
+# Letters that look alike across scripts, some that do not, apostrophes, separators.
+_ALPHABET = "aoeiкМурkаoеіOlenaЛенаΟ'’ʼ -,.!ＭＵ5"
+_TEXTS = st.text(alphabet=_ALPHABET, max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_TEXTS, _TEXTS, st.data())
+def test_what_is_stored_is_the_customers_words(value: str, said: str, data: st.DataObject
+                                                ) -> None:
+    """Whatever the model writes: a value stored is made of the customer's words (or the
+    model's form of one of them in another case), never a look-alike; and the customer's
+    own consecutive words, as a value, are stored as they wrote them."""
+    stored, why = ground(value, [said])
+    customer = {w.folded for w in cut(said)[1] if not w.mixed}
+    if stored is not None:
+        rules = languages()
+        for word in cut(stored)[1]:
+            assert not word.mixed
+            assert word.folded in customer or any(
+                stems(word.folded, rules) & stems(c, rules, bare=False) for c in customer)
+    else:
+        assert why
+    text, words = cut(said)
+    if words:
+        i = data.draw(st.integers(0, len(words) - 1))
+        j = data.draw(st.integers(i + 1, len(words)))
+        span = words[i:j]
+        if not any(w.mixed for w in span) and not all(is_stop(w.folded) for w in span):
+            # The model rewrote their words in other letter case: stored in theirs.
+            again = ground(text[span[0].start:span[-1].end].swapcase(), [said])[0]
+            assert again is not None
+            written = {w.text for w in words}
+            assert [w.folded for w in cut(again)[1]] == [w.folded for w in span]
+            assert all(w.text in written for w in cut(again)[1])
