@@ -64,6 +64,9 @@ _APOSTROPHES = tuple((c, "'") for c in "\u2019\u2018\u02bc`\u00b4\u2032")
 # Stress marks (no precomposed letter holds them after NFKC): dropped, not word breaks.
 _STRESS = (("\u0301", ""), ("\u0300", ""))
 _FOLD = (("ё", "е"), ("ґ", "г"))
+# A `confirm:` stem ("подзвон*") keeps at least this many letters: a shorter one
+# ("по*") would match half of any message.
+MIN_PREFIX = 4
 
 
 def _replace(text: str, pairs: tuple[tuple[str, str], ...]) -> str:
@@ -71,9 +74,6 @@ def _replace(text: str, pairs: tuple[tuple[str, str], ...]) -> str:
         if old in text:
             text = text.replace(old, new)
     return text
-# A `confirm:` stem ("подзвон*") keeps at least this many letters: a shorter one
-# ("по*") would match half of any message.
-MIN_PREFIX = 4
 
 
 class Word(NamedTuple):
