@@ -164,7 +164,7 @@ def apply(turn: Turn, answer: Answer) -> None:
         stage = funnel.stage(turn.pos["stage"])
         turn.updated = funnel.rules.apply_updates(state, env.get("updates") or {},
                                                   stage.allowed_updates, scratch.notices,
-                                                  scratch.words, scratch.ungrounded)
+                                                  scratch.said, scratch.ungrounded)
         before = dict(state)
         turn.outcomes = [funnel.actions.run(call, state, scratch)
                          for call in env.get("actions") or []]
