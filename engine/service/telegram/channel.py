@@ -73,8 +73,8 @@ POLITE = {
                "ласка, виправлення новим повідомленням."),
         ("ru", "Вижу, вы отредактировали сообщение. Я читаю только новые, поэтому отправьте, "
                "пожалуйста, исправление новым сообщением."),
-        ("pl", "Widzę, że edytowałeś wiadomość. Czytam tylko nowe, więc wyślij, proszę, "
-               "poprawkę jako nową wiadomość."),
+        ("pl", "Widzę, że wiadomość została zmieniona. Czytam tylko nowe, więc wyślij, "
+               "proszę, poprawkę jako nową wiadomość."),
     )),
 }
 TURN_KINDS = ("text", "caption", "contact", "start")
