@@ -412,16 +412,21 @@ def test_experiment_figures_leave_the_playground_out(db_url: str, tmp_path: Path
     assert sum(v["sessions"] for v in everyone["variants"]) == 3
 
 
-def test_the_studio_never_writes_the_version_store(db_url: str, sql: Any,
-                                                  tmp_path: Path) -> None:
-    """Opening the studio and editing the funnel live (a draft) leave ``funnel_versions``
-    as production left it: a production engine loads a pinned session's version from
-    there, the bundle deployed last."""
+def test_the_studio_never_changes_what_production_runs(db_url: str, sql: Any,
+                                                      tmp_path: Path) -> None:
+    """Opening the studio on a draft and editing it live leave ``funnel_versions`` (a
+    production engine loads a pinned session's version from there, the bundle deployed
+    last) and the knowledge index (production retrieves from it) as production left them."""
     funnel = copy_puramur(tmp_path)
     real_session(funnel, db_url, "c1", texts=("Hi!",), model=script())
     stored = "SELECT version, hash, deployed_at FROM funnel_versions ORDER BY 1, 2"
-    before = sql(stored)
-    assert len(before) == 1
+    indexed = ("SELECT s.digest, s.indexed_at, (SELECT array_agg(body ORDER BY id) FROM "
+               "funnel_knowledge k WHERE k.funnel = s.funnel) FROM funnel_knowledge_sets s")
+    before, index = sql(stored), sql(indexed)
+    assert len(before) == 1 and len(index) == 1
+    note = next((funnel.parent / "puramur" / "knowledge").rglob("*.md"))
+    note.write_text(note.read_text("utf-8") + "\n\nA draft line no customer may read.\n",
+                    "utf-8")
     with running(create_studio_app(opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url, \
             httpx.Client(base_url=url, timeout=60) as c:
         generation = c.get("/api/status").json()["puramur"]["generation"]
@@ -433,6 +438,7 @@ def test_the_studio_never_writes_the_version_store(db_url: str, sql: Any,
                                            "text": "Hi!", "answer": SAY["Hi!"]}).json()
         assert played["stage"] == "discovery"
     assert sql(stored) == before
+    assert sql(indexed) == index
 
 
 # -- the engine ---------------------------------------------------------------------------

@@ -53,8 +53,13 @@ async def reindex(store: Store, spec: FunnelSpec, *, force: bool = True) -> tupl
     return len(chunks), config
 
 
-async def ensure_index(store: Store, spec: FunnelSpec) -> None:
-    """Reindex when the folder changed since the last index (at engine start)."""
+async def ensure_index(store: Store, spec: FunnelSpec, *, replace: bool = True) -> None:
+    """Reindex when the folder changed since the last index (at engine start). Not
+    ``replace`` (the studio's engine): a funnel with no index yet is indexed, but an
+    index there is, the one production retrieves from, is never replaced by a draft."""
+    if not replace and spec.knowledge is not None \
+            and await store.knowledge_digest(spec.name) is not None:
+        return
     await reindex(store, spec, force=False)
 
 

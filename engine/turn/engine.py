@@ -121,7 +121,8 @@ class Engine:
         is a real (litellm) model, at its ``api_base``; with the scripted model, to the
         offline extractive summary (docs/memory.md). ``playground``: the studio's engine,
         whose turns queue no hand-off alert, reply or approval (engine.turn.playground),
-        and whose versions are not written to the version store.
+        whose versions are not written to the version store, and which replaces no
+        knowledge index (it indexes a funnel that has none).
         With ``memory.recall`` set, the
         store is readied for semantic recall (pgvector, else the ``real[]`` fallback, with
         a warning saying so) and ``embedder`` defaults to ``memory.recall.embedder``.
@@ -136,7 +137,7 @@ class Engine:
             store = await open_store(db)
         try:
             await store.ensure_schema(compiled.spec)
-            await knowledge.ensure_index(store, compiled.spec)
+            await knowledge.ensure_index(store, compiled.spec, replace=not playground)
             # Off the event loop and side by side, before the first customer: the language
             # models load in ~0.8 s once per process, litellm builds its types in ~1 s.
             warm_ups = [asyncio.to_thread(model.warm)] if isinstance(model, LiteLLMModel) else []
