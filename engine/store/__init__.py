@@ -10,6 +10,8 @@ one (`embedded`) when no URL is given. The modules:
 - `migrate` (tables, append-only migrations), `retention` (purge),
   `analytics_sql` (the report's queries; `analytics_shared`, the sections over the shared
   tables; `analytics_base`, what they bind), `analytics_views` (the analysts' views);
+- `playground`: the studio's sessions (``funnel_playground``), and the condition that
+  leaves them out of the figures;
 - `connect`: connection helpers shared by the others (URLs in messages, temporary schemas);
 - `embedded`: the zero-set-up server.
 

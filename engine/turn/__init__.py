@@ -6,7 +6,8 @@
 records; `routing` the version and variant a turn runs on; `advance` moving
 between stages and `explain` why; `prompts` and `budget` the prompt and its
 caps; `output` validation, repair and fallback; `language` the customer's
-language; `notify` the hand-off alert; `invariants` what every saved session
+language; `notify` the hand-off alert; `playground` the studio's turns, which
+queue nothing that leaves the process; `invariants` what every saved session
 must satisfy (`funnel check-state`).
 
 May import: `engine.memory`, `engine.knowledge`, `engine.versions`,
