@@ -372,4 +372,9 @@ SHARED_MIGRATIONS: list[str] = [
         created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{EMBEDDINGS}_session ON {EMBEDDINGS} (funnel, session_id)",
+    # Every HTTP call of a turn (engine.records.calls: model, attempt, outcome, ms, tokens,
+    # whether the engine counted them, cost), the timed-out and failed ones too; and
+    # whether any call's tokens were counted by the engine (the provider sent no usage).
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS calls JSONB, "
+    "ADD COLUMN IF NOT EXISTS tokens_counted BOOLEAN NOT NULL DEFAULT FALSE",
 ]

@@ -74,7 +74,7 @@ async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str |
         cache_write_tokens=record["cache_write_tokens"],
         returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
         message_id=turn.inbound.message_id or 0, recalled=list(turn.recalled),
-        model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
+        model_seconds=record["llm_ms"] / 1000,  # every call's, a timed-out one's too
         explain=turn.mover.explanation,
         approval=gated[0]["held"]["to"] if gated is not None else None,
         refused_claims=refused_claims(turn.mover.scratch.ungrounded))
