@@ -383,10 +383,10 @@ def test_doctor_says_which_model_gets_the_strict_form(keys: None,
 
 @pytest.mark.parametrize("name", list(FUNNEL.stages))
 def test_the_puramur_prompt_allows_only_what_the_contract_does(name: str) -> None:
-    """A prompt that tells the model it may write ``updates`` where the stage's contract has
-    none (cart_building), or actions where it takes none (handoff), has a strict model
-    fight its instructions; the static part of each prompt says only what the contract
-    allows."""
+    """A prompt that shows the model an answer with ``updates`` where the stage's contract
+    has none (cart_building), or with actions where it takes none (handoff), has a strict
+    model fight its instructions: each stage's prompt shows the shape its contract allows,
+    and names only fields it may update and actions it may take."""
     import re
 
     from engine.turn.prompts import build_context, render_parts
@@ -396,18 +396,20 @@ def test_the_puramur_prompt_allows_only_what_the_contract_does(name: str) -> Non
                             returning=False, idle_seconds=None,
                             now="2026-01-01T00:00:00+00:00")
     static = render_parts(stage, context)[0]
-    props = stage.schema["properties"]
-    updates = props.get("updates", {}).get("properties", {})
-    assert ('allows "updates"' in static) == bool(updates), static
-    assert ('no "updates"' in static) == (not updates), static
-    [allows] = [line for line in static.splitlines() if line.startswith("This stage also")]
-    fields = re.findall(r'"([a-z_.]+)"', allows.split(":", 1)[1].split(")")[0]) if updates \
-        else []
-    for path in fields + re.findall(r'"updates\.([a-z_.]+)"', static):
+    [shape] = [line.split("of this shape: ", 1)[1] for line in static.splitlines()
+               if "of this shape: " in line]
+    updates = stage.schema["properties"].get("updates", {}).get("properties", {})
+    assert ('"updates": {' in shape) == bool(updates), shape
+    assert ('"actions": [' in shape) == bool(stage.allowed_actions), shape
+    inside = shape.split('"updates": {', 1)[-1] if updates else ""
+    shown = set(re.findall(r'"([a-z_]+)": \{', inside))
+    assert shown == set(updates), (shown, set(updates))
+    for field, narrowed in re.findall(r'"([a-z_]+)": \{"([a-z_]+)"', inside):
+        assert narrowed in updates[field]["properties"], (field, narrowed)
+    for path in re.findall(r'"updates\.([a-z_.]+)"', static):
         head, *rest = path.split(".")
         assert head in updates, (name, path)
         for part in rest:
             assert part in updates[head].get("properties", {}), (name, path)
     named = set(re.findall(r'\{"type": "([a-z_]+)"', static))
     assert named <= stage.allowed_actions, (name, named - stage.allowed_actions)
-    assert ('no "actions"' in static) == (not stage.allowed_actions), static

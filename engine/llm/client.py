@@ -290,11 +290,11 @@ class Caller:
         prompt = token_count(getattr(usage, "prompt_tokens", 0))
         answer = token_count(getattr(usage, "completion_tokens", 0))
         # No usage (litellm then reports zeros): counted, and said so, never recorded as 0.
-        counted = prompt == 0 or (answer == 0 and bool(text))
-        if prompt == 0:
+        # A usage that says anything at all is the provider's, however odd.
+        counted = prompt == 0 and answer == 0
+        if counted:
             prompt = self.count_prompt(model, messages)
-        if answer == 0 and text:
-            answer = self.count_answer(model, text)
+            answer = self.count_answer(model, text) if text else 0
         return Completion(
             text=text,
             prompt_tokens=prompt,
