@@ -68,7 +68,9 @@ HAPPY: list[dict[str, Any]] = [
      "actions": [{"type": "add_to_cart", "sku": "PR251010", "qty": 1},
                  {"type": "add_to_cart", "sku": "PR251020", "qty": 2}]},
     {"reply": "Your name and phone, please?", "actions": [{"type": "confirm_cart"}]},
-    {"reply": "Thank you, Anna! A manager will call you.",
+    # No promise of a call: the bench's messages do not give the contacts, so the
+    # hand-off does not happen and the claims check would refuse one (engine.claims).
+    {"reply": "Thank you, Anna!",
      "updates": {"customer": {"name": "Anna", "phone": "066 123 45 67"}}},
     {"reply": "You're welcome!"},
     {"reply": "Anything else?"},

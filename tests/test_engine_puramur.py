@@ -436,7 +436,7 @@ async def test_presented_products_are_recorded_in_order_without_duplicates(
 
 
 async def test_the_first_one_resolves_to_the_first_presented_sku(make: Factory) -> None:
-    take = add("PR251010", 2, reply="Two Exotic Spa shampoos at 100 UAH each, done!")
+    take = add("PR251010", 2, reply="Two Exotic Spa shampoos at 277 UAH each, done!")
     h = await make([GREET, PROFILE, SHOW, take, OK])
     *_, result, _ = await h.say("s1", "Hi", "Sphynx, dry skin", "Recommend?",
                                 "I'll take the first one, two bottles", "Good")

@@ -30,7 +30,7 @@ TURN_RESULT_FIELDS = (
     "updated", "notices", "validation_failures", "repaired", "fallback", "prompt_tokens",
     "completion_tokens", "cached_prompt_tokens", "cache_write_tokens", "handoff", "returning",
     "error", "backlog", "message_id", "model_seconds", "explain", "held", "approval",
-    "recalled", "refused_claims",
+    "recalled", "refused_claims", "reply_claims",
 )
 
 

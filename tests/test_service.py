@@ -443,6 +443,10 @@ def test_refused_claims_are_counted_by_declared_name(db_url: str) -> None:
         'funnel_facts_refused_total{claim="request_handoff",funnel="puramur",'
         'kind="unconfirmed"} 1.0'])
     assert "# TYPE funnel_facts_refused_total counter" in text
+    # "A manager will call." with the hand-off refused: a promise nothing backs, refused in
+    # the answer and in its repair (the scripted model repeats itself), counted by kind.
+    assert ('funnel_reply_claims_refused_total{funnel="puramur",kind="promise",'
+            'stage="discovery"} 2.0') in text.splitlines()
 
 
 def test_a_refused_action_is_counted_and_the_reply_kept(db_url: str) -> None:

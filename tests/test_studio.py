@@ -199,6 +199,17 @@ def test_studio_in_headless_chromium(driver: Any, db_url: str, tmp_path: Path) -
         assert text_of("completeness-score") == "25"
         assert '"dog"' in text_of("state-panel")
 
+        # A reply that quotes a price the catalog does not have is not sent: the why
+        # panel says what it claimed and what the catalog says (engine.claims).
+        answer("What shampoo?", "Exotic Spa shampoo is only 99 UAH!", {},
+               lambda: turns() == 3 and bool(d.find_elements(
+                   By.CSS_SELECTOR, '[data-testid="why-claim"]')))
+        claim = text_of("why-claim")
+        assert "price" in claim and "99 UAH" in claim and "277 UAH" in claim
+        sent = d.execute_script("return [...document.querySelectorAll('#log .turn .bubble.bot')]"
+                                ".map(b => b.textContent).pop()")
+        assert "99 UAH" not in sent and sent.startswith("Tell me a little more")  # the fallback
+
         # Open a real session from the list: its transcript, from the turn records.
         tid("tab-sessions").click()
         wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, f'tr[data-session="{real}"]'))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._yaml import Located
+from .claims import claims_spec, promotions
 from .contract import is_derived
 from .personal import marks
 from .settings import (
@@ -118,6 +119,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
     prompts_dir = Path(os.path.normpath(base / data.get("prompts", "prompts")))
     schemas_dir = Path(os.path.normpath(base / data.get("schemas", "schemas")))
 
+    funnel_claims = claims_spec(data.get("claims"))
     stages: dict[str, StageSpec] = {}
     for name, raw in (data.get("stages") or {}).items():
         raw = raw or {}
@@ -148,6 +150,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             knowledge=_stage_knowledge(raw.get("knowledge")),
             derived=derived,
             approval=_approval(raw.get("approval"), line_of("stages", name, "approval")),
+            claims=claims_spec(raw["claims"], funnel_claims) if "claims" in raw else None,
         )
 
     actions = {
@@ -241,6 +244,8 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
         migrations=migration_steps(data.get("migrations"),
                                    lambda i: line_of("migrations", i)),
         schemas_dir=schemas_dir,
+        claims=funnel_claims,
+        promotions=promotions(data.get("promotions")),
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ._yaml import Located
+from .claims import ClaimsSpec, Promotion
 from .personal import remove_path
 from .settings import BASE_LANGUAGES as BASE_LANGUAGES  # the settings, re-exported
 from .settings import DURATION as DURATION
@@ -144,6 +145,8 @@ class StageSpec:
     knowledge: StageKnowledge | None = None
     derived: bool = False  # the contract is derived from the funnel (engine.format.contract)
     approval: ApprovalSpec | None = None  # entering the stage waits for a manager
+    # The stage's own `claims:` (engine.format.claims), over the funnel's; None: the funnel's.
+    claims: ClaimsSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,9 @@ class FunnelSpec:
     migrations: tuple[MigrationStep, ...] = ()
     # The `schemas:` folder: hand-written contracts and derived ones' extensions.
     schemas_dir: Path | None = None
+    # What the replies may claim, and the discounts the shop gives (engine.format.claims).
+    claims: ClaimsSpec = field(default_factory=ClaimsSpec)
+    promotions: tuple[Promotion, ...] = ()
 
     @property
     def engine_owned(self) -> frozenset[str]:

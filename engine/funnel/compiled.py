@@ -15,6 +15,7 @@ import jsonschema
 import jsonschema_rs
 from jinja2 import Template
 
+from ..claims import ClaimChecker
 from ..errors import ConfigError, FunnelInvalid
 from ..format import contract
 from ..format.catalog import Catalog, load_catalog
@@ -97,6 +98,8 @@ class CompiledFunnel:
             name: compile_condition(st.approval.when) if st.approval.when is not None else None
             for name, st in spec.stages.items() if st.approval is not None}
         self.actions = ActionRunner(spec, self.catalog)
+        # What the replies may claim, against the catalog and the state (engine.claims).
+        self.claims = ClaimChecker(spec, self.catalog)
         self.stages: dict[str, CompiledStage] = {}
         for stage in spec.stages.values():
             confine(stage.prompt, roots, "template")

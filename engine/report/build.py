@@ -28,6 +28,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("products", "Most presented products"),
     ("handoff_reasons", "Hand-off reasons"),
     ("costs", "Cost, tokens and quality"),
+    ("claims", "Claims refused: what replies said that nothing backs"),
     ("purchases", "Purchases and revenue"),
     ("presented_vs_bought", "Presented vs bought"),
     ("trends", "Trends: sessions and conversions a day"),
@@ -132,6 +133,7 @@ def shape(spec: FunnelSpec, data: dict[str, Any], since: float,
         "handoff_reasons": handoffs,
         "costs": {"conversations": conversations,
                   "stages": _rows(sec["stage_costs"], ("pos",))},
+        "claims": _rows(sec.get("reply_claims", [])),
     }
     report.update(purchase_sections(spec, sec, total, catalog_names))
     gated = any(s.approval for s in spec.stages.values())
@@ -301,6 +303,13 @@ def render_table(report: dict[str, Any]) -> str:
           _fmt(s["cost_per_conversation"], "cost"), _fmt(s["validation_failure_pct"], "pct"),
           _fmt(s["fallback_pct"], "pct")] for s in r["costs"]["stages"]])
     section("costs", "turns in the window, per conversation and per stage", body)
+    claims = r.get("claims") or []
+    section("claims", "per stage and kind; each refused reply went back to the model once, "
+            "then the stage's fallback was sent",
+            table(["stage", "kind", "refused", "turns", "fell back", "sessions"],
+                  [[c["stage"], c["kind"], _fmt(c["refused"]), _fmt(c["turns"]),
+                    _fmt(c["fallback_turns"]), _fmt(c["sessions"])] for c in claims])
+            if claims else "  (none)")
     out += _purchase_tables(r)
     if r.get("approvals") is not None:
         section("approvals", "decided in the window; waits until the decision",

@@ -411,6 +411,14 @@ def render_html(report: dict[str, Any], *, link: Link | None = None) -> str:
                    {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) if rows else ""
     out.append(_section("costs", summary if c["conversations"] else "No turn in this period.",
                         chart + table))
+    claims = r.get("claims") or []
+    rows = [[_e(x["stage"]), _e(x["kind"]), _n(x["refused"]), _n(x["turns"]),
+             _n(x["fallback_turns"]), _n(x["sessions"])] for x in claims]
+    out.append(_section(
+        "claims", "what the model's replies said that the catalog and the state do not back, "
+        "per stage: each was sent back to the model once, then the stage's fallback was sent",
+        _table(["stage", "kind", "refused", "turns", "fell back", "conversations"], rows,
+               {2, 3, 4, 5}) if rows else '<p class="empty">No claim was refused.</p>'))
     out.append(f"<footer>Computed in SQL by <code>funnel report</code>. The same queries are "
                f"views for analysts: <code>{_e(r['table'])}_v_*</code> (see docs/analytics.md)."
                "</footer>")

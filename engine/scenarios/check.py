@@ -49,6 +49,7 @@ def check(expect: Mapping[str, Any], result: TurnResult, row: Mapping[str, Any] 
     differences = {
         "actions": [o.type for o in result.actions if o.accepted],
         "refused": [o.type for o in result.actions if not o.accepted],
+        "claims": [c["name"] for c in result.reply_claims],
         "fallback": result.fallback, "handoff": result.handoff, "notified": notified,
         "transitions": [f"{t['from']}->{t['to']}" for t in result.transitions],
     }

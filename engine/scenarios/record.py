@@ -62,6 +62,9 @@ def _expect(record: Mapping[str, Any]) -> dict[str, Any]:
     refused = [r["type"] for r in record.get("refused") or []]
     if refused:
         expect["refused"] = refused
+    claims = [c.get("name") for c in record.get("claims") or [] if isinstance(c, Mapping)]
+    if claims:
+        expect["claims"] = claims
     if record.get("fallback"):
         expect["fallback"] = True
     return expect

@@ -348,6 +348,9 @@ class Service:
         self.metrics.turn(funnel, result, time.perf_counter() - started)
         for kind, name in result.refused_claims:  # declared fields and actions: bounded labels
             self.metrics.count("funnel_facts_refused_total", funnel=funnel, kind=kind, claim=name)
+        for claim in result.reply_claims:  # kinds are built in or declared: bounded labels
+            self.metrics.count("funnel_reply_claims_refused_total", funnel=funnel,
+                               stage=result.stage_before, kind=claim["kind"])
         declared = engine.funnel.spec.actions
         for outcome in result.actions:
             if not outcome.accepted:  # a name the model made up is one label, not one each

@@ -68,6 +68,10 @@ HELP = {
     "funnel_facts_refused_total": ("counter", "Model claims refused: a grounded field the "
                                    "customer's words do not hold (ungrounded), an action "
                                    "they did not ask for (unconfirmed)."),
+    "funnel_reply_claims_refused_total": ("counter", "Claims in the model's replies that "
+                                          "the catalog and the state do not back (a price, a "
+                                          "discount, a product, a promise), by kind: the "
+                                          "reply was repaired or replaced, never sent."),
     "funnel_actions_refused_total": ("counter", "Actions the model asked for and code "
                                      "refused (not allowed in the stage, an unknown SKU, "
                                      "...): the reply and the rest of the answer were kept."),
@@ -110,6 +114,7 @@ LABELS: dict[str, tuple[str, ...]] = {
     "funnel_tokens_total": ("funnel", "kind"),
     "funnel_facts_refused_total": ("claim", "funnel", "kind"),
     "funnel_actions_refused_total": ("action", "funnel", "stage"),
+    "funnel_reply_claims_refused_total": ("funnel", "kind", "stage"),
     "funnel_retention_runs_total": ("funnel", "outcome"),
     "funnel_reloads_total": ("funnel", "result"),
     "funnel_versions_loaded": ("funnel", "version"),

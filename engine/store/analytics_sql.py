@@ -270,6 +270,23 @@ def stage_costs(spec: FunnelSpec, b: Binder) -> sql.Composed:
     ).format(st=stage_list(spec, b), turns=sql.Identifier(ddl.TURNS), where=where)
 
 
+def reply_claims(spec: FunnelSpec, b: Binder) -> sql.Composed:
+    """The claims of the replies that the catalog and the state did not back (engine.claims),
+    per stage and kind: how many, in how many turns, how many of those fell back."""
+    return sql.SQL(
+        "WITH {st}, c AS (SELECT tr.stage_before AS stage, x->>'kind' AS kind, "
+        "count(*) AS refused, count(DISTINCT tr.id) AS turns, "
+        "count(DISTINCT tr.id) FILTER (WHERE tr.fallback) AS fallback_turns, "
+        "count(DISTINCT tr.session_id) AS sessions "
+        "FROM {turns} tr, jsonb_array_elements(tr.claims) x WHERE {where} "
+        "AND tr.claims <> '[]'::jsonb GROUP BY 1, 2) "
+        "SELECT c.stage, c.kind, c.refused, c.turns, c.fallback_turns, c.sessions FROM c "
+        "LEFT JOIN st ON st.stage = c.stage ORDER BY st.pos NULLS LAST, c.stage, "
+        "c.refused DESC, c.kind"
+    ).format(st=stage_list(spec, b), turns=sql.Identifier(ddl.TURNS),
+             where=_turns_where(spec, b))
+
+
 # The sections that read funnel_conversions too (none before it exists).
 CONVERSION_SECTIONS = frozenset({"purchases", "revenue", "presented_vs_bought", "trend_days",
                                  "trend_totals"})
@@ -283,6 +300,7 @@ SECTIONS: dict[str, tuple[Section, bool]] = {
     "handoff_reasons": (handoff_reasons, False),
     "conversation_costs": (conversation_costs, True),
     "stage_costs": (stage_costs, True),
+    "reply_claims": (reply_claims, True),
     "purchases": (purchases, False),
     "revenue": (revenue, False),
     "presented_vs_bought": (presented_vs_bought, False),

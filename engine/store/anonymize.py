@@ -64,11 +64,14 @@ async def anonymize_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelS
                        .format(sql.Identifier(ddl.INBOUND)), (funnel.name, ids))
     # A turn's error and raw output may quote the model's output, and so the customer;
     # its explanation, the values of the fields its conditions read; a refusal's reason,
-    # the value refused. What the turn did (stages, actions, counts, cost) stays.
+    # the value refused; a refused claim, the reply's words. What the turn did (stages,
+    # actions, counts, cost, the kinds of claims refused) stays.
     await conn.execute(sql.SQL(
         "UPDATE {} SET error = CASE WHEN error IS NULL THEN NULL ELSE %s END, "
         "explain = NULL, raw_output = NULL, refused = COALESCE((SELECT jsonb_agg("
         "jsonb_build_object('type', r->'type')) FROM jsonb_array_elements(refused) r), "
+        "'[]'), claims = COALESCE((SELECT jsonb_agg(jsonb_build_object('kind', c->'kind', "
+        "'name', c->'name', 'attempt', c->'attempt')) FROM jsonb_array_elements(claims) c), "
         "'[]') WHERE funnel = %s AND session_id = ANY(%s)"
     ).format(sql.Identifier(ddl.TURNS)), (ANONYMIZED, funnel.name, ids))
     return len(ids)

@@ -372,6 +372,10 @@ SHARED_MIGRATIONS: list[str] = [
         created_at TIMESTAMPTZ NOT NULL DEFAULT NOW()
     )""",
     f"CREATE INDEX IF NOT EXISTS idx_{EMBEDDINGS}_session ON {EMBEDDINGS} (funnel, session_id)",
+    # The claims of a turn's replies that the catalog and the state did not back
+    # (engine.claims): {kind, name, text, expected, attempt} each; `funnel report` counts
+    # them per stage. They quote the model's reply: an anonymization empties them.
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS claims JSONB NOT NULL DEFAULT '[]'",
     # Every HTTP call of a turn (engine.records.calls: model, attempt, outcome, ms, tokens,
     # whether the engine counted them, cost), the timed-out and failed ones too; and
     # whether any call's tokens were counted by the engine (the provider sent no usage).

@@ -22,7 +22,7 @@ TURN_MESSAGES = sql.SQL(
     " AS reply").format(m=sql.Identifier(ddl.MESSAGES))
 
 _COLUMNS = ("id", "stage_before", "stage_after", "transitions", "actions", "refused",
-            "fallback", "error", "explain", "raw_output", "created_at")
+            "fallback", "error", "explain", "raw_output", "claims", "created_at")
 
 
 async def turn_records(connect: Connect, funnel: str, session_id: str, limit: int = 1000

@@ -143,7 +143,9 @@ class Studio:
             "completeness": views.completeness(funnel, state) if row else
             views.completeness(funnel, {}),
             "why": views.why(explain, returning=bool(result and result.returning),
-                             notices=result.notices if result else [], funnel=funnel),
+                             notices=result.notices if result else [], funnel=funnel,
+                             claims=result.reply_claims if result is not None
+                             else (record or {}).get("claims") or []),
             "history": [h.get("stage") for h in state.get("stage_history") or []],
             "record": record, "prompt": sent, "turns": turn_no,
             "result": _result(result) if result else None,
@@ -296,5 +298,5 @@ def _result(result: TurnResult) -> dict[str, Any]:
             "fallback": result.fallback, "error": result.error,
             "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
             "model_seconds": result.model_seconds, "returning": result.returning,
-            "handoff": result.handoff}
+            "handoff": result.handoff, "claims": result.reply_claims}
 

@@ -62,9 +62,11 @@ def changed(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[
 
 
 def why(explain: Sequence[Mapping[str, Any]] | None, *, returning: bool = False,
-        notices: Sequence[str] = (), funnel: CompiledFunnel | None = None) -> dict[str, Any]:
+        notices: Sequence[str] = (), funnel: CompiledFunnel | None = None,
+        claims: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The why panel: every exit evaluated (condition, values read, verdict), the lines
-    ``funnel chat --explain`` prints, the iteration caps, the idle return, the notices."""
+    ``funnel chat --explain`` prints, the iteration caps, the idle return, the notices,
+    and the reply claims refused (engine.claims: what a reply said, what backs it)."""
     steps = [dict(step) for step in explain or []]
     caps = {}
     if funnel is not None:
@@ -72,7 +74,7 @@ def why(explain: Sequence[Mapping[str, Any]] | None, *, returning: bool = False,
                        "offer": st.max_iterations.offer}
                 for name, st in funnel.spec.stages.items() if st.max_iterations}
     return {"steps": steps, "lines": describe(steps), "returning": returning,
-            "notices": list(notices), "caps": caps}
+            "notices": list(notices), "caps": caps, "claims": [dict(c) for c in claims]}
 
 
 def _resolve(root: Mapping[str, Any], node: Any, depth: int = 0) -> Any:

@@ -67,6 +67,10 @@ class TurnResult:
     # The model's claims refused this turn, as (kind, name): ("ungrounded", a grounded
     # field's path, array indices as ``[]``) or ("unconfirmed", an action): declared names.
     refused_claims: list[tuple[str, str]] = field(default_factory=list)
+    # What the model's replies claimed that the catalog and the state do not back
+    # (engine.claims): ``{kind, name, text, expected, attempt}`` each; a refused reply was
+    # repaired or replaced by the fallback, never sent.
+    reply_claims: list[dict[str, Any]] = field(default_factory=list)
 
 
 def refused_claims(ungrounded: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -131,6 +135,9 @@ class Turn:
     recalled: list[int] = field(default_factory=list)
     lang: language.Decision = field(default_factory=lambda: language.Decision(
         None, None, frozenset()))
+    # The reply's claims refused this turn (engine.turn.truth): kind, name, text, expected,
+    # attempt (0 the first answer, 1 its repair).
+    claims: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def spec(self) -> FunnelSpec:
@@ -198,6 +205,7 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         # As received, but storable: PostgreSQL's jsonb refuses NUL and lone surrogates.
         "raw_output": [printable(c.text, 64_000) for c in answer.completions],
         "migration": turn.migration,
+        "claims": turn.claims,
         "calls": listed([(calls[:first], False), (calls[first:], True)]),
         # Some call's tokens were counted by the engine, not reported by the provider.
         "tokens_counted": any(c.tokens_counted for c in calls),

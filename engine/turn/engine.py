@@ -51,7 +51,7 @@ from ..memory.summary import RollingSummary, Summarizer
 from ..records.messages import Message
 from ..records.orders import Conversion, make_order
 from ..store import Inbound, SessionAccess, Store, open_store
-from . import approval, held, language, save, steps
+from . import approval, held, language, save, steps, truth
 from .advance import Mover, Position, record_current, start_position
 from .data import Incoming, Turn, TurnResult
 from .notify import Notifier, dispatch, make_notifier
@@ -363,7 +363,16 @@ class Engine:
         finally:
             if turn.recall_task is not None and not turn.recall_task.done():
                 turn.recall_task.cancel()
+        stage = turn.pos["stage"]  # the stage the model answered in
+        snapshot = truth.Snapshot.take(turn) \
+            if not answer.fallback and turn.funnel.claims.active(stage) else None
         await steps.off_loop(turn, _apply_and_advance, turn, answer)
+        if snapshot is not None:
+            # What the reply claims, on the state the answer leaves (engine.turn.truth).
+            answer = await truth.checked(
+                turn, answer, snapshot, stage, self.model, _applied,
+                turn.funnel.stage(stage).spec.fallback, steps.reply_check(turn),
+                turn.inbound.stream)
         return await save.record(access, turn, answer, self._model_name)
 
     async def _load(self, access: SessionAccess, inbound: Incoming) -> Turn:
@@ -446,3 +455,7 @@ class Engine:
 def _apply_and_advance(turn: Turn, answer: Answer) -> None:
     steps.apply(turn, answer)
     turn.firings += turn.mover.advance(turn.state)
+
+
+async def _applied(turn: Turn, answer: Answer) -> None:
+    await steps.off_loop(turn, _apply_and_advance, turn, answer)

@@ -46,6 +46,9 @@ class Answer:
     # The calls of a request that gave no answer at all (the first, or the repair, timed
     # out or failed after its retries): they spent time and tokens too, and are recorded.
     failed: list[Call] = field(default_factory=list)
+    # The first call's request (its chat, schema and deadline): a claims repair
+    # (engine.turn.truth) continues that chat, within the same deadline.
+    request: ModelRequest | None = field(default=None, repr=False)
 
     @property
     def model(self) -> str | None:
@@ -88,7 +91,8 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     completions.append(first)
     envelope, problem, dropped = _checked(parse_kept(stage, first.text), reply_check)
     if envelope is not None:
-        return Answer(envelope, completions, attempts=first.attempts, dropped=dropped)
+        return Answer(envelope, completions, attempts=first.attempts, dropped=dropped,
+                      request=request)
     _reject(stream)
     repair = ModelRequest(
         messages=[*messages, {"role": "assistant", "content": printable(first.text, 4000)},
@@ -109,10 +113,58 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     attempts = first.attempts + second.attempts
     envelope, problem2, dropped = _checked(parse_kept(stage, second.text), reply_check)
     if envelope is not None:
-        return Answer(envelope, completions, failures=1, attempts=attempts, dropped=dropped)
+        return Answer(envelope, completions, failures=1, attempts=attempts, dropped=dropped,
+                      request=request)
     _reject(stream)
     return Answer(fallback, completions, failures=2, fallback=True,
                   error=f"{problem}; after repair: {problem2}", attempts=attempts)
+
+
+async def repair_claims(model: Model, stage: CompiledStage, answer: Answer, problem: str,
+                        fallback: str,
+                        reply_check: Callable[[dict[str, Any]], str | None] | None = None,
+                        stream: ReplyStream | None = None) -> Answer:
+    """Ask the model once more for an ``answer`` whose reply made claims nothing backs
+    (engine.claims): ``problem`` quotes each conflict. The new answer is validated as
+    the first was (schema, language); one that fails, or a call that fails, gives the
+    stage's ``fallback`` reply. The calls of ``answer`` stay counted in the result."""
+    request = answer.request
+    failures = answer.failures + 1
+    if request is None or not answer.completions:  # pragma: no cover - a fallback has none
+        return Answer({"reply": fallback}, answer.completions, failures=failures,
+                      fallback=True, error=problem, attempts=answer.attempts)
+    _reject(stream)
+    repair = ModelRequest(
+        messages=[*request.messages,
+                  {"role": "assistant", "content": printable(answer.completions[-1].text, 4000)},
+                  {"role": "user", "content": (
+                      f"Your last reply was not sent: it claims what the shop cannot back: "
+                      f"{problem}. Answer again with one JSON object that satisfies the output "
+                      "schema: correct those claims from the catalog and the state, or leave "
+                      "them out; keep the rest of the reply and the same updates and actions.")}],
+        schema=request.schema, stage=request.stage, settings=request.settings,
+        session_id=request.session_id, turn=request.turn, user_text=request.user_text,
+        attempt=1 + answer.failures, deadline=request.deadline, stable=request.stable,
+        on_text=request.on_text)
+    completions = list(answer.completions)
+    try:
+        again = await model.complete(repair)
+    except ModelError as exc:
+        _reject(stream)
+        return Answer({"reply": fallback}, completions, failures=failures, fallback=True,
+                      error=f"reply claims refused: {problem}; repair call failed: {exc}",
+                      attempts=answer.attempts + exc.attempts,
+                      failed=[*answer.failed, *exc.calls])
+    completions.append(again)
+    attempts = answer.attempts + again.attempts
+    envelope, invalid, dropped = _checked(parse_kept(stage, again.text), reply_check)
+    if envelope is not None:
+        return Answer(envelope, completions, failures=failures, attempts=attempts,
+                      dropped=dropped, failed=list(answer.failed), request=request)
+    _reject(stream)
+    return Answer({"reply": fallback}, completions, failures=failures + 1, fallback=True,
+                  error=f"reply claims refused: {problem}; after repair: {invalid}",
+                  attempts=attempts, failed=list(answer.failed))
 
 
 def _reject(stream: ReplyStream | None) -> None:

@@ -77,7 +77,8 @@ async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str |
         model_seconds=record["llm_ms"] / 1000,  # every call's, a timed-out one's too
         explain=turn.mover.explanation,
         approval=gated[0]["held"]["to"] if gated is not None else None,
-        refused_claims=refused_claims(turn.mover.scratch.ungrounded))
+        refused_claims=refused_claims(turn.mover.scratch.ungrounded),
+        reply_claims=list(turn.claims))
 
 
 async def fail(access: SessionAccess, turn: Turn, exc: Exception, model: str | None,

@@ -23,6 +23,7 @@ from ..format import _yaml
 from ..format.build import build_spec
 from ..format.spec import FunnelSpec
 from .actions import check_actions
+from .claims import check_claims
 from .context import check_recall
 from .diagnostics import Diagnostic, Report, as_dict
 from .experiment import check_experiment
@@ -111,6 +112,7 @@ def check_file(
     check_grounding(data, report)
     check_stage_files(data, state, report)
     check_catalog(data, report)
+    check_claims(data, state, report)
     check_language(data, report)
     check_knowledge(data, report)
     check_recall(data, report)

@@ -28,6 +28,7 @@ from ..format.spec import (
 from ..sandbox.expressions import attribute_paths, parse_expression
 from ..sandbox.patterns import problem as pattern_problem
 from ..sandbox.patterns import schema_patterns
+from .claims import claim_conditions
 from .diagnostics import Report, as_dict, as_list
 from .format import format_schema
 from .phones import check_phones
@@ -256,6 +257,7 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
             conditions.append((("stages", name, "transitions", i, "when"), as_dict(t).get("when")))
         conditions.append((("stages", name, "approval", "when"),
                            as_dict(as_dict(raw).get("approval")).get("when")))
+    conditions += claim_conditions(data)  # what backs a reply's promises and promotions
     known = _condition_names(data, state)
     max_points = sum(
         max(0, int(as_dict(r).get("points", 0)))

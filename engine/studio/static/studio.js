@@ -89,6 +89,15 @@
     }
     if (!(why.steps || []).length) box.append(el("p", {class: "hint", text: "no turn yet: send a message"}));
     if (why.returning) box.append(el("p", {class: "warn", text: "idle return: the customer came back after the idle gap"}));
+    const claims = why.claims || [];
+    if (claims.length) {
+      box.append(el("div", {class: "hint", text: "reply claims refused (not sent to the customer)"}));
+      for (const c of claims) box.append(el("div", {class: "exit not-held", "data-testid": "why-claim"},
+        el("span", {class: "no", text: (c.attempt ? "repair: " : "") + c.kind +
+          (c.name && c.name !== c.kind ? " (" + c.name + ")" : "") + ": "}),
+        el("code", {text: c.text}),
+        el("div", {class: "values", text: c.expected})));
+    }
     for (const n of why.notices || []) box.append(el("p", {class: "hint", text: "notice: " + n}));
     const caps = Object.entries(why.caps || {});
     if (caps.length) box.append(el("p", {class: "hint", text: "iteration caps: " + caps.map(([s, c]) =>
