@@ -41,11 +41,14 @@ FUNNEL = load_funnel(PURAMUR)
 
 @pytest.fixture(autouse=True)
 def fresh() -> Iterator[None]:
+    """No strategy stepped down, no strict form refused (both live per process)."""
     from engine.llm import strategy
 
     strategy.forget()
+    strict.forget()
     yield
     strategy.forget()
+    strict.forget()
 
 
 @pytest.fixture
@@ -239,6 +242,34 @@ async def test_openais_tool_is_strict_too(db_url: str, keys: None) -> None:
     [tool] = fake.requests[0]["tools"]
     assert tool["function"]["strict"] is True
     assert_strict_form(tool["function"]["parameters"])
+
+
+async def test_a_server_that_refuses_the_strict_form_gets_the_portable_one(
+        db_url: str, sql: Any, keys: None, caplog: pytest.LogCaptureFixture) -> None:
+    """An Azure API version before strict mode, or a schema the provider's compiler
+    rejects: a 400 naming response_format. The same strategy goes again at once with the
+    portable form and ``strict: false`` (not a step down to JSON without a schema), and
+    stays so for the process; the refused call is listed."""
+    with FakeProvider("openai") as fake:
+        engine = await open_engine(PURAMUR, db_url, "openai/gpt-4o-mini", fake.api_base)
+        try:
+            fake.fail(400, "Invalid schema for response_format 'greeting_output': In "
+                           "context=(), 'additionalProperties' is required")
+            fake.reply(envelope())
+            result = await engine.handle(SESSION, "Hi!")
+            fake.reply(envelope())
+            assert not (await engine.handle("strict-2", "Hi!")).fallback
+        finally:
+            await engine.close()
+    assert not result.fallback, result.error
+    sent = [b["response_format"]["json_schema"] for b in fake.requests]
+    assert [s["strict"] for s in sent] == [True, False, False]
+    assert sent[1]["schema"] == strict.forms(FUNNEL.stages["greeting"].schema).portable
+    rec = record(sql)
+    assert [c["outcome"] for c in rec["calls"]] == ["refused", "ok"]
+    assert rec["attempts"] == 2 and rec["error"] is None
+    [warning] = [r.getMessage() for r in caplog.records if "strict form" in r.getMessage()]
+    assert "openai/gpt-4o-mini" in warning and "additionalProperties" in warning
 
 
 async def test_a_self_hosted_server_keeps_strict_false(db_url: str, keys: None) -> None:

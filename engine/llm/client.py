@@ -112,6 +112,7 @@ class Caller:
                               f"({s.deadline:g} s)")
             kwargs = self.request_kwargs(model, api_base, request, strategy,
                                          min(s.timeout, remaining))
+            strict = self.contract(model, api_base, strategy, request.schema)[1]
             streamed = request.on_text is not None and _stream.streams(
                 self._litellm, model, api_base, self._provider(model, api_base))
             count.attempts += 1
@@ -124,14 +125,19 @@ class Caller:
                 refused = _refusal(exc)
                 status = _retry.status_of(exc)
                 no_stream = streamed and _stream.refused(exc, status, _strategy.error_text(exc))
-                no_strategy = len(chain) > 1 and _strategy.is_refusal(exc, status)
-                self._failed(count, started, model, kwargs, exc,
-                             refused=bool(refused is not None or no_stream or no_strategy))
+                said_no = _strategy.is_refusal(exc, status)
+                no_strict = strict and said_no
+                no_strategy = len(chain) > 1 and said_no
+                self._failed(count, started, model, kwargs, exc, refused=bool(
+                    refused is not None or no_stream or no_strict or no_strategy))
                 if refused is not None:  # the same provider would send it again: no retry
                     raise _Failed(f"model {model!r} failed (ResponseRefused): {refused}"
                                   ) from None
                 if no_stream:
                     _stream.stop_streaming(model, api_base, error_detail(exc))
+                    continue
+                if no_strict:  # the schema, not enforced, before a strategy without one
+                    _strict.refuse(model, api_base, error_detail(exc))
                     continue
                 if no_strategy:
                     if _strategy.step_down(model, api_base, chain, strategy, error_detail(exc)):

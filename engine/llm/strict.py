@@ -23,7 +23,11 @@ A stage's contract (:mod:`engine.format.contract`) reaches a model in one of thr
 ============ ===========================================================================
 
 :func:`mode` says which form a model gets with a strategy, and why (``funnel doctor``
-prints it). A stage whose contract cannot be made strict (an object that takes keys it
+prints it). A server that refuses the strict form (an Azure API version before
+2024-08-01, a schema its compiler rejects: HTTP 400 naming ``response_format``) gets the
+portable form with ``strict: false`` from then on, for the life of the process
+(:func:`refuse`; said once on the ``funnel.models`` logger), before its strategy would
+step down to one without a schema. A stage whose contract cannot be made strict (an object that takes keys it
 does not name, a value of any type) keeps the portable form, and :func:`forms` says
 why. The forms are built once per stage schema and kept.
 
@@ -37,6 +41,7 @@ property.
 from __future__ import annotations
 
 import copy
+import logging
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,7 +49,9 @@ from typing import Any
 
 from .portable import portable_schema
 
-__all__ = ["Forms", "Mode", "drop_forced_nulls", "forget", "forms", "mode"]
+__all__ = ["Forms", "Mode", "drop_forced_nulls", "forget", "forms", "mode", "refuse"]
+
+log = logging.getLogger("funnel.models")
 
 OPENAI, CLOSED, PORTABLE = "openai", "closed", "portable"
 
@@ -97,6 +104,8 @@ _forms: OrderedDict[int, tuple[Mapping[str, Any], Forms]] = OrderedDict()
 _FORMS_KEPT = 512
 # (model, api_base, strategy) -> its mode, for the life of the process.
 _modes: dict[tuple[str, str, str], Mode] = {}
+# (model, api_base) -> why its server refused the strict form, for the life of the process.
+_refused: dict[tuple[str, str], str] = {}
 
 
 def forms(schema: Mapping[str, Any]) -> Forms:
@@ -125,13 +134,31 @@ def forms(schema: Mapping[str, Any]) -> Forms:
 
 
 def forget() -> None:
-    """Forget the kept forms and modes (for tests)."""
+    """Forget the kept forms, modes and refusals (for tests)."""
     _forms.clear()
     _modes.clear()
+    _refused.clear()
+
+
+def refuse(model: str, api_base: str | None, reason: str) -> None:
+    """``model``'s server refused the strict form: the portable one, ``strict: false``,
+    from now on."""
+    key = (model, api_base or "")
+    if key in _refused:
+        return
+    _refused[key] = reason[:200]
+    for cached in [k for k in _modes if k[:2] == key]:
+        del _modes[cached]
+    log.warning("model %s%s refused the strict form of the output schema (%s); sending the "
+                "portable form with strict: false from now on", model,
+                f" at {api_base}" if api_base else "", reason[:200])
 
 
 def mode(model: str, api_base: str | None, strategy: str, litellm: Any) -> Mode:
     """The form ``model`` (at ``api_base``) is sent with ``strategy``, and why."""
+    refused = _refused.get((model, api_base or ""))
+    if refused is not None:
+        return Mode(PORTABLE, f"the server refused the strict form ({refused}): strict: false")
     key = (model, api_base or "", strategy)
     found = _modes.get(key)
     if found is None:
