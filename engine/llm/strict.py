@@ -193,8 +193,8 @@ def _mode(model: str, api_base: str | None, strategy: str, litellm: Any) -> Mode
         if strategy == "json_schema":
             return Mode(PORTABLE, "litellm sends this Claude a forced json_tool_call, which "
                                   "Anthropic does not enforce")
-        return Mode(PORTABLE, "a forced tool: this Claude has no strict tool use (litellm "
-                              "drops `strict` from an OpenAI-style tool)")
+        return Mode(PORTABLE, "a forced tool: litellm drops `strict` from an OpenAI-style "
+                              "tool for Claude, so Anthropic does not enforce it")
     if provider in _GEMINI and strategy == "json_schema":
         if _gemini_json_schema(model):
             return Mode(CLOSED, "Gemini's response_json_schema: the provider constrains its "
