@@ -141,6 +141,23 @@ def test_a_null_the_schema_allows_or_requires_stays() -> None:
                                                       "mood": None}
 
 
+def test_a_recursive_schema_is_walked_once_per_node() -> None:
+    """A hand-written ``schema:`` may refer to itself: the plan of where nulls may be
+    dropped is built once per node, however deep the answer."""
+    schema = {"$defs": {"node": {"type": "object", "properties": {
+        "left": {"$ref": "#/$defs/node"}, "right": {"$ref": "#/$defs/node"},
+        "tag": {"type": "string"}}}}, "$ref": "#/$defs/node"}
+    deep: dict[str, Any] = {"tag": None}
+    for _ in range(200):
+        deep = {"left": deep, "right": None, "tag": "x"}
+    strict.drop_forced_nulls(deep, schema)
+    node = deep
+    while "left" in node:
+        assert "right" not in node and node["tag"] == "x"
+        node = node["left"]
+    assert node == {}
+
+
 def test_a_contract_without_a_strict_form_says_why() -> None:
     """An object that takes keys it does not name (a hook action without ``arguments``)
     cannot be strict: the stage keeps the portable form."""
