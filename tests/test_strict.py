@@ -105,7 +105,7 @@ def _branch_for(value: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]
 def test_every_stage_has_openais_strict_form(stage: str) -> None:
     schema = FUNNEL.stages[stage].schema
     forms = strict.forms(schema)
-    assert forms.openai is not None and forms.why_not == ""
+    assert forms.openai is not None and forms.why_not == {}
     Draft202012Validator.check_schema(forms.openai)
     assert_strict_form(forms.openai)
     assert forms is strict.forms(schema)  # built once per stage, then kept
@@ -166,8 +166,24 @@ def test_a_contract_without_a_strict_form_says_why() -> None:
                   "type": "object", "additionalProperties": {"type": "string"}}}}
     forms = strict.forms(schema)
     assert forms.openai is None and forms.closed is None
-    assert forms.why_not == "$.extra is an object that takes keys it does not name"
+    why = "$.extra is an object that takes keys it does not name"
+    assert forms.why_not == {"openai": why, "closed": why}
     assert forms.get("portable") == forms.portable
+
+
+def test_an_optional_field_that_takes_null_has_no_openai_form() -> None:
+    """Under OpenAI's form every property is written: a null would clear a nullable field
+    the model meant to leave alone. Such a contract keeps the portable form there (the
+    closed form, where optional stays optional, is fine)."""
+    schema = {"type": "object", "required": ["reply"], "additionalProperties": False,
+              "properties": {"reply": {"type": "string"}, "updates": {
+                  "type": "object", "additionalProperties": False, "properties": {
+                      "note": {"type": ["string", "null"]}}}}}
+    forms = strict.forms(schema)
+    assert forms.openai is None and forms.closed is not None
+    assert forms.why_not == {"openai": "$.updates.note is optional and takes null: under a "
+                             "strict form, null (clear it) and absent (leave it) look the "
+                             "same"}
 
 
 def test_which_model_gets_which_form() -> None:

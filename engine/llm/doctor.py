@@ -93,9 +93,10 @@ async def _run(report: Diagnosis, caller: Caller, model: str, base: str | None,
     if report.chosen is not None:
         report.mode = _strict.mode(model, base, report.chosen, caller._litellm)
         if report.mode.strict:
-            report.not_strict = {name: forms.why_not for name, stage in funnel.stages.items()
-                                 if (forms := _strict.forms(stage.schema)).get(
-                                     report.mode.form) is None}
+            form = report.mode.form
+            report.not_strict = {name: forms.why_not.get(form, "")
+                                 for name, stage in funnel.stages.items()
+                                 if (forms := _strict.forms(stage.schema)).get(form) is None}
     if report.chosen in ("json_schema", "json_object_schema", "tool"):
         for stage in funnel.stages.values():
             probe = await _probe(caller, model, base, report.chosen, stage.schema,

@@ -44,7 +44,7 @@ import copy
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .portable import portable_schema
@@ -64,12 +64,12 @@ _JSON = (str, int, float, bool, type(None))
 @dataclass(frozen=True)
 class Forms:
     """A stage schema's forms; ``openai``/``closed`` None when the schema has none, with
-    the reason in ``why_not``."""
+    the reason in ``why_not`` (by form)."""
 
     portable: dict[str, Any]
     openai: dict[str, Any] | None
     closed: dict[str, Any] | None
-    why_not: str = ""
+    why_not: dict[str, str] = field(default_factory=dict)
 
     def get(self, form: str) -> dict[str, Any] | None:
         """The schema of ``form``, or None when this stage has none."""
@@ -116,21 +116,22 @@ def forms(schema: Mapping[str, Any]) -> Forms:
         _forms.move_to_end(key)
         return found[1]
     portable = portable_schema(schema)
-    why_not = ""
+    why_not: dict[str, str] = {}
     # A property that can only be an empty array (`actions` of a stage that takes none)
     # is left out of the strict forms: closed objects keep the model from writing it.
     base = portable_schema(_without_empty_arrays(schema))
-    try:
-        openai: dict[str, Any] | None = _strict(base, "$", closed_only=False)
-        closed: dict[str, Any] | None = _strict(base, "$", closed_only=True)
-    except _NotStrict as exc:
-        openai = closed = None
-        why_not = str(exc)
-    built = Forms(portable, openai, closed, why_not)
-    _forms[key] = (schema, built)
+    built: dict[str, dict[str, Any] | None] = {}
+    for form in (OPENAI, CLOSED):
+        try:
+            built[form] = _strict(base, "$", closed_only=form == CLOSED)
+        except _NotStrict as exc:
+            built[form] = None
+            why_not[form] = str(exc)
+    made = Forms(portable, built[OPENAI], built[CLOSED], why_not)
+    _forms[key] = (schema, made)
     if len(_forms) > _FORMS_KEPT:
         _forms.popitem(last=False)
-    return built
+    return made
 
 
 def forget() -> None:
@@ -287,6 +288,12 @@ def _strict(node: Any, where: str, *, closed_only: bool) -> dict[str, Any]:
             strict = _strict(sub, f"{where}.{name}", closed_only=closed_only)
             if closed_only or name in needed:
                 out["properties"][name] = strict
+            elif _allows_null(strict):
+                # Required in the strict form, its null would clear the field where the
+                # model meant to leave it out: the two cannot be told apart.
+                raise _NotStrict(f"{where}.{name} is optional and takes null: under a "
+                                 "strict form, null (clear it) and absent (leave it) look "
+                                 "the same")
             else:
                 out["properties"][name] = _nullable(strict)
         if closed_only:
