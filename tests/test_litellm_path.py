@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PURAMUR, ROOT, puramur_data
+from conftest import PURAMUR, ROOT, puramur_data, said
 
 pytestmark = pytest.mark.postgres
 
@@ -142,7 +142,7 @@ async def warm_up(engine: Any, fake: Any) -> dict[str, Any]:
 def assert_failed_turn(engine: Any, result: Any, before: dict[str, Any],
                        after: dict[str, Any] | None, sql: Any, text: str) -> dict[str, Any]:
     """The guarantees of a turn whose model output was unusable; returns its funnel_turns row."""
-    fallback = engine.funnel.stage("discovery").spec.fallback
+    fallback = said(engine.funnel.stage("discovery").spec.fallback, result.state)
     assert result.fallback is True
     assert result.reply == fallback
     assert result.updated == [] and result.actions == []

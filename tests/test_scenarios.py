@@ -157,7 +157,7 @@ def test_schema_error_reports_file_and_line(db_url: str) -> None:
     assert result.stdout.splitlines() == [
         f"{SCHEMA_BAD}:{marker_line(SCHEMA_BAD, 'SCHEMA-unknown-key')}: ERROR schema-error: "
         "unknown key 'stag' in `turns.0.expect` (did you mean 'stage'?); expected one of: "
-        "actions, fallback, handoff, notified, prompt_contains, prompt_not_contains, refused, "
+        "actions, claims, fallback, handoff, notified, prompt_contains, prompt_not_contains, refused, "
         "reply, reply_matches, stage, state, transitions",
         f"{SCHEMA_BAD}:{marker_line(SCHEMA_BAD, 'SCHEMA-duration')}: ERROR schema-error: "
         "`turns.1.after`: '7 hours' is not a duration (7h, 30m)",

@@ -20,7 +20,8 @@ items of an array)::
 data: `funnel purge --anonymize` removes it wherever a copy is kept
 (docs/persistence.md). ``grounded: true`` is a fact only the customer can give
 (name, phone, address): a model's value for it is kept only when the customer's
-own messages contain it (engine.funnel.grounding).
+own messages hold its words, and stored as the customer wrote it
+(engine.funnel.grounding, engine.format.words).
 
 A mark's place is a *path*: property names, and ``*`` for every item of an array;
 the empty path is the whole field. The marks are taken out of the field's schema,
@@ -30,25 +31,13 @@ which stays plain JSON Schema.
 from __future__ import annotations
 
 import copy
-import re
-import unicodedata
 from typing import Any
 
-__all__ = ["EVERY_ITEM", "Path", "marks", "normalized", "remove_path", "value_at"]
+__all__ = ["EVERY_ITEM", "Path", "marks", "remove_path", "value_at"]
 
 Path = tuple[str, ...]
 EVERY_ITEM = "*"
 _MARKS = ("personal", "grounded")
-_SEPARATORS = re.compile(r"[\W_]+", re.UNICODE)
-
-
-def normalized(text: str) -> str:
-    """Case folded, compatibility-normalized, separators collapsed, padded with spaces
-    (so that a match from the start of a word is a plain substring test). How grounded
-    facts and ``confirm:`` phrases are compared (engine.funnel.grounding), and how
-    `funnel validate` finds a phrase listed twice."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    return f" {_SEPARATORS.sub(' ', text).strip()} "
 
 
 def marks(raw: dict[str, Any]) -> tuple[dict[str, Any], tuple[Path, ...], tuple[Path, ...]]:

@@ -25,7 +25,7 @@ from ..boundary.sanitize import excerpt
 from ..errors import ActionRefused, ConfigError, HookFailed
 from ..format.catalog import Catalog
 from ..format.spec import ActionSpec, FunnelSpec
-from .grounding import confirmed
+from .grounding import Confirm, Said
 from .hooks import import_hook_module
 
 # The keys the built-ins stamp on the list items they write: when and in which round the
@@ -78,6 +78,12 @@ class TurnScratch:
     ungrounded: list[tuple[str, str]] = field(default_factory=list)
 
     @cached_property
+    def said(self) -> Said:
+        # The customer's words cut once a turn: every grounded value and `confirm:`
+        # phrase of the turn reads them.
+        return Said(self.words)
+
+    @cached_property
     def now_iso(self) -> str:
         # Written once a turn: an aware datetime's isoformat takes ~1.6 us, and a turn
         # wrote it five to seven times.
@@ -96,6 +102,9 @@ class ActionRunner:
         self.hooks: dict[str, Hook] = {
             name: load_hook(a.hook, spec.path.parent) for name, a in spec.actions.items() if a.hook
         }
+        # `confirm:` phrases, cut into words once per funnel.
+        self.confirms = {name: Confirm(a.options["confirm"]) for name, a in spec.actions.items()
+                         if isinstance(a.options.get("confirm"), Mapping)}
 
     def run(self, call: Mapping[str, Any], state: dict[str, Any], turn: TurnScratch
             ) -> ActionOutcome:
@@ -108,8 +117,8 @@ class ActionRunner:
             # The reason the hand-off will carry, before the check: a call without one is
             # an explicit request, and its `confirm:` phrases must hold for it too.
             args["reason"] = DEFAULT_HANDOFF_REASON
-        confirm = action.options.get("confirm")
-        if isinstance(confirm, Mapping) and confirmed(confirm, args, turn.words) is False:
+        confirm = self.confirms.get(name)
+        if confirm is not None and confirm.holds(args, turn.said) is False:
             # Alerting a person on the model's word alone: only when the customer said so.
             turn.ungrounded.append((f"action {name}", str(args.get("reason") or "")))
             return self._refuse(name, args, "unconfirmed: the customer's messages do not ask "

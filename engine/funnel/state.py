@@ -24,7 +24,7 @@ from ..format.phones import example, normalize_phone, region_of
 from ..format.spec import FunnelSpec
 from ..sandbox.expressions import compile_condition_list
 from ..sandbox.patterns import linear_validator
-from .grounding import unground
+from .grounding import Said, unground
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 
@@ -177,7 +177,7 @@ class StateRules:
 
     def apply_updates(
         self, state: dict[str, Any], updates: Mapping[str, Any], allowed: frozenset[str],
-        notices: list[str], words: Sequence[str] | None = None,
+        notices: list[str], words: Said | Sequence[str] | None = None,
         ungrounded: list[tuple[str, str]] | None = None,
     ) -> list[str]:
         """Merge the model's ``updates`` into ``state``; return the fields that changed.
@@ -186,7 +186,8 @@ class StateRules:
         stage's schema) is ignored with a notice; a merged value that breaks the
         field's declared schema is not kept. With the customer's ``words``, a value
         for a part marked ``grounded`` that they do not hold is dropped with a
-        notice and listed in ``ungrounded``.
+        notice and listed in ``ungrounded``; one they hold is stored in their form
+        (engine.funnel.grounding).
         """
         changed: list[str] = []
         for name, patch in updates.items():
@@ -196,11 +197,12 @@ class StateRules:
                 continue
             patch = normalize_formats(patch, field.schema, name, notices)
             if field.grounded_paths and words is not None:
-                # The customer's own facts: kept only when their messages hold them.
+                # The customer's own facts: kept, in the customer's form, only when their
+                # messages hold them.
                 patch, dropped = unground(patch, field.grounded_paths, field.schema, words)
-                for where, value in dropped:
-                    notices.append(f"{name}{where}: {excerpt(value)} is not in the customer's "
-                                   "messages; ask the customer, the value was not saved")
+                for where, value, why in dropped:
+                    notices.append(f"{name}{where}: {excerpt(value)} {why}; ask the customer, "
+                                   "the value was not saved")
                     if ungrounded is not None:
                         ungrounded.append((f"{name}{where}", value))
                 if patch is None:

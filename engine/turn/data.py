@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from ..boundary.sanitize import printable
-from ..format.spec import FunnelSpec
+from ..format.spec import FunnelSpec, Localized
 from ..funnel.actions import ActionOutcome
 from ..funnel.compiled import CompiledFunnel
 from ..funnel.machine import Firing
@@ -154,6 +154,21 @@ class Turn:
     @property
     def channel(self) -> str:
         return self.inbound.channel
+
+    @property
+    def language(self) -> str | None:
+        """The language the customer is answered in: the one decided this turn, else the
+        session's (the state field ``language.response``); None when neither is known."""
+        if self.lang.response is not None:
+            return self.lang.response
+        name = self.spec.language_response
+        # Under the `model` policy the model writes the field: only a string is a language.
+        value = self.state.get(name) if name else None
+        return value if isinstance(value, str) else None
+
+    def say(self, text: Localized) -> str:
+        """``text`` in the customer's language, else the funnel's default language."""
+        return text.pick(self.language, self.spec.language_policy.default)
 
 
 def turn_calls(answer: Answer) -> list[Call]:

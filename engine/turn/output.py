@@ -60,7 +60,7 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
           session_id: str, turn: int, text: str,
           reply_check: Callable[[dict[str, Any]], str | None] | None = None,
           stable: int = 0, stream: ReplyStream | None = None, spent: float = 0.0,
-          trimmed: tuple[str, ...] = ()) -> Answer:
+          trimmed: tuple[str, ...] = (), fallback_reply: str | None = None) -> Answer:
     """Call the model, validate, repair once, else the stage's fallback.
 
     ``reply_check`` is one more validation of a schema-valid envelope (the reply's
@@ -72,7 +72,9 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     rejected answer is marked there, so that what replaces it says so. ``spent``: seconds
     the turn already waited on its way here (semantic recall's query), taken from the
     deadline. ``trimmed``: what the prompt budget cut (engine.turn.budget.Fitted.trimmed),
-    carried on the request.
+    carried on the request. ``fallback_reply``: the stage's fallback in the customer's
+    language (``Turn.say``), picked by the caller, which knows the session; without it the
+    stage's plain text (or the first language of its map).
     """
     deadline = time.monotonic() + stage.spec.model.deadline - spent
     on_text = stream.text if stream is not None else None
@@ -80,7 +82,8 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
                            settings=stage.spec.model, session_id=session_id, turn=turn,
                            user_text=text, deadline=deadline, stable=stable, on_text=on_text,
                            trimmed=trimmed)
-    fallback = {"reply": stage.spec.fallback}
+    fallback = {"reply": fallback_reply if fallback_reply is not None
+                else stage.spec.fallback.pick(None, None)}
     completions: list[Completion] = []
     try:
         first = await model.complete(request)

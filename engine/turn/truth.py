@@ -118,7 +118,8 @@ async def checked(turn: Turn, answer: Answer, snapshot: Snapshot, stage: str, mo
         _keep(turn, still, 1)
         if stream is not None:
             stream.rejected()
-        answer, error = again, f"reply claims refused: {problem(still)}"
+        answer, error = again, (f"reply claims refused: {problem(found)}; after repair: "
+                                f"{problem(still)}")
     return Answer({**answer.envelope, "reply": fallback}, again.completions,
                   failures=again.failures + int(not again.fallback), fallback=True,
                   error=error, attempts=again.attempts, failed=list(again.failed))

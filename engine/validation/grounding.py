@@ -10,10 +10,12 @@ hand-off it was meant to guard unconfirmed. So `funnel validate` says so:
   give is theirs: ``funnel purge --anonymize`` should remove it);
 - F507 (error): a ``confirm:`` key that is neither ``*`` nor one of the action's ``reasons``
   (or any key but ``*`` on an action without reasons), a reason with no phrases, a phrase
-  that is only spaces and punctuation (it can never match);
-- F508 (warning): a phrase listed twice in one language (as the engine compares them: case folded, spaces
-  and punctuation collapsed), a language key that is not an ISO 639-1 code, or not one of
-  the funnel's languages (its phrases are still matched).
+  that can never match (only spaces and punctuation, a word mixing scripts) or that
+  matches nearly any message (only pronouns and function words, a ``*`` stem shorter
+  than four letters or a function word, a ``*`` inside a word) (engine.format.words);
+- F508 (warning): a phrase listed twice in one language (as the engine compares them: word
+  by word, folded), a language key that is not an ISO 639-1 code, or not one of the
+  funnel's languages (its phrases are still matched).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import did_you_mean
-from ..format.personal import normalized
+from ..format.words import phrase as phrase_words
+from ..format.words import phrase_problems
 from .diagnostics import Report, as_dict, as_list
 from .knowledge import LANGUAGE_CODES
 
@@ -112,17 +115,22 @@ def _check_confirm(name: str, raw: dict[str, Any], languages: list[str],
                 if not isinstance(phrase, str):
                     continue
                 listed += 1
-                words = normalized(phrase).strip()
+                words = " ".join(w.folded + "*" * w.prefix for w in phrase_words(phrase))
                 at = (*where, language, i)
+                problems = phrase_problems(phrase)
                 if not words:
                     report.at(at, "error", "F507", f"action '{name}': the phrase {phrase!r} "
                               "is only spaces and punctuation, which the engine does not "
                               "compare: it can never match. Write the words the customer "
                               "would use")
+                elif problems:
+                    for problem in problems:
+                        report.at(at, "error", "F507", f"action '{name}': the phrase "
+                                  f"{phrase!r}: {problem}")
                 elif words in seen:
                     report.at(at, "warning", "F508", f"action '{name}': the phrase "
                               f"{phrase!r} is listed already ({seen[words]!r}: phrases are "
-                              "compared case folded, spaces and punctuation collapsed). "
+                              "compared word by word, case folded, punctuation ignored). "
                               "Remove one")
                 else:
                     seen[words] = phrase
