@@ -204,6 +204,8 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         "fallback": answer.fallback,
         # Calls that gave no answer (timed out, failed before a retry) spent time too.
         "llm_ms": round(sum(c.ms for c in calls)),
+        # Unrounded, for TurnResult.model_seconds (a fast model's turn is not 0 s there).
+        "model_seconds": sum(c.ms for c in calls) / 1000,
         "turn_ms": round((time.perf_counter() - turn.inbound.started) * 1000),
         "prompt_tokens": sum(c.prompt_tokens for c in calls),
         "completion_tokens": sum(c.completion_tokens for c in calls),
