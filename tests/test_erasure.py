@@ -320,3 +320,26 @@ async def test_a_turn_that_lost_its_lease_cannot_bring_back_an_erased_session(
         await engine.close()
     assert fresh.reply == "Hello!"
     assert sql(f"SELECT turns FROM {TABLE}") == [(1,)]
+
+
+def test_the_mounted_studio_forgets_an_erased_session(db_url: str) -> None:
+    """The studio keeps the prompts it sent per session, in memory: an erasure through
+    the service drops them, and says so in the receipt."""
+    admin = "admin-key-erasure-9f8e7d6c"
+    config = ServiceConfig(funnels=[PURAMUR], db=db_url,
+                           model=f"scripted:{PURAMUR.parent / 'puramur' / 'demo.yaml'}",
+                           api_keys={admin: frozenset({"admin"})},
+                           secret=b"erasure-secret-0123456789", rate_limit=(1000, 60.0),
+                           reload=False)
+    auth = {"Authorization": f"Bearer {admin}"}
+    with TestClient(create_app(config)) as client:
+        turn = client.post("/studio/api/turn", headers=auth, json={
+            "funnel": "puramur", "session": "studio-e1", "text": f"Hi, I am {A}",
+            "answer": {"reply": "Hello! Cat or dog?", "language": "en"}})
+        assert turn.status_code == 200, turn.text
+        assert A in json.dumps(turn.json()["prompt"])
+        erased = client.delete(f"{BASE}/sessions/studio-e1", headers=auth)
+        assert erased.status_code == 200, erased.text
+        assert erased.json()["memory"]["studio_prompts"] >= 1
+        studio = client.app.state.service.forgetters  # type: ignore[attr-defined]
+        assert len(studio) == 1 and studio[0]("puramur", "studio-e1") == 0
