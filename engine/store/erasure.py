@@ -65,24 +65,22 @@ async def erase(connect: Connect, funnel: FunnelSpec, session_id: str, *, by: st
     deadline = time.monotonic() + wait
     while True:
         async with connect() as conn, conn.transaction():
-            if not await _table_exists(conn, funnel):
-                raise UnknownSession(f"no session {session_id!r} in funnel '{funnel.name}': "
-                                     f"its table {funnel.table} does not exist here")
             if await _take_lease(conn, funnel, session_id):
-                tables = await _delete(conn, funnel, session_id)
+                ref = f"erase-{uuid.uuid4()}"
+                try:
+                    tables = await _delete(conn, funnel, session_id, by, ref)
+                except psycopg.errors.UndefinedTable:
+                    raise UnknownSession(f"no session {session_id!r} in funnel "
+                                         f"'{funnel.name}': its table {funnel.table} does not "
+                                         "exist here") from None
                 total = sum(tables.values())
                 if total == 0:
-                    await _free_lease(conn, funnel, session_id)
                     raise UnknownSession(
                         f"no session {session_id!r} in funnel '{funnel.name}': nothing of it "
                         "is stored (erased already, or never seen); check the id")
-                ref = f"erase-{uuid.uuid4()}"
-                receipt = {"funnel": funnel.name, "session_id": session_id, "receipt": ref,
-                           "erased_at": datetime.now(UTC).isoformat(), "tables": tables,
-                           "total": total}
-                await _free_lease(conn, funnel, session_id)
-                await _audit(conn, funnel, "erased", by, ref, tables)
-                return receipt
+                return {"funnel": funnel.name, "session_id": session_id, "receipt": ref,
+                        "erased_at": datetime.now(UTC).isoformat(), "tables": tables,
+                        "total": total}
         if time.monotonic() >= deadline:
             raise SessionBusy(f"session {session_id!r} of funnel '{funnel.name}' has been in "
                               f"a turn for {wait:g} s; nothing was erased: ask again when its "
@@ -112,26 +110,36 @@ async def _take_lease(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
     return row is not None
 
 
-async def _free_lease(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
-                      session_id: str) -> None:
-    await conn.execute(sql.SQL("DELETE FROM {} WHERE lock_key = %s AND holder = %s").format(
-        sql.Identifier(ddl.LEASES)), (f"{funnel.name}/{session_id}", ERASE_HOLDER))
-
-
-async def _delete(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
-                  session_id: str) -> dict[str, int]:
-    tables: dict[str, int] = {}
-    # The row first, locked: a manager's release or a summary being saved waits, then
-    # finds nothing to write.
-    cur = await conn.execute(sql.SQL("DELETE FROM {} WHERE session_id = %s").format(
-        sql.Identifier(funnel.table)), (session_id,))
-    tables[funnel.table] = cur.rowcount
-    for table in SESSION_TABLES:
-        cur = await conn.execute(sql.SQL(
-            "DELETE FROM {} WHERE funnel = %s AND session_id = %s").format(
-                sql.Identifier(table)), (funnel.name, session_id))
-        tables[table] = cur.rowcount
-    return tables
+async def _delete(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec, session_id: str,
+                  by: str, ref: str) -> dict[str, int]:
+    """One statement (one round trip): every table's rows of the session, the lease given
+    back (its row deleted), and the audit event when anything was there; rows by table."""
+    tables = [funnel.table, *SESSION_TABLES]
+    deletes = [sql.SQL("d0 AS (DELETE FROM {} WHERE session_id = %(s)s RETURNING 1)").format(
+        sql.Identifier(funnel.table))]
+    deletes += [sql.SQL("{} AS (DELETE FROM {} WHERE funnel = %(f)s AND session_id = %(s)s "
+                        "RETURNING 1)").format(sql.Identifier(f"d{i}"), sql.Identifier(t))
+                for i, t in enumerate(SESSION_TABLES, start=1)]
+    counted = sql.SQL(", ").join(
+        sql.SQL("(SELECT count(*) FROM {}) AS {}").format(sql.Identifier(f"d{i}"),
+                                                          sql.Identifier(f"n{i}"))
+        for i in range(len(tables)))
+    rows = sql.SQL(", ").join(sql.SQL("{}, c.{}").format(sql.Literal(t), sql.Identifier(f"n{i}"))
+                              for i, t in enumerate(tables))
+    total = sql.SQL(" + ").join(sql.SQL("c.{}").format(sql.Identifier(f"n{i}"))
+                                for i in range(len(tables)))
+    row = await (await conn.execute(sql.SQL(
+        "WITH {deletes}, c AS (SELECT {counted}), "
+        "l AS (DELETE FROM {leases} WHERE lock_key = %(k)s AND holder = %(h)s), "
+        "a AS (INSERT INTO {events} (funnel, session_id, event, detail) SELECT %(f)s, %(audit)s, "
+        "'erased', jsonb_build_object('by', %(by)s::text, 'receipt', %(r)s::text, 'rows', "
+        "jsonb_build_object({rows})) FROM c WHERE {total} > 0) SELECT * FROM c").format(
+            deletes=sql.SQL(", ").join(deletes), counted=counted, rows=rows, total=total,
+            leases=sql.Identifier(ddl.LEASES), events=sql.Identifier(ddl.CONTROL_EVENTS)),
+        {"s": session_id, "f": funnel.name, "k": f"{funnel.name}/{session_id}",
+         "h": ERASE_HOLDER, "audit": AUDIT_SESSION, "by": by, "r": ref})).fetchone()
+    assert row is not None
+    return dict(zip(tables, (int(n) for n in row), strict=True))
 
 
 async def _audit(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec, event: str, by: str,
