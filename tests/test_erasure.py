@@ -343,3 +343,33 @@ def test_the_mounted_studio_forgets_an_erased_session(db_url: str) -> None:
         assert erased.json()["memory"]["studio_prompts"] >= 1
         studio = client.app.state.service.forgetters  # type: ignore[attr-defined]
         assert len(studio) == 1 and studio[0]("puramur", "studio-e1") == 0
+
+
+def test_the_answers_conform_to_the_document(db_url: str, sql: Any) -> None:
+    """Export, receipt and refusals, each validated against the served /openapi.json."""
+    from test_openapi import Checked
+
+    config = ServiceConfig(funnels=[PURAMUR], db=db_url,
+                           model=f"scripted:{PURAMUR.parent / 'puramur' / 'demo.yaml'}",
+                           api_keys={ERASER: frozenset({"erase"}),
+                                     READER: frozenset({"converse", "read_state"})},
+                           secret=b"erasure-secret-0123456789", rate_limit=(1000, 60.0),
+                           reload=False)
+    eraser, reader = {"Authorization": f"Bearer {ERASER}"}, {"Authorization": f"Bearer {READER}"}
+    session, export = "/v1/funnels/{funnel}/sessions/{session}", \
+        "/v1/funnels/{funnel}/sessions/{session}/export"
+    with TestClient(create_app(config)) as client:
+        check = Checked(client)
+        assert client.post(f"{BASE}/sessions/c-1/messages", json={"text": "Hi!"},
+                           headers=reader).status_code == 200
+        assert check("GET", f"{BASE}/sessions/c-1/export", export,
+                     headers=eraser).json()["messages"]
+        assert check("GET", f"{BASE}/sessions/c-1/export", export,
+                     headers=reader).status_code == 403
+        assert check("DELETE", f"{BASE}/sessions/c-1", session, headers=reader).status_code == 403
+        assert check("DELETE", f"{BASE}/sessions/c-1", session, headers=eraser).json()["total"]
+        assert check("DELETE", f"{BASE}/sessions/c-1", session, headers=eraser).status_code == 404
+        assert check("GET", f"{BASE}/sessions/c-1/export", export,
+                     headers=eraser).status_code == 404
+        assert check("DELETE", f"{BASE}/sessions/bad%20id", session,
+                     headers=eraser).status_code == 400
