@@ -161,3 +161,19 @@ def test_the_format_and_its_mistakes(db_url: str) -> None:
     with pytest.raises(ConfigError, match="key #1 is limited to no funnel"):
         ServiceConfig(funnels=[PURAMUR], api_keys={secret: frozenset({"admin"})},
                       key_funnels={secret: frozenset()})
+
+
+def test_funnel_serve_refuses_to_start_with_a_key_for_an_unknown_funnel(db_url: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    secret = "z" * 24
+    env = {**os.environ, "FUNNEL_API_KEYS": f"{ADMIN}:admin;{secret}:converse@puramur+nope",
+           "FUNNEL_SECRET": "s" * 32}
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "serve", str(PURAMUR),
+                           "--db", db_url, "--port", "0"], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=PURAMUR.parent.parent)
+    assert done.returncode == 1, done.stderr
+    assert "key #2 is limited to 'nope', which this service does not serve" in done.stderr
+    assert secret not in done.stderr + done.stdout and "Traceback" not in done.stderr

@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,6 +214,23 @@ class ServiceConfig:
     def webhook(self, funnel: str) -> str | None:
         """The manager URL of ``funnel``'s handoff alerts, when configured here."""
         return self.handoff_webhooks.get(env_suffix(funnel)) or self.handoff_webhook
+
+
+def check_key_funnels(config: ServiceConfig, served: Iterable[str]) -> None:
+    """Every funnel a key is limited to is served (``KEY:scopes@a+b``).
+
+    Raises:
+        ConfigError: naming the key's position (``key #2``), never the key.
+    """
+    names = set(served)
+    positions = {key: n for n, key in enumerate(config.api_keys, start=1)}
+    for key, limited in config.key_funnels.items():
+        unknown = sorted(limited - names)
+        if unknown:
+            raise ConfigError(
+                f"FUNNEL_API_KEYS: key #{positions.get(key, '?')} is limited to "
+                f"{', '.join(repr(u[:80]) for u in unknown)}, which this service does not "
+                f"serve; it serves {', '.join(sorted(names))} (the funnels' `name:`)")
 
 
 def _chat_id(value: str | None, name: str) -> int | None:

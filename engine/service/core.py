@@ -38,7 +38,7 @@ from ..turn.engine import Engine, TurnResult
 from ..turn.notify import Notifier, make_notifier
 from ..turn.stream import Listener
 from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
-from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig
+from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig, check_key_funnels
 from .limits import RateLimiter, RequestRefused, SessionQueue
 from .metrics import Metrics
 from .preloaded import compiled_funnel
@@ -98,14 +98,7 @@ class Service:
             if compiled.name in self.funnels:
                 raise ConfigError(f"two funnels are named '{compiled.name}'; names must differ")
             self.funnels[compiled.name] = compiled
-        positions = {key: n for n, key in enumerate(config.api_keys, start=1)}
-        for key, names in config.key_funnels.items():
-            unknown = sorted(names - set(self.funnels))
-            if unknown:  # the key's position, never the key
-                raise ConfigError(
-                    f"FUNNEL_API_KEYS: key #{positions.get(key, '?')} is limited to "
-                    f"{', '.join(repr(u[:80]) for u in unknown)}, which this service does not "
-                    f"serve; it serves {', '.join(sorted(self.funnels))} (the funnels' `name:`)")
+        check_key_funnels(config, self.funnels)
         self.keys = ApiKeys(config.api_keys, config.key_funnels)
         # What else holds a session's data in memory, forgotten when it is erased
         # (engine.service.privacy): the mounted studio's prompts (engine.service.app).
