@@ -39,7 +39,7 @@ bottom of the package, so that this module imports nothing of the engine.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -267,13 +267,15 @@ class ModelError(FunnelError):
         spent_ms: the time those calls took, waits between them left out.
         prompt_tokens: the prompt tokens they sent, as far as counted (a call cut at the
             deadline was sent, and a provider bills what it read).
+        calls: each of those calls (``engine.records.calls.Call``), for the turn record.
     """
 
     def __init__(self, message: str, *, attempts: int = 1, spent_ms: float = 0.0,
-                 prompt_tokens: int = 0) -> None:
+                 prompt_tokens: int = 0, calls: Sequence[Any] = ()) -> None:
         self.attempts = attempts
         self.spent_ms = spent_ms
         self.prompt_tokens = prompt_tokens
+        self.calls = tuple(calls)
         super().__init__(message)
 
 

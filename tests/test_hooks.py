@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, puramur_data
+from conftest import ROOT, puramur_data, said
 
 from engine import Engine, ScriptedModel
 from engine.errors import FunnelInvalid
@@ -86,7 +86,8 @@ def tag(call):
     model = ScriptedModel.from_data({"default": HELLO})
     async with await Engine.open(path, db=db_url, model=model) as engine:
         first = await engine.handle("s1", "Hi, I am Olena")
-        assert first.fallback and first.reply == engine.funnel.stage("greeting").spec.fallback
+        assert first.fallback and first.reply == said(engine.funnel.stage("greeting").spec.fallback,
+                                                      first.state)
         assert first.error is not None and "HookFailed" in first.error
         assert raised.split("(")[0].split(".")[-1] in first.error
         second = await engine.handle("s1", "Hello again")  # the row exists: no on_enter
@@ -159,6 +160,6 @@ def test_chat_survives_a_hook_that_exits(tmp_path: Path, db_url: str) -> None:
                           timeout=180)
     out, err = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0, err
-    fallback = load_funnel(path).stage("greeting").spec.fallback
+    fallback = said(load_funnel(path).stage("greeting").spec.fallback)  # a new session: uk
     assert out.splitlines() == [fallback, "Got it."]
     assert "Traceback" not in err and "Kovalenko" not in err

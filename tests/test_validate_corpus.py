@@ -32,6 +32,7 @@ REQUIRED_CODES = {
     "F301", "F302", "F303", "F304", "F305", "F306", "F310", "F311",
     "F401", "F402", "F403", "F404", "F405", "F406", "F407", "F408",
     "F501", "F502", "F504", "F505", "F507", "F508", "F601", "F602", "F603", "F604",
+    "F704", "F705",
 }  # fmt: skip
 
 Key = tuple[str, str, int]
@@ -157,7 +158,7 @@ def test_shared_funnel_name_names_the_other_file() -> None:
 
 
 def test_severities() -> None:
-    warnings = {"F009", "F106", "F311", "F403", "F404", "F408", "F508"}
+    warnings = {"F009", "F106", "F311", "F403", "F404", "F408", "F508", "F704"}
     for case in CASES:
         for d in diagnostics(case):
             assert d.severity == ("warning" if d.code in warnings else "error"), d.format()

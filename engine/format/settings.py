@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .texts import TOO_LONG, Localized
+
 DURATION = re.compile(r"^([0-9]+)(s|m|h|d)$")
 
 # The structured-output strategies a funnel or the command line may name (what each one
@@ -110,9 +112,8 @@ class MemorySettings:
     # the observation list when it would pass its budget.
     observe_after: int = 300
     observation_budget: int = 400
-    # The reply to a message too long for the stage's prompt budget.
-    too_long_reply: str = ("Your message is too long for me to take in at once. Could you "
-                           "shorten it, or send it in a few parts?")
+    # The reply to a message too long for the stage's prompt budget, by language.
+    too_long_reply: Localized = TOO_LONG
     recall: RecallSettings | None = None  # semantic recall (tier 4); off by default
 
     def merged(self, override: dict[str, Any] | None) -> MemorySettings:
@@ -123,6 +124,8 @@ class MemorySettings:
             values["idle_return_after"] = parse_duration(values["idle_return_after"])
         if "recall" in values:
             values["recall"] = RecallSettings.of(values["recall"])
+        if "too_long_reply" in values:
+            values["too_long_reply"] = Localized.of(values["too_long_reply"])
         return MemorySettings(**{**self.__dict__, **values})
 
 

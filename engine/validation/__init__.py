@@ -4,7 +4,8 @@
 JSON Schema), `semantics` (names, the stage graph, conditions, indexes),
 `actions` (builtins, hooks, `on_enter`), `grounding` (`grounded:` marks and `confirm:`
 phrases), `files` (templates, output schemas,
-the catalog) and `storage` (names shared by funnels validated together). They
+the catalog), `texts` (the texts a customer gets instead of the model's, by language)
+and `storage` (names shared by funnels validated together). They
 write into one `diagnostics.Report`.
 
 Importing this package imports neither litellm, psycopg nor `transitions`.
