@@ -26,6 +26,7 @@ path or session), what was expected, and what to do about it::
     │   ├── StoreUnavailable    cannot connect (down, wrong URL)
     │   ├── SchemaOutdated      the table is behind the funnel: run `funnel migrate`
     │   ├── ConcurrentUpdate    a stale save lost the race for a session
+    │   ├── SessionBusy         an erasure waited too long for a session's turn
     │   └── DuplicateDelivery   a message's delivery key was seen before: no second turn
     └── PromptTooLarge          a prompt cannot fit the stage's token budget
         └── MessageTooLong      only the customer's message keeps it over (ask to shorten)
@@ -67,6 +68,7 @@ __all__ = [
     "ReleaseRejected",
     "ResponseRefused",
     "SchemaOutdated",
+    "SessionBusy",
     "StoreError",
     "StoreUnavailable",
     "UnknownSession",
@@ -313,6 +315,11 @@ class StoreUnavailable(StoreError):
 
 class SchemaOutdated(StoreError):
     """The session table is behind the funnel declaration."""
+
+
+class SessionBusy(StoreError):
+    """A session stayed in a turn for longer than an erasure would wait; nothing was
+    erased (the service answers 503 with Retry-After)."""
 
 
 class ConcurrentUpdate(StoreError):
