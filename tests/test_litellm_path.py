@@ -241,7 +241,8 @@ async def test_structured_output_model_gets_the_stage_schema(db_url: str, sql: A
                                                              fake_llm: Any,
                                                              api_key: None) -> None:
     """A model litellm knows supports response schemas gets ``json_schema`` with the stage's
-    schema; the cost comes from litellm's local cost map."""
+    schema in OpenAI's strict form, ``strict: true``; the cost comes from litellm's local
+    cost map."""
     engine = await open_engine(PURAMUR, db_url, fake_llm, name="openai/gpt-4o-mini")
     try:
         fake_llm.reply(out("Hello! Cat or dog?"), prompt_tokens=1000, completion_tokens=100)
@@ -253,7 +254,8 @@ async def test_structured_output_model_gets_the_stage_schema(db_url: str, sql: A
         assert fmt["type"] == "json_schema"
         assert fmt["json_schema"]["name"] == "greeting_output"
         schema = fmt["json_schema"]["schema"]
-        assert schema["required"] == ["reply"]
+        assert fmt["json_schema"]["strict"] is True
+        assert schema["required"] == ["reply", "language", "updates", "actions"]
         assert set(schema["properties"]) == {"reply", "language", "updates", "actions"}
         [turn] = turns(sql)
         assert turn["cost"] is not None and turn["cost"] > 0

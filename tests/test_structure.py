@@ -46,6 +46,8 @@ LOCAL_IMPORTS_ALLOWED = {
     ("engine.llm.models", "openai.types.chat"): "the warm-up of a real model: litellm brings it",
     ("engine.llm.client", "litellm.llms.custom_httpx.async_client_cleanup"):
         "litellm, when a command closes its clients",
+    ("engine.llm.strict", "litellm.llms.vertex_ai.common_utils"):
+        "litellm's own Gemini test, once per model, when a real model is called",
     ("engine.service.server", "uvicorn"): "the optional `serve` extra",
     ("engine.service.server", "uvicorn.supervisors.multiprocess"): "the optional `serve` extra",
     ("engine.service.server", "uvicorn._subprocess"): "the optional `serve` extra",

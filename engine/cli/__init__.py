@@ -119,6 +119,23 @@ def _parser() -> argparse.ArgumentParser:
                     help="count what would be deleted or anonymized; change nothing")
     db_opts(pu)
 
+    fg = sub.add_parser("forget", help="erase every copy of one customer's sessions (a GDPR "
+                        "erasure request); print a receipt per session")
+    fg.add_argument("funnel", metavar="FUNNEL")
+    fg.add_argument("sessions", nargs="+", metavar="SESSION")
+    fg.add_argument("--format", choices=["text", "json"], default="text")
+    fg.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                    help="how long to wait for a session's turn to end (default: 60)")
+    db_opts(fg)
+
+    ex = sub.add_parser("export", help="everything stored of one session as one JSON document "
+                        "(a GDPR access request)")
+    ex.add_argument("funnel", metavar="FUNNEL")
+    ex.add_argument("session", metavar="SESSION")
+    ex.add_argument("-o", "--output", default=None, metavar="FILE",
+                    help="write the document there (default: stdout)")
+    db_opts(ex)
+
     t = sub.add_parser("test", help="play conversation scenarios against funnels and check them")
     t.add_argument("paths", nargs="+", metavar="PATH",
                    help="scenario files or folders (YAML files with a top-level `scenario:`)")
@@ -317,6 +334,8 @@ _COMMANDS = {
     "deploy": ("deploy", "cmd_deploy"),
     "versions": ("deploy", "cmd_versions"),
     "purge": ("database", "cmd_purge"),
+    "forget": ("privacy", "cmd_forget"),
+    "export": ("privacy", "cmd_export"),
     "test": ("scenario", "cmd_test"),
     "record": ("record", "cmd_record"),
     "serve": ("serve", "cmd_serve"),

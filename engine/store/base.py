@@ -214,6 +214,24 @@ class Store(Protocol):
                             anonymize: bool = False) -> dict[str, int] | None:
         """What ``purge`` would touch, counted; ``None`` when the funnel has no table."""
 
+    async def erase_session(self, funnel: FunnelSpec, session_id: str, *, by: str,
+                            wait: float = 60.0) -> dict[str, Any]:
+        """Delete every copy of one session after its turn; the receipt, rows per table
+        (engine.store.erasure).
+
+        Raises:
+            UnknownSession: nothing of the session is stored.
+            SessionBusy: its turn held it for ``wait`` seconds; nothing was erased.
+        """
+
+    async def export_session(self, funnel: FunnelSpec, session_id: str, *, by: str
+                             ) -> dict[str, Any]:
+        """Everything stored of one session, as one JSON-ready document.
+
+        Raises:
+            UnknownSession: nothing of the session is stored.
+        """
+
     async def turn_records(self, funnel: FunnelSpec, session_id: str, limit: int = 1000
                            ) -> list[dict[str, Any]]:
         """A session's turn records, oldest first, with each turn's message and reply."""

@@ -96,6 +96,14 @@ class StudioModel:
             self.models[name] = make_model(name, api_base=self.api_base)
         self.choice[session_id] = name
 
+    def forget(self, session_id: str) -> int:
+        """Drop what is kept of the session (its prompts, a queued answer, its model
+        choice): an erasure of the session (engine.store.erasure). The calls dropped."""
+        self.clear(session_id)
+        self.choice.pop(session_id, None)
+        calls = self._sent.pop(session_id, None)
+        return len(calls) if calls is not None else 0
+
     def sent(self, session_id: str) -> list[Sent]:
         return list(self._sent.get(session_id) or ())
 

@@ -59,6 +59,7 @@ async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str |
     values = {**state, **pos, "funnel_version": spec.version,
               "variant": turn.funnel.variant}
     record = turn_record(turn, answer, transitions, model)
+    model_seconds = record.pop("model_seconds")
     await access.save(TurnWrite(
         session_id=turn.session_id, values=values, expected_version=turn.expected,
         reply=reply, stage_after=pos["stage"], turn=record, outbox=outbox,
@@ -76,7 +77,7 @@ async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str |
         cache_write_tokens=record["cache_write_tokens"],
         returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
         message_id=turn.inbound.message_id or 0, recalled=list(turn.recalled),
-        model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
+        model_seconds=model_seconds,  # every call's, a timed-out one's too
         explain=turn.mover.explanation,
         approval=gated[0]["held"]["to"] if gated is not None else None,
         refused_claims=refused_claims(turn.mover.scratch.ungrounded),
