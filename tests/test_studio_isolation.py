@@ -441,6 +441,49 @@ def test_the_studio_never_changes_what_production_runs(db_url: str, sql: Any,
     assert sql(indexed) == index
 
 
+def test_erasing_a_customer_erases_the_studios_branches_of_them(db_url: str, sql: Any,
+                                                               tmp_path: Path) -> None:
+    """A branch replays the customer's messages: `DELETE /v1/.../sessions/ID` (the
+    erasure) takes the branches of the session, and theirs, with it; the studio's other
+    sessions stay."""
+    from starlette.testclient import TestClient
+
+    from engine.service.app import create_app
+    from engine.service.config import ServiceConfig
+
+    funnel = copy_puramur(tmp_path)
+    real_session(funnel, db_url, "tg-77", texts=("Hi!", "A Sphynx, her skin is dry"),
+                 model=script())
+    with running(create_studio_app(opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url, \
+            httpx.Client(base_url=url, timeout=60) as c:
+        branch = c.post("/api/turn", json={"funnel": "puramur", "session": "tg-77",
+                                           "text": "Hi again", "answer": {"reply": "Hello."}}
+                        ).json()["session"]
+        nested = c.post("/api/rewind", json={"funnel": "puramur", "session": branch,
+                                             "turn": 1}).json()["session"]
+        c.post("/api/turn", json={"funnel": "puramur", "session": "studio-x", "text": "Hi!",
+                                  "answer": SAY["Hi!"]})
+    copies = ("tg-77", branch, nested)
+    messages = "SELECT count(*) FROM funnel_messages WHERE session_id = %s"
+    held = sum(sql(messages, (s,))[0][0] for s in copies)
+    assert held == 4 + 6 + 2  # the customer's 2 turns; the branch's 3; the nested one's 1
+    config = ServiceConfig(funnels=[funnel], db=db_url,
+                           model=f"scripted:{ROOT / 'funnels' / 'puramur' / 'demo.yaml'}",
+                           api_keys={"erase-key": frozenset({"erase"})}, secret=b"e" * 32,
+                           reload=False)
+    with TestClient(create_app(config)) as client:
+        erased = client.delete("/v1/funnels/puramur/sessions/tg-77",
+                               headers={"Authorization": "Bearer erase-key"})
+    assert erased.status_code == 200, erased.text
+    assert erased.json()["tables"]["funnel_messages"] == held
+    for session in copies:
+        for table in ("puramur_sessions_state", "funnel_messages", "funnel_turns",
+                      "funnel_playground"):
+            assert sql(f"SELECT count(*) FROM {table} WHERE session_id = %s",
+                       (session,)) == [(0,)], (session, table)
+    assert sql(messages, ("studio-x",)) == [(2,)]
+
+
 # -- the engine ---------------------------------------------------------------------------
 async def test_a_playground_engine_queues_nothing_and_says_what_it_withheld(
         db_url: str, sql: Any, tmp_path: Path) -> None:

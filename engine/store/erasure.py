@@ -4,7 +4,9 @@ A data subject's requests (GDPR articles 15 and 17, docs/persistence.md) name on
 session. :data:`SESSION_TABLES` lists every shared table that keeps rows of a
 session; the retention purge (engine.store.retention) deletes from the same list
 (but keeps the orders, :data:`KEPT_BY_PURGE`), so the two cannot disagree, and a
-test checks that every table with a ``session_id`` column is on it.
+test checks that every table with a ``session_id`` column is on it. An erasure takes
+the studio's branches of the session too (``funnel_playground``'s ``branched_from``,
+engine.store.playground), which replay the customer's messages.
 
 :func:`erase` takes the session's lease the way the purge does, but waits for it: a
 turn in flight (or queued) finishes first, then the session goes in one
@@ -112,13 +114,16 @@ async def _take_lease(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
 
 async def _delete(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec, session_id: str,
                   by: str, ref: str) -> dict[str, int]:
-    """One statement (one round trip): every table's rows of the session, the lease given
-    back (its row deleted), and the audit event when anything was there; rows by table."""
+    """One statement (one round trip): every table's rows of the session and of the
+    studio's branches of it, the lease given back (its row deleted), and the audit event
+    when anything was there; rows by table."""
     tables = [funnel.table, *SESSION_TABLES]
-    deletes = [sql.SQL("d0 AS (DELETE FROM {} WHERE session_id = %(s)s RETURNING 1)").format(
-        sql.Identifier(funnel.table))]
-    deletes += [sql.SQL("{} AS (DELETE FROM {} WHERE funnel = %(f)s AND session_id = %(s)s "
-                        "RETURNING 1)").format(sql.Identifier(f"d{i}"), sql.Identifier(t))
+    ids = await _with_branches(conn, funnel, session_id)
+    deletes = [sql.SQL("d0 AS (DELETE FROM {} WHERE session_id = ANY(%(ids)s) RETURNING 1)"
+                       ).format(sql.Identifier(funnel.table))]
+    deletes += [sql.SQL("{} AS (DELETE FROM {} WHERE funnel = %(f)s AND session_id = "
+                        "ANY(%(ids)s) RETURNING 1)").format(sql.Identifier(f"d{i}"),
+                                                            sql.Identifier(t))
                 for i, t in enumerate(SESSION_TABLES, start=1)]
     counted = sql.SQL(", ").join(
         sql.SQL("(SELECT count(*) FROM {}) AS {}").format(sql.Identifier(f"d{i}"),
@@ -136,10 +141,26 @@ async def _delete(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec, sessio
         "jsonb_build_object({rows})) FROM c WHERE {total} > 0) SELECT * FROM c").format(
             deletes=sql.SQL(", ").join(deletes), counted=counted, rows=rows, total=total,
             leases=sql.Identifier(ddl.LEASES), events=sql.Identifier(ddl.CONTROL_EVENTS)),
-        {"s": session_id, "f": funnel.name, "k": f"{funnel.name}/{session_id}",
+        {"ids": ids, "f": funnel.name, "k": f"{funnel.name}/{session_id}",
          "h": ERASE_HOLDER, "audit": AUDIT_SESSION, "by": by, "r": ref})).fetchone()
     assert row is not None
     return dict(zip(tables, (int(n) for n in row), strict=True))
+
+
+async def _with_branches(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
+                         session_id: str) -> list[str]:
+    """``session_id`` and the studio's branches of it, and theirs (engine.store.playground):
+    a branch replays the customer's messages, so it is a copy of them."""
+    exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                       (ddl.PLAYGROUND,))).fetchone()
+    if not (exists and exists[0]):
+        return [session_id]
+    row = await (await conn.execute(sql.SQL(
+        "WITH RECURSIVE b(session_id) AS (SELECT %(s)s::text UNION SELECT p.session_id "
+        "FROM {} p JOIN b ON p.branched_from = b.session_id WHERE p.funnel = %(f)s) "
+        "SELECT array_agg(session_id) FROM b").format(sql.Identifier(ddl.PLAYGROUND)),
+        {"s": session_id, "f": funnel.name})).fetchone()
+    return list(row[0]) if row and row[0] else [session_id]
 
 
 async def _audit(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec, event: str, by: str,
