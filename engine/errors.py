@@ -30,10 +30,6 @@ path or session), what was expected, and what to do about it::
     └── PromptTooLarge          a prompt cannot fit the stage's token budget
         └── MessageTooLong      only the customer's message keeps it over (ask to shorten)
 
-:class:`Terminated` is no FunnelError: SIGTERM while a command works in a temporary
-schema (engine.store.connect), raised like ``KeyboardInterrupt`` so that every ``finally``
-runs (the schema is dropped); the CLI exits 143.
-
 :class:`Diagnostic` is one problem `funnel validate` found (file, line, column, code,
 message); :class:`FunnelInvalid` carries every one of them. It lives here, at the
 bottom of the package, so that this module imports nothing of the engine.
@@ -73,7 +69,6 @@ __all__ = [
     "SchemaOutdated",
     "StoreError",
     "StoreUnavailable",
-    "Terminated",
     "UnknownSession",
     "closest",
     "did_you_mean",
@@ -133,15 +128,6 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (driver errors run on for lines), or its type."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-class Terminated(BaseException):
-    """The process was sent SIGTERM (``timeout``, systemd, CI) while it held a temporary
-    schema: raised so that the work unwinds and the schema is dropped."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(f"terminated by signal {signum}")
 
 
 class FunnelError(Exception):

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import StoreError, StoreUnavailable, Terminated, first_line
+from ..errors import StoreError, StoreUnavailable, first_line
 from .embedded import embedded_url
 
 
@@ -50,6 +50,16 @@ _HOLD = "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))"
 _UNHOLD = "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, systemd, CI) while the main thread held a temporary schema:
+    raised like Ctrl-C's ``KeyboardInterrupt`` so that the work unwinds and every
+    ``finally`` runs (the schema is dropped); the CLI exits ``128 + signum``."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"terminated by signal {signum}")
+
+
 def temporary_name(kind: str, at: float | None = None) -> str:
     """A new temporary schema's name, ``funnel_tmp_<kind>_<unix time>_<random>``."""
     return f"{TEMPORARY}_{kind}_{int(time.time() if at is None else at)}_{secrets.token_hex(6)}"
@@ -60,7 +70,7 @@ def temporary_schema(url: str | None, prefix: str = f"{TEMPORARY}_test") -> Iter
     """Create the schema ``<prefix>_<unix time>_<random>``; yield a URL whose search_path
     is it; drop it with everything in it afterwards, also when the process is sent
     SIGTERM meanwhile (what ``timeout``, systemd and CI send): the signal raises
-    :class:`~engine.errors.Terminated` in the main thread, the caller's work unwinds, the
+    :class:`Terminated` in the main thread, the caller's work unwinds, the
     schema is dropped, and the exception goes on up.
 
     ``url`` ``None`` is the embedded server. `funnel test` plays its scenarios in
