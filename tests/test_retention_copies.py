@@ -119,6 +119,25 @@ async def test_a_purge_reaches_the_studio_prompts_in_memory(db_url: str, tmp_pat
         await studio.close()
 
 
+async def test_a_first_turn_in_flight_keeps_its_prompt(db_url: str, tmp_path: Path) -> None:
+    """The watcher's look while a new session's first turn waits for its model (prompt
+    sent, no row saved yet) leaves that prompt alone."""
+    funnel = copy_puramur(tmp_path)
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(yaml.safe_dump({"delay": 1.0, "default": SAID[0][1]}), "utf-8")
+    studio = await Studio.open([funnel], db=db_url)
+    try:
+        turn = asyncio.create_task(studio.turn("puramur", "f1", SAID[0][0],
+                                               model=f"scripted:{slow}"))
+        while not studio.model.sent("f1"):
+            await asyncio.sleep(0.02)
+        assert await studio.forget_retired() == []
+        view = await turn
+        assert view["prompt"] and studio.model.kept() == ["f1"]
+    finally:
+        await studio.close()
+
+
 HOLD = "A manager checks this and confirms in a few minutes."
 
 

@@ -109,15 +109,19 @@ class Studio:
                 retired_at = now
                 try:
                     await self.forget_retired()
-                except Exception:
-                    log.exception("studio: checking the kept prompts' sessions failed")
+                except Exception as exc:  # the database away: the next look tries again
+                    log.warning("studio: checking the kept prompts' sessions failed: %s",
+                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             await asyncio.sleep(POLL)
 
     async def forget_retired(self, sessions: list[str] | None = None) -> list[str]:
         """Drop the prompts kept in memory (the prompt panel's) of ``sessions`` (default:
         all those kept) that no funnel of the studio has any more, or has anonymized:
         `funnel purge` in any process reaches this copy too. The sessions dropped."""
-        held = self.model.kept() if sessions is None else sessions
+        # A turn in flight has sent its prompt and not yet saved its session's row.
+        busy = {key.split("/", 1)[1] for key, lock in self._locks.items() if lock.locked()}
+        held = [s for s in (self.model.kept() if sessions is None else sessions)
+                if s not in busy]
         if not held:
             return []
         live: set[str] = set()
