@@ -120,12 +120,12 @@ def test_sigkill_leaves_the_schema_and_purge_drops_it(server_dsn: str, db_url: s
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{aged}"')
     done = run_funnel("purge", str(PURAMUR), "--older-than", "90d", "--dry-run", "--db", db_url)
-    assert done.returncode == 0 and aged in done.stdout, done
-    assert re.search(r"would drop \d+ stale temporary schema", done.stdout)
+    assert done.returncode == 0 and aged in done.stderr, done
+    assert re.search(r"would drop \d+ stale temporary schema", done.stderr)
     assert aged in _schemas(server_dsn, "funnel_tmp%")  # a dry run changes nothing
     done = run_funnel("purge", str(PURAMUR), "--older-than", "90d", "--db", db_url)
     assert done.returncode == 0, done
-    line = next(ln for ln in done.stdout.splitlines() if "stale temporary schema" in ln)
+    line = next(ln for ln in done.stderr.splitlines() if "stale temporary schema" in ln)
     assert re.match(r"dropped \d+ stale temporary schema\(s\) left by a killed ", line), line
     assert "simulate" in line and aged in line
     assert aged not in _schemas(server_dsn, "funnel_tmp%")
@@ -145,8 +145,8 @@ def test_check_state_drops_stale_schemas_and_leaves_live_ones(server_dsn: str, d
         done = run_funnel("check-state", str(PURAMUR), "--db", db_url)
         assert done.returncode == 0, done
         assert re.search(r"dropped \d+ stale temporary schema\(s\) left by a killed .*replay",
-                         done.stdout), done.stdout
-        assert stale in done.stdout and live not in done.stdout
+                         done.stderr), done
+        assert stale in done.stderr and live not in done.stderr
         assert live not in drop_stale_schemas(server_dsn, older_than=0)
         assert live in _schemas(server_dsn, "funnel_tmp%")
     assert stale not in _schemas(server_dsn, "funnel_tmp%")

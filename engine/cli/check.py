@@ -17,9 +17,10 @@ def cmd_check_state(args: argparse.Namespace) -> int:
     funnel = load_funnel(args.funnel)
     found = asyncio.run(check_funnel(funnel, args.db))
     # What a killed replay or simulation left: copies of messages no retention reaches.
+    # Said on stderr: stdout keeps the check's own report, for scripts.
     stale = drop_stale_schemas(args.db)
     if stale:
-        print(stale_message(stale), file=sys.stderr if args.format == "json" else sys.stdout)
+        print(stale_message(stale), file=sys.stderr)
     errors = [v for v in found if v.severity == "error"]
     if args.format == "json":
         print(json.dumps([v.__dict__ for v in found], indent=2, ensure_ascii=False))
