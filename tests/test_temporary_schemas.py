@@ -201,3 +201,10 @@ def test_a_hostile_personas_file_is_one_line_with_its_file(
     assert len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith(f"funnel: error: {path}:{line}: "), lines[0]
     assert says in lines[0]
+
+
+def test_an_endless_personas_file_is_refused_unread() -> None:
+    done = _bounded("simulate", str(PURAMUR), "--personas", "/dev/zero", "-n", "1")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.strip() == ("funnel: error: /dev/zero: the personas file is larger than "
+                                   "16 MB; a personas file is a few kilobytes of YAML")

@@ -19,7 +19,10 @@
 A persona with a ``script`` is played by the script (deterministic: for CI); without
 one, or with ``--customer-model``, by a model that is given the persona (never the
 funnel's replies as instructions). Every problem names the file, the persona and the
-field, and what was expected.
+field, and what was expected. The file crosses a trust boundary like a funnel file, and is
+read with the same guard (engine.format._yaml: aliases, nesting, duplicate keys), bounded
+in bytes before it is read; each refusal is one line with the file and, when known, the
+line.
 """
 
 from __future__ import annotations
@@ -127,7 +130,8 @@ def _read(path: Path) -> Any:
     try:
         located = _yaml.load(text)
     except _yaml.YamlSyntaxError as exc:
-        raise ConfigError(f"{exc}", file=str(path), line=exc.line) from None
+        raise ConfigError(str(exc).replace("a funnel needs", "a personas file needs"),
+                          file=str(path), line=exc.line) from None
     if located.duplicates:
         keys, line, _col, first = located.duplicates[0]
         raise ConfigError(f"duplicate key '{keys[-1]}' (first on line {first}); remove or "
