@@ -93,6 +93,27 @@ def test_a_phone_and_an_address_become_placeholders_on_both_sides(tmp_path: Path
     assert scenario["turns"][0]["customer"].startswith(NAME)  # the input is left as it was
 
 
+def test_free_text_is_replaced_whole_and_its_common_words_stay(tmp_path: Path) -> None:
+    """An objection's detail (personal, not grounded: the model's words, which may quote
+    the customer) is replaced where it occurs whole; "call" and "manager", which the
+    hand-off's `confirm:` phrases read in the customer's words, stay everywhere else."""
+    spec = load_funnel(copy_puramur(tmp_path)).spec
+    detail = f"too expensive for {NAME}'s budget"
+    scenario = {"scenario": "s", "funnel": "../../puramur.yaml", "turns": [
+        {"customer": f"Hmm, {detail}. Call me, I want a manager",
+         "llm": {"reply": "I will call a manager.", "actions": [
+             {"type": "record_objection", "objection": "price", "detail": detail},
+             {"type": "request_handoff", "reason": "explicit_request"}]},
+         "expect": {"stage": "handoff"}}]}
+    state = {"customer": {"name": NAME},
+             "objections_raised": [{"objection": "price", "detail": detail}]}
+    out, replaced = without_personal(spec, scenario, [state])
+    turn = out["turns"][0]
+    assert turn["customer"] == "Hmm, RedactedText1. Call me, I want a manager"
+    assert turn["llm"]["actions"][0]["detail"] == "RedactedText1"
+    assert turn["llm"]["reply"] == "I will call a manager." and replaced == 2
+
+
 @pytest.mark.parametrize("anonymize", [True, False])
 async def test_a_purge_reaches_the_studio_prompts_in_memory(db_url: str, tmp_path: Path,
                                                             anonymize: bool) -> None:

@@ -4,9 +4,16 @@ A scenario file lives in the funnel's folder, out of retention's reach (`funnel 
 never sees it): the studio's "Save as scenario" writes it through :func:`without_personal`.
 What is personal is what the funnel declares (engine.format.personal: ``retention:
 personal``, ``personal: true``): every value the session's model outputs wrote into a
-personal part of a field, and every value the session's state holds there now. Each of
-their words, and each phone number, is replaced wherever it occurs in the scenario: the
-customer's messages, the replies, the updates, the actions' arguments.
+personal part of a field, and every value the session's state holds there now.
+
+- The customer's own facts (a personal part that is also ``grounded``: a name, a phone,
+  an address) are replaced word by word, and each phone number by its digits, wherever
+  they occur in the scenario: the customer's messages, the replies, the updates, the
+  actions' arguments.
+- Free text (a personal part that is not grounded: an objection's ``detail``, which the
+  model writes and which may quote the customer) is replaced where it occurs whole, by
+  ``RedactedTextN``: its words one by one are common words ("expensive", "call"), which
+  the funnel's own checks (``confirm:`` phrases) read in the customer's messages.
 
 The replacement keeps the scenario replayable (`funnel test` passes it as it passed the
 recording), because it is the same on both sides of grounding (engine.funnel.grounding):
@@ -29,7 +36,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ..format.personal import value_at
+from ..format.personal import remove_path, value_at
 from ..format.spec import FunnelSpec
 from ..format.words import cut, is_stop, languages, stems
 
@@ -41,6 +48,7 @@ _PHONE_DIGITS = 7  # a number this long at least is a phone number, not an age o
 _NATIONAL = 9  # grounding compares these last digits (the country code may differ)
 _TAIL = 7  # the digits replaced: the subscriber's number, not the operator's code
 _SHORTEST_STEM = 3  # shorter stems would join unrelated words
+_SHORTEST_FREE = 4  # free text shorter than this is no quote of anybody ("ok", "no")
 
 
 def _digits(text: str) -> str:
@@ -58,33 +66,45 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
-def personal_values(spec: FunnelSpec, containers: Iterable[Any]) -> list[str]:
+def personal_values(spec: FunnelSpec, containers: Iterable[Any]
+                    ) -> tuple[list[str], list[str]]:
     """The texts at the personal parts of the fields of each of ``containers`` (a
-    model output's ``updates``, a state row): every string, however deep."""
-    fields = [f for f in spec.state.values() if f.personal_paths]
-    found: list[str] = []
+    model output's ``updates``, a state row), however deep: (the grounded ones, the
+    customer's facts; the others, free text)."""
+    facts: list[str] = []
+    free: list[str] = []
     for container in containers:
         if not isinstance(container, Mapping):
             continue
-        for f in fields:
-            if f.name not in container:
+        for f in spec.state.values():
+            if f.name not in container or not f.personal_paths:
                 continue
+            value = container[f.name]
             for path in f.personal_paths:
-                for value in value_at(container[f.name], path):
-                    found.extend(s for s in _strings(value) if s.strip())
-    return found
+                inside = [g[len(path):] for g in f.grounded_paths if g[:len(path)] == path]
+                if any(path[:len(g)] == g for g in f.grounded_paths):
+                    inside = [()]  # the personal part is within a grounded one: all facts
+                for part in value_at(value, path):
+                    for sub in inside:
+                        facts.extend(s for v in value_at(part, sub) for s in _strings(v))
+                        part = remove_path(part, sub)
+                    free.extend(_strings(part))
+    return [s for s in facts if s.strip()], [s for s in free if len(s.strip()) >= _SHORTEST_FREE]
 
 
 class Placeholders:
     """The replacements of some personal texts: their words and their phone numbers."""
 
-    def __init__(self, values: Iterable[str]) -> None:
+    def __init__(self, facts: Iterable[str], free: Iterable[str] = ()) -> None:
         self.rules = languages()
         self.phones: dict[str, str] = {}  # the last digits of a number -> its new tail
         self.words: dict[str, str] = {}  # a folded word -> its placeholder
         self.by_stem: dict[str, str] = {}  # a stem of one -> the same placeholder
+        # Free text, longest first (a quote inside a longer one is replaced within it).
+        self.texts = {t: f"RedactedText{i}" for i, t in enumerate(
+            sorted(set(free), key=lambda t: (-len(t), t)), 1)}
         self.replaced = 0
-        for value in values:
+        for value in facts:
             digits = _digits(value)
             if len(digits) >= _PHONE_DIGITS and _PHONE.fullmatch(value.strip()):
                 self.phones.setdefault(digits[-_NATIONAL:],
@@ -102,7 +122,7 @@ class Placeholders:
         return (s for s in stems(folded, self.rules) if len(s) >= _SHORTEST_STEM)
 
     def __bool__(self) -> bool:
-        return bool(self.phones or self.words)
+        return bool(self.phones or self.words or self.texts)
 
     def _word(self, folded: str) -> str | None:
         if folded.isdigit():
@@ -135,7 +155,12 @@ class Placeholders:
         return "".join(out)
 
     def text(self, text: str) -> str:
-        """``text`` with the personal words and numbers replaced (NFKC when any word is)."""
+        """``text`` with the personal texts, words and numbers replaced (NFKC when any
+        word is)."""
+        for whole, name in self.texts.items():
+            if whole in text:
+                self.replaced += text.count(whole)
+                text = text.replace(whole, name)
         if self.phones:
             text = _PHONE.sub(self._phone, text)
         if not self.words:
@@ -181,10 +206,10 @@ def without_personal(spec: FunnelSpec, scenario: Mapping[str, Any],
     ``states`` (the session's state rows) hold replaced by placeholders; and how many
     words and numbers were replaced."""
     turns = list(scenario.get("turns") or [])
-    values = personal_values(spec, [u for t in turns for u in _updates(t.get("llm"))])
-    values += personal_values(spec, states)
+    facts, free = personal_values(spec, [*(u for t in turns for u in _updates(t.get("llm"))),
+                                         *states])
     out = dict(scenario)
-    place = Placeholders(values)
+    place = Placeholders(facts, free)
     if not place:
         return out, 0
     out["turns"] = [{**turn, "customer": place.text(str(turn.get("customer", ""))),
