@@ -28,6 +28,7 @@ from engine.studio import Studio
 from engine.turn import manager
 
 pytestmark = [pytest.mark.postgres]
+DEMO = Path(__file__).resolve().parent.parent / "funnels" / "puramur" / "demo.yaml"
 
 NAME, SURNAME, PET, STREET = "Olena", "Petrenko", "Мурка", "Хрещатик"
 SAID = [  # what the customer types, and the model's answer (the page's "I am the model")
@@ -74,6 +75,32 @@ async def test_the_saved_scenario_holds_placeholders_and_replays(db_url: str, tm
     replay = run_funnel("test", saved["file"], "--db", db_url)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert replay.stdout.strip().endswith("1 passed, 0 failed")
+
+
+def test_a_whole_sale_saved_from_the_studio_replays_without_name_or_phone(
+        db_url: str, tmp_path: Path) -> None:
+    """The demo's sale (a pet's name, then the customer's name and phone at checkout),
+    played on the real engine and opened from the studio's sessions list, saved."""
+    funnel = copy_puramur(tmp_path)
+    demo = yaml.safe_load(DEMO.read_text("utf-8"))
+    chat = run_funnel("chat", str(funnel), "--model", f"scripted:{DEMO}", "--session", "d1",
+                      "--db", db_url, stdin="\n".join(demo["customer"]) + "\n")
+    assert chat.returncode == 0, chat.stderr
+
+    async def save() -> dict[str, Any]:
+        studio = await Studio.open([funnel], db=db_url)
+        try:
+            return await studio.save_scenario("puramur", "d1")
+        finally:
+            await studio.close()
+
+    saved = asyncio.run(save())
+    text = saved["yaml"]
+    for personal in ("Anna", "Murka", "123 45 67", "661234567"):
+        assert personal not in text, personal
+    assert "customer: Redacted2, 066 555 00 01" in text and saved["turns"] == len(demo["customer"])
+    replay = run_funnel("test", saved["file"], "--db", db_url)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
 
 
 def test_a_phone_and_an_address_become_placeholders_on_both_sides(tmp_path: Path) -> None:
