@@ -250,12 +250,12 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
     ap.add_argument("--smoke", action="store_true",
-                    help="the smallest run (tests/test_bench_smoke.py): 16 turns, not 60")
+                    help="the smallest run (tests/test_bench_smoke.py): 12 turns, not 60")
     args = ap.parse_args()
-    long = 16 if args.smoke else 60  # the long conversation's turns
+    long = 12 if args.smoke else 60  # the long conversation's turns
     system = baseline_system_prompt()
     with throwaway_schema(server_url(args.db)) as url:
-        runs = {n: await run(url, n, system) for n in ((5, long) if args.smoke
+        runs = {n: await run(url, n, system) for n in ((long,) if args.smoke
                                                         else (5, 15, 30, 60))}
         objections = await run(url, 12, system, objection_conversation(12))
         appended = [await run(url, long, system, summarizer=AppendOnly()),
@@ -282,7 +282,7 @@ async def main() -> None:
           f"{'baseline mean':>13}")
     for n, (eng, base) in results.items():
         print(f"{n:5d} {max(eng):10d} {mean(eng):11.0f} {max(base):12d} {mean(base):13.0f}")
-    last = slice(long - 10, long)  # turns 51-60 of the 60-turn conversation
+    last = slice(max(long - 10, 0), long)  # turns 51-60 of the 60-turn conversation
     early, late = mean(engine60[5:15]), mean(engine60[last])
     b_early, b_late = mean(base60[5:15]), mean(base60[last])
     worst = max(max(e) for e, _ in results.values())

@@ -33,7 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-PARALLEL = 3  # subprocesses at once: they wait on PostgreSQL and sockets as much as they compute
+PARALLEL = 4  # subprocesses at once: they wait on PostgreSQL, sockets and sleeps as much as they compute
 TIMEOUT = 240  # seconds, one script; the whole file stays near a minute
 
 pytestmark = pytest.mark.postgres
