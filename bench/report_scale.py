@@ -167,6 +167,8 @@ def main() -> int:
     ap.add_argument("--html", default=None, metavar="FILE", help="also write the HTML report")
     ap.add_argument("--keep", default=None, metavar="SCHEMA",
                     help="use this schema and keep it (data generated once), to experiment")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run "
+                    "(tests/test_bench_smoke.py): exits 0 whatever the timings")
     args = ap.parse_args()
 
     spec = load_funnel(PURAMUR).spec
@@ -249,7 +251,7 @@ def report(conn: psycopg.Connection, url: str, spec: object, args: argparse.Name
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"slowest section: {slowest} {worst * 1000:.0f} ms "
           f"({'under' if worst < 1 else 'OVER'} the 1 s target); load average {load}")
-    return 0 if worst < 1 else 1
+    return 0 if worst < 1 or args.smoke else 1  # a smoke run measures nothing
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ RUNS: dict[str, list[str]] = {
     "recall": ["--db", "{db}", "--sessions", "1", "--turns", "2", "--smoke"],
     "reload_stall": ["--reloads", "2"],
     "replay": ["--sessions", "10", "--engine", "3", "--jobs", "1"],
-    "report_scale": ["--sessions", "50"],
+    "report_scale": ["--sessions", "50", "--smoke"],
     # and the same load on bench/floor_service.py
     "serve_load": ["--conversations", "2", "--duration", "2", "--healthz-seconds", "0.5",
                    "--workers", "1", "--delay", "0.01", "--floor-service"],
