@@ -63,7 +63,7 @@ RUNS: dict[str, list[str]] = {
     "serve_load": ["--conversations", "2", "--duration", "2", "--healthz-seconds", "0.5",
                    "--workers", "1", "--delay", "0.01", "--floor-service"],
     "sizing": ["--conversations", "1"],
-    "start": ["--workers", "1", "--runs", "1"],
+    "start": ["--workers", "1", "--runs", "1", "--smoke"],
     "streaming": ["--turns", "1"],
     "studio": ["--saves", "1", "--turns", "1"],
     "tokens": ["--turns", "15", "--smoke"],
