@@ -5,9 +5,9 @@ Each script runs as a real subprocess, as a person runs it, against the tests' P
 (``FUNNEL_DB`` and ``FUNNEL_TEST_DSN`` set to it; each script makes its own throwaway
 schema) with its smallest settings: tiny CLI arguments, or ``--smoke`` where a script's
 sizes are fixed in its code. The figures printed are not checked (a smoke run measures
-nothing); a script passes when it exits 0. The scripts run three at a time, started
-together when the first test asks, so that the whole file takes about a minute of wall
-time on two cores.
+nothing); a script passes when it exits 0. The scripts run four at a time, started
+together when the first test asks: about 70 s of wall time and 100 s of CPU on two cores
+(most of it Python's and litellm's imports, a few seconds a script).
 
 Nothing is skipped silently. The two callgrind scripts need valgrind, which CI lacks, and
 minutes (the engine runs some 50 times slower under callgrind): each runs its ``--child``
