@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInput
+from ..format.paths import funnel_roots, is_confined
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..llm.models import ScriptEntry
 from ..memory.summary import ExtractiveSummarizer
@@ -191,6 +192,25 @@ class Studio:
     def _lock(self, name: str, session: str) -> asyncio.Lock:
         return self._locks.setdefault(f"{name}/{session}", asyncio.Lock())
 
+    def _model_choice(self, name: str, model: str) -> str:
+        """The page's model choice; a ``scripted:PATH`` must be a file of the funnel's own
+        project (engine.format.paths), as every file a funnel reads: the page must not
+        make the studio read ``/proc/self/environ`` or a key file.
+
+        Raises:
+            InvalidInput: a script outside the funnel's roots, or hidden.
+        """
+        if not model.startswith("scripted:"):
+            return model
+        path = model.removeprefix("scripted:")
+        roots = funnel_roots(self.watched[name].path)
+        if not path or not is_confined(Path(path), roots):
+            raise InvalidInput(f"model: the script {path!r:.200} is outside funnel '{name}''s "
+                               f"project ({', '.join(map(str, roots))}) or hidden; a "
+                               "funnel's studio reads scripts of its own project only: "
+                               "move the script there (or list its folder in FUNNEL_ROOT)")
+        return model
+
     async def turn(self, name: str, session: str, text: str, *, model: str | None = None,
                    answer: Any = None, force: bool = False) -> dict[str, Any]:
         """One turn of a playground session. With ``answer`` (the form's, "I am the
@@ -203,7 +223,7 @@ class Studio:
         """
         engine = self.engine(name)
         if model:
-            self.model.choose(session, model)
+            self.model.choose(session, self._model_choice(name, model))
         async with self._lock(name, session):
             before = await engine.state(session)
             if answer is not None:
