@@ -52,7 +52,6 @@ def copy_puramur(root: Path) -> Path:
     shutil.copy(ROOT / "funnels" / "puramur.yaml", root / "funnels" / "puramur.yaml")
     shutil.copy(ROOT / "funnels" / "puramur" / "catalog.yaml", root / "funnels" / "puramur")
     shutil.copytree(ROOT / "funnels" / "puramur" / "knowledge", root / "funnels" / "puramur" / "knowledge")
-    # The stages' output contracts are derived from the funnel: no schemas folder.
     shutil.copytree(ROOT / "prompts" / "puramur", root / "prompts" / "puramur")
     return root / "funnels" / "puramur.yaml"
 

@@ -245,7 +245,8 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("funnel", metavar="FUNNEL")
     sm.add_argument("--personas", required=True, metavar="FILE", help="the personas (YAML; "
                     "docs/evidence.md)")
-    sm.add_argument("-n", type=int, default=20, metavar="N", help="conversations (default 20)")
+    sm.add_argument("-n", type=int, default=20, metavar="N",
+                    help="conversations, 1 to 10,000 (default 20)")
     sm.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
                     help="the funnel's model: litellm model string or scripted:PATH "
                     "(default: $FUNNEL_MODEL, else the funnel's)")
@@ -308,7 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FunnelError as exc:
         print(f"funnel: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        # SIGTERM in a temporary schema (engine.store.connect.Terminated): dropped on the way out.
+        signum = getattr(exc, "signum", None)
+        if isinstance(signum, int):
+            print(f"funnel {args.command}: terminated; its temporary schema was dropped",
+                  file=sys.stderr)
+            return 128 + signum
         return 130
     except BrokenPipeError:
         # `funnel ... | head`: the reader left. Python would report the broken pipe again

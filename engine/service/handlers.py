@@ -210,6 +210,10 @@ _IDEMPOTENCY = Param("Idempotency-Key", "header", "The message's key (a UUID): a
                      "same key runs no second turn and gets the first turn's answer "
                      "(`replayed`).", {"type": "string", "minLength": 1, "maxLength": 200,
                                        "pattern": KEY_PATTERN})
+_MANAGER_KEY = Param("Idempotency-Key", "header", "The message's key (a UUID): a retry with "
+                     "the same key sends nothing again and gets the first answer.",
+                     {"type": "string", "minLength": 1, "maxLength": 200,
+                      "pattern": KEY_PATTERN})
 _EXPLAIN = Param("explain", "query", "`true` (or `1`): add `explain`, why the last turn moved "
                  "or stayed.", {"type": "boolean"})
 
@@ -257,8 +261,11 @@ OPERATIONS: list[Operation] = [
     Operation("POST", f"{_S}/manager-messages", "managerMessage",
               "Send a manager's message to the session's customer (through its channel).",
               _endpoint(manager.manager_message), {200: (ManagerMessage, "Sent.")},
-              body=ManagerMessageIn, errors=(400, 401, 403, 404, 409, 413, 429, 503),
-              security=_API_KEY, description="Needs the `manage` scope."),
+              body=ManagerMessageIn, errors=(400, 401, 403, 404, 409, 413, 422, 429, 503),
+              params=(_MANAGER_KEY,), security=_API_KEY,
+              description="Needs the `manage` scope. With an `Idempotency-Key` the message "
+              "is logged and sent once: a retry gets the first answer "
+              "(`Idempotent-Replayed: true`); the key with another text answers 422."),
     Operation("POST", f"{_S}/release", "release",
               "Hand the session back to the bot, at a stage, with field updates.",
               _endpoint(manager.release), {200: (Released, "Back to the bot.")}, body=ReleaseIn,

@@ -284,8 +284,11 @@ class Store(Protocol):
         """Hand the session to ``manager``; call it holding the session's lease."""
 
     async def manager_message(self, funnel: FunnelSpec, session_id: str, manager: str,
-                              text: str, stage: str, delivery: OutboxItem | None) -> int:
-        """Log a manager's message and its outbox delivery; the message's id."""
+                              text: str, stage: str, delivery: OutboxItem | None, *,
+                              key: str | None = None,
+                              answer: Mapping[str, Any] | None = None) -> int:
+        """Log a manager's message and its outbox delivery; the message's id. With a
+        delivery ``key``, once: a key seen before raises DuplicateDelivery."""
 
     async def reply_target(self, funnel: str, session_id: str, channel: str
                            ) -> dict[str, Any] | None:

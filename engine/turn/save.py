@@ -45,6 +45,9 @@ async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str |
         waiting = turn.funnel.stages[gated[0]["held"]["to"]].spec.approval
         if waiting is not None and waiting.holding_reply:
             reply = turn.say(waiting.holding_reply)
+    # Stripped once, here: the text the turn returns, streams, logs and sends is one
+    # (a model's "  Hi!\n", a YAML block's trailing newline).
+    reply = reply.strip()
     if turn.inbound.reply_to is not None:  # delivered by the outbox, with retries
         outbox.insert(0, OutboxItem(
             key=f"{spec.name}:{turn.session_id}:reply:{turn.inbound.message_id}",

@@ -42,7 +42,8 @@ class ReplyStream:
 
     def text(self, answer: str) -> None:
         """The model's answer so far (``on_text`` of the model request)."""
-        reply = partial_reply(answer)
+        # Without its leading spaces, as the reply is saved (engine.turn.save).
+        reply = (partial_reply(answer) or "").lstrip()
         if reply:  # an empty reply so far shows nothing (a repair's first bytes)
             self._show(reply, final=False)
 
