@@ -484,6 +484,32 @@ def test_erasing_a_customer_erases_the_studios_branches_of_them(db_url: str, sql
     assert sql(messages, ("studio-x",)) == [(2,)]
 
 
+@pytest.mark.parametrize("anonymize", [False, True])
+def test_a_purge_takes_the_studios_branches_of_the_sessions_it_purges(
+        db_url: str, sql: Any, tmp_path: Path, anonymize: bool) -> None:
+    """Retention reaches the copies too: `funnel purge` (deleting or anonymizing) deletes
+    the studio's branches of the sessions it purges, which replay their messages."""
+    funnel = copy_puramur(tmp_path)
+    real_session(funnel, db_url, "tg-78", texts=("Hi!", "A Sphynx, her skin is dry"),
+                 model=script())
+    with running(create_studio_app(opener(funnel, db_url), hosts=LOOPBACK_HOSTS)) as url, \
+            httpx.Client(base_url=url, timeout=60) as c:
+        branch = c.post("/api/turn", json={"funnel": "puramur", "session": "tg-78",
+                                           "text": "Hi again", "answer": {"reply": "Hello."}}
+                        ).json()["session"]
+    assert sql("SELECT count(*) FROM funnel_messages WHERE session_id = %s", (branch,))[0][0]
+    time.sleep(1.2)
+    out = run_funnel("purge", str(funnel), "--older-than", "1s", "--db", db_url,
+                     *(["--anonymize"] if anonymize else []))
+    assert out.returncode == 0, out.stdout + out.stderr
+    for table in ("puramur_sessions_state", "funnel_messages", "funnel_turns",
+                  "funnel_playground"):
+        assert sql(f"SELECT count(*) FROM {table} WHERE session_id = %s",
+                   (branch,)) == [(0,)], table
+    kept = sql("SELECT count(*) FROM puramur_sessions_state WHERE session_id = 'tg-78'")
+    assert kept == [(1 if anonymize else 0,)]
+
+
 # -- the engine ---------------------------------------------------------------------------
 async def test_a_playground_engine_queues_nothing_and_says_what_it_withheld(
         db_url: str, sql: Any, tmp_path: Path) -> None:

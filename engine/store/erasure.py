@@ -147,6 +147,24 @@ async def _delete(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec, sessio
     return dict(zip(tables, (int(n) for n in row), strict=True))
 
 
+async def branches_of(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
+                      ids: list[str]) -> list[str]:
+    """The studio's branches of the sessions ``ids``, and theirs (one of ``ids`` too, when
+    it is a branch of another): what a purge of ``ids`` deletes, whether it deletes or
+    anonymizes them (a branch is a copy of their messages)."""
+    exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                       (ddl.PLAYGROUND,))).fetchone()
+    if not ids or not (exists and exists[0]):
+        return []
+    row = await (await conn.execute(sql.SQL(
+        "WITH RECURSIVE b(session_id) AS (SELECT p.session_id FROM {p} p WHERE p.funnel = "
+        "%(f)s AND p.branched_from = ANY(%(s)s) UNION SELECT p.session_id FROM {p} p JOIN b "
+        "ON p.branched_from = b.session_id WHERE p.funnel = %(f)s) "
+        "SELECT array_agg(session_id) FROM b").format(
+            p=sql.Identifier(ddl.PLAYGROUND)), {"s": ids, "f": funnel.name})).fetchone()
+    return list(row[0]) if row and row[0] else []
+
+
 async def _with_branches(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
                          session_id: str) -> list[str]:
     """``session_id`` and the studio's branches of it, and theirs (engine.store.playground):

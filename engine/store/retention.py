@@ -18,7 +18,7 @@ from psycopg import sql
 from ..format.spec import FunnelSpec
 from . import ddl, idempotency
 from .anonymize import ANONYMIZED, anonymize_sessions, forget_embeddings
-from .erasure import KEPT_BY_PURGE, SESSION_TABLES
+from .erasure import KEPT_BY_PURGE, SESSION_TABLES, branches_of
 from .session import Connect
 
 __all__ = ["ANONYMIZED", "anonymize_sessions", "delete_sessions", "give_back", "preview",
@@ -49,7 +49,14 @@ async def purge(connect: Connect, funnel: FunnelSpec, older_than: float, *,
             locked = await _lock(conn, funnel, older_than, held)
             skipped += [i for i in held if i not in locked]
             if locked:
-                counts["sessions"] += await act(conn, funnel, locked, counts)
+                # The studio's branches of these sessions replay their customers'
+                # messages: deleted, whether the sessions are deleted or anonymized.
+                copies = await branches_of(conn, funnel, locked)
+                if copies:
+                    await delete_sessions(conn, funnel, copies, {"messages": 0, "turns": 0})
+                rest = [i for i in locked if i not in copies]
+                if rest:
+                    counts["sessions"] += await act(conn, funnel, rest, counts)
             await give_back(conn, funnel, held)
     while True:
         async with connect() as conn, conn.transaction():
