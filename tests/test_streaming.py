@@ -11,6 +11,7 @@ listener got and what the turn saved.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -242,6 +243,84 @@ async def test_a_server_that_refuses_to_stream_answers_in_one_event(db_url: str)
     assert events == [("delta", result.reply)]
 
 
+def long_answer(chars: int, reply: str) -> str:
+    """An envelope of ``chars`` characters: ``reply``, then the JSON's own whitespace."""
+    head = json.dumps({"reply": reply, "language": "en"})
+    return head[:-1] + " " * max(0, chars - len(head)) + "}"
+
+
+LONG_REPLY = ("Our oatmeal shampoo suits a long coat in winter; rinse twice, dry well. " * 20
+              ).strip()[:1400]
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_a_stream_of_many_tiny_chunks_adds_up_to_the_reply(wire: str, db_url: str,
+                                                                 sql: Any) -> None:
+    """20,000 characters a character a chunk: the events are the reply, exactly, and the
+    loop is not held while they are read (a ticker beside the turn keeps ticking)."""
+    model = "openai/gpt-4o-mini" if wire == "openai" else "anthropic/claude-sonnet-4-5"
+    chars = 20_000 if wire == "openai" else 4_000  # litellm's chunks cost ~0.5 ms each
+    ticks: list[int] = [0]
+    at_events: list[int] = []
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(0.001)
+            ticks[0] += 1
+
+    with FakeProvider(wire) as fake:
+        engine = await open_engine(PURAMUR, db_url, model, fake.api_base)
+        try:
+            fake.reply(long_answer(chars, LONG_REPLY), prompt_tokens=400,
+                       completion_tokens=5000, stream=Stream(piece=1, lean=True))
+            events = Events()
+
+            def listener(kind: str, text: str) -> None:
+                events(kind, text)
+                at_events.append(ticks[0])
+
+            task = asyncio.create_task(ticker())
+            try:
+                result = await engine.handle(SESSION, "Hi!", stream=listener)
+            finally:
+                task.cancel()
+        finally:
+            await engine.close()
+    assert not result.fallback, result.error
+    assert events.shown == result.reply == LONG_REPLY
+    assert set(events.kinds) == {"delta"} and len(events) > 100
+    # The ticker ran while the reply was being shown, not only before and after it.
+    assert at_events[-1] - at_events[0] >= 3, (at_events[0], at_events[-1])
+    row = sql("SELECT prompt_tokens, completion_tokens FROM funnel_turns "
+              "WHERE session_id = %s", (SESSION,))
+    assert row == [(400, 5000)]
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_a_stream_past_the_chunk_cap_ends_in_the_fallback(
+        wire: str, db_url: str, sql: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.llm import stream
+
+    monkeypatch.setattr(stream, "MAX_CHUNKS", 300)
+    model = "openai/gpt-4o-mini" if wire == "openai" else "anthropic/claude-sonnet-4-5"
+    with FakeProvider(wire) as fake:
+        engine = await open_engine(PURAMUR, db_url, model, fake.api_base)
+        try:
+            fake.reply(long_answer(1_000, "Hello! Is your pet a cat or a dog?"),
+                       stream=Stream(piece=1, lean=True))
+            events = Events()
+            result = await engine.handle(SESSION, "Hi!", stream=events)
+        finally:
+            await engine.close()
+        calls = fake.calls
+    assert result.fallback and result.reply == GREETING
+    assert result.error is not None and "past 300 chunks" in result.error, result.error
+    assert calls == 1  # refused, not retried: the same server would send it again
+    assert events.shown == GREETING
+    [record] = turns(sql)
+    assert record["fallback"] and "past 300 chunks" in record["error"]
+
+
 # -- the pieces, without a model ------------------------------------------------------
 
 
@@ -264,13 +343,19 @@ def test_the_reply_stream_keeps_the_listener_in_step() -> None:
 
     events = Events()
     stream = ReplyStream(events)
-    for text in ('{"reply": "He', '{"reply": "Hello', '{"reply": "He'):  # a retry catching up
-        stream.text(text)
-    stream.text('{"reply": "Hello there"}')
+    for piece in ('{"reply": "He', 'llo'):
+        stream.text(piece)
+    stream.text("")  # a retry begins, and writes again what was shown
+    for piece in ('{"reply": "He', 'l', 'lo there"}'):
+        stream.text(piece)
     assert events == [("delta", "He"), ("delta", "llo"), ("delta", " there")]
     stream.rejected()
-    stream.text('{"reply": "')  # the repair's first bytes show nothing
-    stream.text('{"reply": "Hi')
+    stream.text("")  # the repair: its first bytes show nothing
+    stream.text('{"reply": "')
+    stream.text('Hi')
     stream.finish("Hi!")
     assert events[3:] == [("replace", "Hi"), ("delta", "!")]
     assert events.shown == "Hi!"
+    stream.text("")  # a retry that writes another reply replaces what was shown
+    stream.text('{"reply": "Ho')
+    assert events[5:] == [("replace", "Ho")]

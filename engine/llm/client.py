@@ -157,7 +157,7 @@ class Caller:
         stream = await self._litellm.acompletion(
             **kwargs, stream=True, stream_options={"include_usage": True})
         return await _stream.consume(self._litellm, stream, kwargs["messages"],
-                                     request.on_text)
+                                     request.on_text, kwargs["model"])
 
     def request_kwargs(self, model: str, api_base: str | None, request: ModelRequest,
                        strategy: str, schema: dict[str, Any], timeout: float
