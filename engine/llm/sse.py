@@ -118,70 +118,70 @@ class ChunkReader:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
             raise self._refused(f"an event that is not JSON: {_bytes(payload)}") from None
-        if not isinstance(chunk, dict):
+        if type(chunk) is not dict:
             raise self._refused(f"an event that is not a JSON object: {_bytes(payload)}")
         error = chunk.get("error")
         if error:
             message = error.get("message") if isinstance(error, dict) else error
             raise ErrorEvent(f"the stream of model {self.model!r} ended with an error: "
                              f"{excerpt(message, 200)}")
-        if self.ident is None:
+        if self.chunks == 1:
             self.ident = _text(chunk.get("id"))
             created = chunk.get("created")
             self.created = created if type(created) is int else None
             self.served_by = _text(chunk.get("model"))
         choices = chunk.get("choices")
         if choices:
-            if not isinstance(choices, list):
+            if type(choices) is not list:
                 raise self._refused("`choices` that is not a list")
-            content: list[str] = []
-            arguments: list[str] = []
+            content = arguments = ""
             for choice in choices:
-                if not isinstance(choice, dict) or choice.get("index", 0) not in (0, None):
-                    continue  # the answer is the first choice
-                self._choice(choice, content, arguments)
+                # The answer is the first choice (index 0, or none said).
+                if type(choice) is dict and not choice.get("index"):
+                    more, args = self._choice(choice)
+                    content += more
+                    arguments += args
             if content or arguments:
-                pieces.append(("".join(content), "".join(arguments)))
+                pieces.append((content, arguments))
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
+        if usage is not None and type(usage) is dict:
             self.usage = usage
 
-    def _choice(self, choice: dict[str, Any], content: list[str], arguments: list[str]
-                ) -> None:
+    def _choice(self, choice: dict[str, Any]) -> tuple[str, str]:
         finish = choice.get("finish_reason")
-        if isinstance(finish, str):
+        if finish is not None and type(finish) is str:
             self.finish = finish[:40]
         delta = choice.get("delta")
-        if delta is None:
-            return
-        if not isinstance(delta, dict):
+        if not delta:
+            return "", ""
+        if type(delta) is not dict:
             raise self._refused("a `delta` that is not an object")
-        piece = delta.get("content")
-        if piece:
-            if not isinstance(piece, str):
-                raise self._refused("a `content` delta that is not a string")
-            content.append(piece)
+        content = delta.get("content") or ""
+        if type(content) is not str:
+            raise self._refused("a `content` delta that is not a string")
         calls = delta.get("tool_calls")
-        if calls:
-            if not isinstance(calls, list):
-                raise self._refused("`tool_calls` that is not a list")
-            for call in calls:
-                if isinstance(call, dict) and call.get("index", 0) in (0, None):
-                    self._call(call, arguments)
+        if not calls:
+            return content, ""
+        if type(calls) is not list:
+            raise self._refused("`tool_calls` that is not a list")
+        arguments = ""
+        for call in calls:
+            if type(call) is dict and not call.get("index"):
+                arguments += self._call(call)
+        return content, arguments
 
-    def _call(self, call: dict[str, Any], arguments: list[str]) -> None:
+    def _call(self, call: dict[str, Any]) -> str:
         if self.tool_id is None:
             self.tool_id = _text(call.get("id"))
         function = call.get("function")
-        if not isinstance(function, dict):
-            return
+        if type(function) is not dict:
+            return ""
         if self.tool_name is None:
             self.tool_name = _text(function.get("name"))
-        part = function.get("arguments")
-        if part:
-            if not isinstance(part, str):
-                raise self._refused("tool-call `arguments` that are not a string")
-            arguments.append(part)
+        part = function.get("arguments") or ""
+        if type(part) is not str:
+            raise self._refused("tool-call `arguments` that are not a string")
+        return part
 
     def response(self, content: str, arguments: str) -> dict[str, Any]:
         """The answer as a ``chat.completion`` (what a call that did not stream returns),
