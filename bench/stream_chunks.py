@@ -14,10 +14,14 @@ envelope of N characters (a 1,400-character reply, then the JSON's whitespace):
 * ``floor``: no engine and no litellm: aiohttp (litellm's transport) reading the same
   streamed body to its end: what the transport alone costs for 60,000 HTTP chunks.
 
-For each: the process's CPU for the turn (all its threads), its wall time, and the
-worst stall of a ticker task beside it (``asyncio.sleep(0.01)`` in a loop: how much
-later than 10 ms it woke, at worst). Last, a stream that stops after 20,000 characters
-against a funnel whose ``model.deadline`` is 3 s: when the turn ended.
+For each: the process's CPU for the turn (all its threads), its wall time, the worst
+stall of a ticker task beside it (``asyncio.sleep(0.01)`` in a loop: how much later
+than 10 ms it woke, at worst), and the longest garbage collection meanwhile
+(``gc.callbacks``: a full one walks the millions of objects litellm's import leaves).
+Then Anthropic's wire (the fake Anthropic server), whose stream is read through
+litellm's chunk objects: 5,000 characters a character a chunk. Last, a stream that
+stops after 20,000 characters against a funnel whose ``model.deadline`` is 3 s: when
+the turn ended.
 
     python bench/stream_chunks.py [--db URL] [--runs 3] [--sizes 10000,20000,40000,60000]
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -50,6 +55,7 @@ from _db import server_url, throwaway_schema  # noqa: E402
 REPLY = ("Our oatmeal shampoo suits a long coat in winter; rinse twice and dry well. " * 20
          ).strip()[:1400]
 MODEL = "openai/gpt-4o-mini"
+OTHER_CHARS = 5_000  # Anthropic's wire: litellm's chunk objects, some 0.45 ms each
 
 
 def envelope(chars: int) -> str:
@@ -58,21 +64,23 @@ def envelope(chars: int) -> str:
 
 
 def serve(commands: Any, answers: Any) -> None:
-    """The fake OpenAI server, in a child process: queues what ``commands`` asks."""
+    """The fake OpenAI and Anthropic servers, in a child process: each queues what
+    ``commands`` asks."""
     from fake_providers import FakeProvider
     from fake_stream import Stream
 
     never = threading.Event()  # a held stream waits until the server stops
-    with FakeProvider("openai") as fake:
-        answers.put(fake.api_base)
+    with FakeProvider("openai") as openai, FakeProvider("anthropic") as anthropic:
+        answers.put((openai.api_base, anthropic.api_base))
         while True:
             command = commands.get()
             if command is None:
                 return
-            kind, chars = command
+            kind, chars, wire = command
             stream = {"whole": None, "chunks": Stream(piece=1, lean=True),
                       "held": Stream(piece=1, lean=True, hold=never, hold_after=chars)
                       }[kind]
+            fake = openai if wire == "openai" else anthropic
             fake.reply(envelope(60_000 if kind == "held" else chars),
                        completion_tokens=chars // 4, stream=stream)
             answers.put(True)
@@ -102,17 +110,39 @@ class Ticker:
         self._task.cancel()
 
 
-async def measured(work: Callable[[], Coroutine[Any, Any, Any]]) -> tuple[float, float, float,
-                                                                         Any]:
-    """(CPU s, wall s, worst stall s, result) of ``work``."""
+class Collections:
+    """The longest garbage collection while it is entered (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._started = 0.0
+
+    def _note(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.longest = max(self.longest, time.perf_counter() - self._started)
+
+    def __enter__(self) -> Collections:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
+
+
+async def measured(work: Callable[[], Coroutine[Any, Any, Any]]
+                   ) -> tuple[float, float, float, float, Any]:
+    """(CPU s, wall s, worst stall s, longest garbage collection s, result) of ``work``."""
     await asyncio.sleep(0.05)  # the ticker's first sleep starts before the work
     with Ticker() as ticker:
         await asyncio.sleep(0.02)
-        cpu, wall = time.process_time(), time.perf_counter()
-        result = await work()
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        with Collections() as collections:
+            cpu, wall = time.process_time(), time.perf_counter()
+            result = await work()
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         await asyncio.sleep(0.02)
-    return cpu, wall, ticker.worst, result
+    return cpu, wall, ticker.worst, collections.longest, result
 
 
 async def floor(api_base: str) -> Any:
@@ -150,16 +180,16 @@ async def run(url: str, sizes: list[int], runs: int) -> None:
     commands, answers = spawn.Queue(), spawn.Queue()
     child = spawn.Process(target=serve, args=(commands, answers), daemon=True)
     child.start()
-    api_base = answers.get(timeout=60)
+    api_base, anthropic_base = answers.get(timeout=60)
 
-    def program(kind: str, chars: int) -> None:
-        commands.put((kind, chars))
+    def program(kind: str, chars: int, wire: str = "openai") -> None:
+        commands.put((kind, chars, wire))
         answers.get(timeout=30)
 
     folder = Path(tempfile.mkdtemp(prefix="stream-chunks-"))
     model = LiteLLMModel(MODEL, api_base=api_base)
     engine = await Engine.open(funnel_file(folder, retries=0), db=url, model=model)
-    rows: list[tuple[str, int, list[tuple[float, float, float]]]] = []
+    rows: list[tuple[str, int, list[tuple[float, float, float, float]]]] = []
     turn = 0
     try:
         for kind in ("whole", "chunks", "whole"):  # warm-up: imports, connections
@@ -175,21 +205,41 @@ async def run(url: str, sizes: list[int], runs: int) -> None:
                     turn += 1
                     shown: list[str] = []
                     if kind == "floor":
-                        cpu, wall, stall, _ = await measured(lambda: floor(api_base))
+                        cpu, wall, stall, longest, _ = await measured(
+                            lambda: floor(api_base))
                     else:
                         listener = ((lambda k, t, shown=shown: shown.append(t)) if kind == "chunks"
                                     else None)
                         session = f"bench-chunks-{turn}"
-                        cpu, wall, stall, result = await measured(
+                        cpu, wall, stall, longest, result = await measured(
                             lambda s=session, li=listener: engine.handle(s, "Hi!",
                                                                          stream=li))
                         if result.fallback or result.reply != REPLY or (
                                 kind == "chunks" and "".join(shown) != REPLY):
                             raise SystemExit(f"{kind} {chars}: the turn did not answer the "
                                              f"reply ({result.error})")
-                    found.append((cpu, wall, stall))
+                    found.append((cpu, wall, stall, longest))
                 rows.append((kind, chars, found))
         await engine.close()
+        # Another wire: Anthropic's, read through litellm's chunk objects.
+        os.environ.setdefault("ANTHROPIC_API_KEY", "sk-ant-bench")
+        other = LiteLLMModel("anthropic/claude-sonnet-4-5", api_base=anthropic_base)
+        engine = await Engine.open(funnel_file(folder, retries=0), db=url, model=other)
+        try:
+            program("chunks", 2_000, "anthropic")
+            turn += 1
+            await engine.handle(f"bench-chunks-{turn}", "Hi!", stream=lambda k, t: None)
+            program("chunks", OTHER_CHARS, "anthropic")
+            turn += 1
+            anthropic = await measured(lambda: engine.handle(
+                f"bench-chunks-{turn}", "Hi!", stream=lambda k, t: None))
+            program("whole", OTHER_CHARS, "anthropic")
+            turn += 1
+            anthropic_whole = await measured(lambda: engine.handle(
+                f"bench-chunks-{turn}", "Hi!"))
+        finally:
+            await engine.close()
+            await other.aclose()
         # The deadline: a stream that stops after 20,000 characters, a 3 s deadline.
         engine = await Engine.open(funnel_file(folder, retries=0, deadline=3), db=url,
                                    model=model)
@@ -204,7 +254,8 @@ async def run(url: str, sizes: list[int], runs: int) -> None:
         child.join(timeout=10)
     print(f"a {len(REPLY):,}-character reply in an envelope of N characters, the fake OpenAI "
           f"server in a child process, medians of {runs} turns")
-    print(f"{'N chars':>8}  {'':<34} {'CPU':>9} {'wall':>9} {'worst stall':>12}")
+    print(f"{'N chars':>8}  {'':<40} {'CPU':>8} {'wall':>8} {'worst stall':>12} "
+          f"{'longest GC':>11}")
     names = {"whole": "unstreamed turn (baseline)",
              "chunks": "streamed turn, 1-char chunks",
              "floor": "floor: aiohttp reads the stream"}
@@ -213,12 +264,19 @@ async def run(url: str, sizes: list[int], runs: int) -> None:
         cpu = statistics.median(f[0] for f in found)
         wall = statistics.median(f[1] for f in found)
         stall = max(f[2] for f in found)
+        longest = max(f[3] for f in found)
         if kind == "whole":
             base[chars] = cpu
         ratio = f"  ({cpu / base[chars]:.1f}x the unstreamed)" if kind != "whole" else ""
-        print(f"{chars:>8,}  {names[kind]:<34} {cpu * 1000:>7.0f}ms {wall * 1000:>7.0f}ms "
-              f"{stall * 1000:>10.1f}ms{ratio}")
-    cpu, wall, stall, held = deadline
+        print(f"{chars:>8,}  {names[kind]:<40} {cpu * 1000:>6.0f}ms {wall * 1000:>6.0f}ms "
+              f"{stall * 1000:>10.1f}ms {longest * 1000:>9.1f}ms{ratio}")
+    for name, other in (("unstreamed turn (baseline)", anthropic_whole),
+                        ("streamed turn, 1-char chunks", anthropic)):
+        cpu, wall, stall, longest, result = other
+        print(f"{OTHER_CHARS:>8,}  {'Anthropic: ' + name:<40} {cpu * 1000:>6.0f}ms "
+              f"{wall * 1000:>6.0f}ms {stall * 1000:>10.1f}ms {longest * 1000:>9.1f}ms"
+              + ("" if not result.fallback else f"  fallback: {result.error}"))
+    cpu, wall, stall, longest, held = deadline
     print(f"deadline 3 s, a stream that stops after 20,000 characters: the turn ended after "
           f"{wall:.2f} s (fallback {held.fallback}: {held.error}), CPU {cpu * 1000:.0f} ms, "
           f"worst stall {stall * 1000:.1f} ms")
