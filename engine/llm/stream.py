@@ -15,7 +15,8 @@ stream is linear in its length, however small its chunks.
   are never made: bench/stream_chunks.py.
 - **Other wires** (Anthropic, Gemini, Ollama, Bedrock): litellm's chunks, then
   ``litellm.stream_chunk_builder`` for usage and cost, run in a worker thread so that
-  the event loop is not held by it.
+  the event loop is not held by it, on the chunks it needs only (each run of chunks
+  that only add text merged into its first).
 
 Either way a stream of more than :data:`MAX_CHUNKS` chunks is refused
 (:class:`~engine.errors.ResponseRefused`: not retried, the turn takes the stage's
@@ -198,12 +199,13 @@ def _estimate(litellm: Any, model: str, messages: list[dict[str, Any]], text: st
 
 async def _read_chunks(litellm: Any, stream: Any, messages: list[dict[str, Any]],
                        on_text: Callable[[str], None], model: str) -> Any:
-    chunks: list[Any] = []
+    chunks = _Chunks()
     answer = _Answer(on_text)
     breathe = _Breather()
+    count = 0
     async for chunk in stream:
-        chunks.append(chunk)
-        if len(chunks) > MAX_CHUNKS:
+        count += 1
+        if count > MAX_CHUNKS:
             raise sse.refused_chunks(model, MAX_CHUNKS)
         content: list[str] = []
         arguments: list[str] = []
@@ -218,10 +220,81 @@ async def _read_chunks(litellm: Any, stream: Any, messages: list[dict[str, Any]]
                 part = getattr(getattr(call, "function", None), "arguments", None)
                 if isinstance(part, str) and part:
                     arguments.append(part)
+        chunks.add(chunk)
         answer.add("".join(content), "".join(arguments))
         await breathe()
-    # Linear but some ms a hundred chunks: off the loop, so that it holds no other session.
-    return await asyncio.to_thread(litellm.stream_chunk_builder, chunks, messages=messages)
+    # Linear, but some ms a hundred chunks: off the loop, so that it holds no other session.
+    return await asyncio.to_thread(litellm.stream_chunk_builder, chunks.done(),
+                                   messages=messages)
+
+
+class _Chunks:
+    """The chunks ``stream_chunk_builder`` needs, with each run of chunks that only add
+    text merged into the run's first: the others are not kept (thousands of small
+    chunks kept alive set off full garbage collections, which stall the loop)."""
+
+    def __init__(self) -> None:
+        self.kept: list[Any] = []
+        self._head: Any = None  # the first delta of the current run
+        self._field = ""  # what the run adds to: "content" or "arguments"
+        self._run: list[str] = []
+
+    def add(self, chunk: Any) -> None:
+        field, delta, text = _plain(chunk)
+        if field and field == self._field:
+            self._run.append(text)  # the chunk itself is dropped
+            return
+        self._close()
+        self.kept.append(chunk)
+        if field:
+            self._head, self._field, self._run = delta, field, [text]
+
+    def done(self) -> list[Any]:
+        self._close()
+        return self.kept
+
+    def _close(self) -> None:
+        if self._head is not None and len(self._run) > 1:
+            text = "".join(self._run)
+            if self._field == "content":
+                self._head.content = text
+            else:
+                self._head.tool_calls[0].function.arguments = text
+        self._head, self._field, self._run = None, "", []
+
+
+def _plain(chunk: Any) -> tuple[str, Any, str]:
+    """("content" or "arguments", its delta, its text) for a chunk that only adds text
+    to the answer (one choice, no finish, no usage, nothing else); else ("", None, "")."""
+    choices = getattr(chunk, "choices", None)
+    if (not isinstance(choices, list) or len(choices) != 1
+            or getattr(chunk, "usage", None) is not None):
+        return "", None, ""
+    choice = choices[0]
+    delta = getattr(choice, "delta", None)
+    if delta is None or getattr(choice, "finish_reason", None) is not None or any(
+            getattr(delta, name, None) for name in _OTHER_DELTA_FIELDS):
+        return "", None, ""
+    content = getattr(delta, "content", None)
+    calls = getattr(delta, "tool_calls", None)
+    if not calls:
+        return ("content", delta, content) if isinstance(content, str) and content else (
+            "", None, "")
+    if content or not isinstance(calls, list) or len(calls) != 1:
+        return "", None, ""
+    call = calls[0]
+    function = getattr(call, "function", None)
+    arguments = getattr(function, "arguments", None)
+    if ((getattr(call, "index", 0) or 0) != 0 or getattr(call, "id", None)
+            or getattr(function, "name", None) or not isinstance(arguments, str)
+            or not arguments):
+        return "", None, ""
+    return "arguments", delta, arguments
+
+
+# A delta holding any of these is kept as it is (what the builder makes of them is its own).
+_OTHER_DELTA_FIELDS = ("function_call", "reasoning_content", "thinking_blocks", "audio",
+                       "annotations", "images", "provider_specific_fields")
 
 
 async def _close(stream: Any, response: httpx.Response | None) -> None:
