@@ -359,3 +359,44 @@ def test_the_reply_stream_keeps_the_listener_in_step() -> None:
     stream.text("")  # a retry that writes another reply replaces what was shown
     stream.text('{"reply": "Ho')
     assert events[5:] == [("replace", "Ho")]
+
+
+def test_the_partial_reply_reads_each_piece_once_to_the_same_reply() -> None:
+    """A character at a time or whole, with keys before the reply holding braces, quotes
+    and escapes, an escape cut anywhere: the same reply."""
+    from engine.boundary.partial import PartialReply, partial_reply
+
+    envelope = json.dumps({"updates": {"pet": {"name": 'Bi"s}c\\uit', "x": [1, {"y": "]"}]}},
+                           "a\\b": "{", "reply": "Hi 😀 \"there\"\n\u00e9!", "language": "en"},
+                          ensure_ascii=True)
+    whole = partial_reply(envelope)
+    assert whole == "Hi 😀 \"there\"\n\u00e9!"
+    reader = PartialReply()
+    shown = "".join(reader.feed(c) for c in envelope)
+    assert shown == reader.text == whole and reader.ended
+
+
+def test_openai_event_streams_are_read_strictly() -> None:
+    from engine.errors import ResponseRefused
+    from engine.llm.sse import ChunkReader, ErrorEvent
+
+    def chunk(content: str) -> bytes:
+        return json.dumps({"choices": [{"index": 0, "delta": {"content": content}}]}).encode()
+
+    reader = ChunkReader("m")
+    body = (b": a comment\r\nevent: message\r\ndata: " + chunk("He") + b"\r\n\r\ndata: "
+            + chunk("llo") + b"\n\ndata: {\"choices\": [], \"usage\": {\"prompt_tokens\": 7, "
+            b"\"completion_tokens\": \"x\"}}\n\ndata: [DONE]\n\n")
+    pieces = [p for i in range(len(body)) for p in reader.feed(body[i:i + 1])]  # byte by byte
+    assert pieces == [("He", ""), ("llo", "")] and reader.done
+    assert reader.response("Hello", "")["usage"] == {"prompt_tokens": 7}
+    for bad, why in [(b"data: {nope\n\n", "not JSON"), (b"data: [1]\n\n", "not a JSON object"),
+                     (b'data: {"choices": {"0": {}}}\n\n', "not a list"),
+                     (b'data: {"choices": [{"delta": {"content": 5}}]}\n\n', "not a string")]:
+        with pytest.raises(ResponseRefused, match=why):
+            ChunkReader("m").feed(bad)
+    with pytest.raises(ErrorEvent, match="overloaded"):
+        ChunkReader("m").feed(b'data: {"error": {"message": "overloaded"}}\n\n')
+    capped = ChunkReader("m", limit=2)
+    with pytest.raises(ResponseRefused, match="past 2 chunks"):
+        capped.feed(b"".join(b"data: " + chunk("x") + b"\n\n" for _ in range(3)))
