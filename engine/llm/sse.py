@@ -185,7 +185,8 @@ class ChunkReader:
 
     def response(self, content: str, arguments: str) -> dict[str, Any]:
         """The answer as a ``chat.completion`` (what a call that did not stream returns),
-        its ``usage`` reduced to counts (None when the stream said none)."""
+        its ``usage`` reduced to counts (None when the stream said none: litellm's
+        response then says zeros, which the caller knows for counts it must make)."""
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if arguments or self.tool_name:
             message["tool_calls"] = [{

@@ -105,7 +105,7 @@ async def consume(litellm: Any, stream: Any, messages: list[dict[str, Any]],
     response = _raw_response(stream)
     try:
         if response is not None:
-            return await _read_openai(litellm, response, messages, on_text, model)
+            return await _read_openai(litellm, response, on_text, model)
         return await _read_chunks(litellm, stream, messages, on_text, model)
     finally:
         await _close(stream, response)
@@ -156,7 +156,7 @@ def _raw_response(stream: Any) -> httpx.Response | None:
     return None
 
 
-async def _read_openai(litellm: Any, response: httpx.Response, messages: list[dict[str, Any]],
+async def _read_openai(litellm: Any, response: httpx.Response,
                        on_text: Callable[[str], None], model: str) -> Any:
     reader = sse.ChunkReader(model, MAX_CHUNKS)
     answer = _Answer(on_text)
@@ -178,23 +178,9 @@ async def _read_openai(litellm: Any, response: httpx.Response, messages: list[di
         raise litellm.APIConnectionError(
             message=f"the stream broke: {type(exc).__name__}: {exc}", llm_provider="openai",
             model=model) from None
-    content, arguments = "".join(answer.content), "".join(answer.arguments)
-    body = reader.response(content, arguments)
-    if body["usage"] is None:  # a server that does not count: litellm's estimate, as before
-        body["usage"] = _estimate(litellm, model, messages, arguments or content)
+    body = reader.response("".join(answer.content), "".join(answer.arguments))
+    # A stream without usage answers none (zeros): the caller counts the tokens itself.
     return litellm.ModelResponse(**body)
-
-
-def _estimate(litellm: Any, model: str, messages: list[dict[str, Any]], text: str
-              ) -> dict[str, int]:
-    try:
-        prompt = int(litellm.token_counter(model=model, messages=messages))
-        completion = int(litellm.token_counter(model=model, text=text,
-                                               count_response_tokens=True))
-    except Exception:  # a model litellm cannot count for: unknown, not invented
-        return {}
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
 
 
 async def _read_chunks(litellm: Any, stream: Any, messages: list[dict[str, Any]],
