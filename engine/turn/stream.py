@@ -43,14 +43,20 @@ class ReplyStream:
         self._reply = PartialReply()
         self._owns = False  # this attempt's reply is what is shown (it replaced or outgrew it)
         self._caught = 0  # of a retry writing what was shown: how far it has matched it
+        self._begun = False  # this attempt's reply has shown a character
 
     def text(self, piece: str) -> None:
         """The next piece of the model's answer (``on_text`` of the model request);
         ``""``: an attempt begins, and what an earlier one wrote is read no further."""
         if not piece:
             self._reply, self._owns, self._caught = PartialReply(), False, 0
+            self._begun = False
             return
         added = self._reply.feed(piece)
+        if added and not self._begun:
+            # Without its leading spaces, as the reply is saved (engine.turn.save).
+            added = added.lstrip()
+            self._begun = bool(added)
         if added:  # an empty reply so far shows nothing (a repair's first bytes)
             self._grow(added)
 
@@ -74,7 +80,7 @@ class ReplyStream:
     def _grow(self, added: str) -> None:
         if self._void:
             self._void, self._owns = False, True
-            self._replace(self._reply.text)
+            self._replace(self._reply.text.lstrip())
         elif self._owns:
             self.shown += added
             self._emit("delta", added)
@@ -92,7 +98,7 @@ class ReplyStream:
                 self._emit("delta", extra)
             else:
                 self._owns = True
-                self._replace(self._reply.text)
+                self._replace(self._reply.text.lstrip())
 
     def _replace(self, reply: str) -> None:
         self.shown = reply
