@@ -66,9 +66,8 @@ SCRIPT = {
 def funnel_copy(folder: Path) -> Path:
     """Puramur with the experiment, in a folder of its own."""
     shutil.copytree(ROOT / "prompts" / "puramur", folder / "prompts")
-    shutil.copytree(ROOT / "schemas" / "puramur", folder / "schemas")
     data = yaml.safe_load((ROOT / "funnels" / "puramur.yaml").read_text("utf-8"))
-    data.update(prompts="prompts", schemas="schemas",
+    data.update(prompts="prompts",
                 catalog=str(ROOT / "funnels" / "puramur" / "catalog.yaml"),
                 experiment=EXPERIMENT)
     data["knowledge"]["folder"] = str(ROOT / "funnels" / "puramur" / "knowledge")

@@ -110,15 +110,22 @@ def _figures(turns: int, old: str | None) -> dict[str, dict[str, float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=20000)
-    parser.add_argument("--ref", default="560b71c", help="commit of the hand-written module")
+    parser.add_argument("--ref", default="560b71c", help="commit of the hand-written module "
+                        "('': prometheus_client alone, as a shallow checkout must)")
     args = parser.parse_args()
-    source = subprocess.run(["git", "show", f"{args.ref}:engine/service/metrics.py"], cwd=ROOT,
-                            check=True, capture_output=True, text=True).stdout
-    with tempfile.TemporaryDirectory() as tmp:
-        old_path = Path(tmp) / "handwritten_metrics.py"
-        old_path.write_text(source.replace("from ..turn.engine", "from engine.turn.engine"),
-                            "utf-8")
-        old = _figures(args.turns, str(old_path))
+    old: dict[str, dict[str, float]] | None = None
+    if args.ref:
+        found = subprocess.run(["git", "show", f"{args.ref}:engine/service/metrics.py"],
+                               cwd=ROOT, capture_output=True, text=True)
+        if found.returncode != 0:
+            raise SystemExit(f"git show {args.ref}: {found.stderr.strip()} (a shallow "
+                             "checkout? `git fetch --unshallow`, or --ref '' to skip the "
+                             "hand-written module)")
+        with tempfile.TemporaryDirectory() as tmp:
+            old_path = Path(tmp) / "handwritten_metrics.py"
+            old_path.write_text(found.stdout.replace("from ..turn.engine",
+                                                     "from engine.turn.engine"), "utf-8")
+            old = _figures(args.turns, str(old_path))
     new = _figures(args.turns, None)
     print(f"{args.turns} turns, 1 funnel of {len(STAGES)} stages; CPU time per call "
           f"(time.process_time)\n")
@@ -127,8 +134,8 @@ def main() -> int:
             ("series in the scrape", "series", 0), ("turns the scrape shows", "turns_seen", 0))
     for mode, label in (("one", "1 process"), ("workers", "2 workers, 1 folder")):
         for what, key, digits in rows:
-            print(f"{label + ': ' + what:44} {old[mode][key]:14.{digits}f} "
-                  f"{new[mode][key]:18.{digits}f}")
+            before = f"{old[mode][key]:14.{digits}f}" if old else f"{'-':>14}"
+            print(f"{label + ': ' + what:44} {before} {new[mode][key]:18.{digits}f}")
     return 0
 
 

@@ -249,12 +249,16 @@ def mean(values: list[int] | list[float]) -> float:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smallest run (tests/test_bench_smoke.py): 12 turns, not 60")
     args = ap.parse_args()
+    long = 12 if args.smoke else 60  # the long conversation's turns
     system = baseline_system_prompt()
     with throwaway_schema(server_url(args.db)) as url:
-        runs = {n: await run(url, n, system) for n in (5, 15, 30, 60)}
+        runs = {n: await run(url, n, system) for n in ((long,) if args.smoke
+                                                        else (5, 15, 30, 60))}
         objections = await run(url, 12, system, objection_conversation(12))
-        appended = [await run(url, 60, system, summarizer=AppendOnly()),
+        appended = [await run(url, long, system, summarizer=AppendOnly()),
                     await run(url, 12, system, objection_conversation(12), AppendOnly())]
         # What a real model gets: the engine's own observer and reflector, their model
         # played by the loopback fake OpenAI server of tests/ (through litellm).
@@ -263,22 +267,24 @@ async def main() -> None:
         try:
             observer = ModelSummarizer(LiteLLMModel("openai/fake-model",
                                                     api_base=fake.api_base))
-            observed = [await run(url, 60, system, summarizer=observer),
+            observed = [await run(url, long, system, summarizer=observer),
                         await run(url, 12, system, objection_conversation(12), observer)]
         finally:
             fake.stop()
     results = {n: (eng, base) for n, (eng, base, _) in runs.items()}
-    engine60, base60 = results[60]
-    print("Prompt tokens per turn, 60-turn conversation (engine | window-buffer baseline):")
+    engine60, base60 = results[long]
+    print(f"Prompt tokens per turn, {long}-turn conversation (engine | window-buffer baseline):")
     print(f"{'turn':>5} {'engine':>7} {'baseline':>9}")
-    for t in (1, 2, 3, 4, 5, 6, 10, 15, 20, 25, 30, 40, 50, 55, 58, 59, 60):
+    for t in (t for t in (1, 2, 3, 4, 5, 6, 10, 15, 20, 25, 30, 40, 50, 55, 58, 59, 60)
+              if t <= long):
         print(f"{t:5d} {engine60[t - 1]:7d} {base60[t - 1]:9d}")
     print(f"\n{'turns':>5} {'engine max':>10} {'engine mean':>11} {'baseline max':>12} "
           f"{'baseline mean':>13}")
     for n, (eng, base) in results.items():
         print(f"{n:5d} {max(eng):10d} {mean(eng):11.0f} {max(base):12d} {mean(base):13.0f}")
-    early, late = mean(engine60[5:15]), mean(engine60[50:60])
-    b_early, b_late = mean(base60[5:15]), mean(base60[50:60])
+    last = slice(max(long - 10, 0), long)  # turns 51-60 of the 60-turn conversation
+    early, late = mean(engine60[5:15]), mean(engine60[last])
+    b_early, b_late = mean(base60[5:15]), mean(base60[last])
     worst = max(max(e) for e, _ in results.values())
     print(f"\nengine:   turns 6-15 mean {early:.0f}, turns 51-60 mean {late:.0f}, ratio "
           f"{late / early:.2f} (target <= 1.15); largest prompt {worst} (target < 1000)")
@@ -288,7 +294,7 @@ async def main() -> None:
           "target >= 70% on presentation and objection_handling with the observer):")
     print(f"{'stage':>20} {'pairs':>5} {'mean':>6} {'min':>6}   summary")
     for label, pair in (("extractive (scripted model: offline, never cached)",
-                         (runs[60], objections)),
+                         (runs[max(runs)], objections)),
                         ("bench append-only", appended),
                         ("observer (real-model default)", observed)):
         shares = prefix_shares(pair[0][2].prompts)

@@ -143,6 +143,8 @@ async def main() -> None:
     parser.add_argument("--db", default=None)
     parser.add_argument("--sessions", type=int, default=6)
     parser.add_argument("--turns", type=int, default=30)
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (tests/test_bench_smoke.py): one search size")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     url = server_url(args.db)
@@ -167,10 +169,10 @@ async def main() -> None:
           f"something); embedding requests: {calls} ({calls / on['turns']:.2f} a turn)")
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         has_pgvector = (await recall_sql.support(conn))[1]
-    sizes = [50, 200, 1000, 5000]
+    sizes = [50] if args.smoke else [50, 200, 1000, 5000]
     print("\nsearch of one session (top 5, 2 before, 1 after), ms per search:")
     print("dims  messages  " + ("pgvector  " if has_pgvector else "") + "real[] fallback")
-    for dims in (256, 1536):
+    for dims in (256,) if args.smoke else (256, 1536):
         fallback = await search_times(url, sizes, dims, pgvector=False)
         native = await search_times(url, sizes, dims, pgvector=True) if has_pgvector else {}
         for size in sizes:

@@ -57,9 +57,12 @@ async def lag_during(work: Coroutine[Any, Any, None]) -> list[float]:
 
 
 def summary(name: str, lags: list[float]) -> str:
-    q = statistics.quantiles(lags, n=100, method="inclusive")
+    if len(lags) < 2:  # a loop blocked for a whole short run ticks once
+        q = [lags[0] if lags else 0.0] * 99
+    else:
+        q = statistics.quantiles(lags, n=100, method="inclusive")
     return (f"{name:<28} ticks {len(lags):>6}  p50 {q[49]:6.2f} ms  p99 {q[98]:6.2f} ms  "
-            f"max {max(lags):7.2f} ms  over 20 ms: {sum(v > 20 for v in lags)}")
+            f"max {max(lags, default=0.0):7.2f} ms  over 20 ms: {sum(v > 20 for v in lags)}")
 
 
 async def main(reloads: int) -> None:

@@ -167,6 +167,8 @@ def main() -> int:
     ap.add_argument("--html", default=None, metavar="FILE", help="also write the HTML report")
     ap.add_argument("--keep", default=None, metavar="SCHEMA",
                     help="use this schema and keep it (data generated once), to experiment")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run "
+                    "(tests/test_bench_smoke.py): exits 0 whatever the timings")
     args = ap.parse_args()
 
     spec = load_funnel(PURAMUR).spec
@@ -203,7 +205,8 @@ def run(url: str, spec: object, args: argparse.Namespace) -> int:
         [(turns,)] = conn.execute("SELECT count(*) FROM funnel_turns").fetchall()
         print(f"generated {turns:,} turn records in {time.perf_counter() - started:.1f} s")
         started = time.perf_counter()
-        conn.execute("VACUUM ANALYZE")
+        # Its own two tables only: the whole database may hold other schemas' data.
+        conn.execute(sql.SQL("VACUUM ANALYZE {}, funnel_turns").format(sql.Identifier(TABLE)))
         print(f"VACUUM ANALYZE in {time.perf_counter() - started:.1f} s")
         for name in (TABLE, "funnel_turns"):
             [(size,)] = conn.execute("SELECT pg_size_pretty(pg_total_relation_size(%s))",
@@ -248,7 +251,7 @@ def report(conn: psycopg.Connection, url: str, spec: object, args: argparse.Name
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"slowest section: {slowest} {worst * 1000:.0f} ms "
           f"({'under' if worst < 1 else 'OVER'} the 1 s target); load average {load}")
-    return 0 if worst < 1 else 1
+    return 0 if worst < 1 or args.smoke else 1  # a smoke run measures nothing
 
 
 if __name__ == "__main__":

@@ -52,8 +52,7 @@ def copy_puramur(root: Path) -> Path:
     shutil.copy(ROOT / "funnels" / "puramur.yaml", root / "funnels" / "puramur.yaml")
     shutil.copy(ROOT / "funnels" / "puramur" / "catalog.yaml", root / "funnels" / "puramur")
     shutil.copytree(ROOT / "funnels" / "puramur" / "knowledge", root / "funnels" / "puramur" / "knowledge")
-    for kind in ("prompts", "schemas"):
-        shutil.copytree(ROOT / kind / "puramur", root / kind / "puramur")
+    shutil.copytree(ROOT / "prompts" / "puramur", root / "prompts" / "puramur")
     return root / "funnels" / "puramur.yaml"
 
 

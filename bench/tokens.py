@@ -279,14 +279,18 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
     ap.add_argument("--turns", type=int, default=60)
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smallest run (tests/test_bench_smoke.py): English, one tokenizer")
     args = ap.parse_args()
+    if args.turns < 15:
+        ap.error(f"--turns {args.turns}: at least 15 (the targets read turn 15)")
     system = baseline_system_prompt()
     rows = []
     stages: list[tuple[str, str, dict[str, tuple[int, list[int], list[int]]]]] = []
     with throwaway_schema(server_url(args.db)) as url:
-        for language in ("uk", "ru", "en"):
+        for language in ("en",) if args.smoke else ("uk", "ru", "en"):
             recorder, baseline = await play(url, language, args.turns, system)
-            for tokenizer in (OPENAI, CLAUDE):
+            for tokenizer in (OPENAI,) if args.smoke else (OPENAI, CLAUDE):
                 engine = [count(tokenizer, m) for _, m, _ in recorder.requests]
                 base = [count(tokenizer, m) for m in baseline]
                 shares: list[float] = []

@@ -9,12 +9,13 @@ and choosing a session's version in every turn.
    version, one pinned to an old one, and one moving with a rename migration, against
    the baseline of an empty loop over the same rows.
 
-Run: ``python bench/versions.py``. No database needed.
+Run: ``python bench/versions.py [--smoke]``. No database needed.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -41,20 +42,24 @@ def timed(fn: Any, runs: int) -> float:
 
 
 def main() -> None:
+    # `--smoke`: the smallest run (tests/test_bench_smoke.py), every step once or so.
+    smoke = "--smoke" in sys.argv[1:]
+    runs, n = (1, 100) if smoke else (10, 100_000)
     funnel = load_funnel(PURAMUR)
     bundle = bundle_of(funnel.spec)
     print(f"bundle: {len(bundle.files)} files, "
           f"{sum(len(t) for t in bundle.files.values()) / 1024:.0f} KiB, {bundle.digest[:12]}")
-    base = timed(lambda: load_funnel(PURAMUR), 10)
+    base = timed(lambda: load_funnel(PURAMUR), runs)
 
     def from_store() -> None:
         loaded = compile_bundle(bundle)
         assert loaded.folder is not None
         loaded.folder.cleanup()
 
-    stored = timed(from_store, 10)
+    stored = timed(from_store, runs)
     print(f"compile: load_funnel from files (baseline) {base * 1000:.1f} ms, "
-          f"from the stored bundle {stored * 1000:.1f} ms (x{stored / base:.2f}), median of 10")
+          f"from the stored bundle {stored * 1000:.1f} ms (x{stored / base:.2f}), median of "
+          f"{runs}")
 
     # The per-turn seam. v2 is Puramur with a rename migration; v1 is Puramur itself.
     v2 = load_funnel(PURAMUR)
@@ -66,7 +71,6 @@ def main() -> None:
     row = {"session_id": "s", "stage": "discovery", "pet": {"type": "cat"},
            "last_message_at": now.isoformat()}
     newest, pinned = {**row, "funnel_version": 2}, {**row, "funnel_version": 1}
-    n = 100_000
 
     def loop(r: dict[str, Any], work: bool) -> float:
         start = time.perf_counter()

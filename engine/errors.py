@@ -26,6 +26,7 @@ path or session), what was expected, and what to do about it::
     │   ├── StoreUnavailable    cannot connect (down, wrong URL)
     │   ├── SchemaOutdated      the table is behind the funnel: run `funnel migrate`
     │   ├── ConcurrentUpdate    a stale save lost the race for a session
+    │   ├── SessionBusy         an erasure waited too long for a session's turn
     │   └── DuplicateDelivery   a message's delivery key was seen before: no second turn
     └── PromptTooLarge          a prompt cannot fit the stage's token budget
         └── MessageTooLong      only the customer's message keeps it over (ask to shorten)
@@ -38,7 +39,7 @@ bottom of the package, so that this module imports nothing of the engine.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -67,6 +68,7 @@ __all__ = [
     "ReleaseRejected",
     "ResponseRefused",
     "SchemaOutdated",
+    "SessionBusy",
     "StoreError",
     "StoreUnavailable",
     "UnknownSession",
@@ -265,13 +267,15 @@ class ModelError(FunnelError):
         spent_ms: the time those calls took, waits between them left out.
         prompt_tokens: the prompt tokens they sent, as far as counted (a call cut at the
             deadline was sent, and a provider bills what it read).
+        calls: each of those calls (``engine.records.calls.Call``), for the turn record.
     """
 
     def __init__(self, message: str, *, attempts: int = 1, spent_ms: float = 0.0,
-                 prompt_tokens: int = 0) -> None:
+                 prompt_tokens: int = 0, calls: Sequence[Any] = ()) -> None:
         self.attempts = attempts
         self.spent_ms = spent_ms
         self.prompt_tokens = prompt_tokens
+        self.calls = tuple(calls)
         super().__init__(message)
 
 
@@ -311,6 +315,11 @@ class StoreUnavailable(StoreError):
 
 class SchemaOutdated(StoreError):
     """The session table is behind the funnel declaration."""
+
+
+class SessionBusy(StoreError):
+    """A session stayed in a turn for longer than an erasure would wait; nothing was
+    erased (the service answers 503 with Retry-After)."""
 
 
 class ConcurrentUpdate(StoreError):

@@ -34,9 +34,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("FUNNEL_ROOT", str(ROOT))
 
 from engine.cli import main as funnel_main  # noqa: E402  (after the environment is set)
+from engine.format.texts import Localized  # noqa: E402
 from engine.store.connect import temporary_schema  # noqa: E402
 
-__all__ = ["ROOT", "puramur_data", "run_funnel", "seed_queries", "sql_runner",
+__all__ = ["ROOT", "puramur_data", "run_funnel", "said", "seed_queries", "sql_runner",
            "temporary_schema"]
 
 
@@ -180,6 +181,14 @@ def puramur_data() -> dict[str, Any]:
     data["catalog"] = str(ROOT / "funnels" / "puramur" / "catalog.yaml")
     data["knowledge"]["folder"] = str(ROOT / "funnels" / "puramur" / "knowledge")
     return data
+
+
+def said(text: Localized, state: Mapping[str, Any] | None = None) -> str:
+    """``text`` (a fallback, the too-long reply...) as the engine sends it to a Puramur
+    session whose state is ``state``: in its ``response_language``, else in Puramur's
+    default language (uk)."""
+    language = (state or {}).get("response_language")
+    return text.pick(language if isinstance(language, str) else None, "uk")
 
 
 def seed_queries() -> dict[str, str]:

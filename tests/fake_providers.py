@@ -71,6 +71,9 @@ class Behaviour:
     stream: Stream | None = None  # how a streamed answer is sent (tests/fake_stream.py)
     body: bytes = b""  # "raw": the bytes sent as they are, with ``headers``
     headers: tuple[tuple[str, str], ...] = ()
+    # False: an OpenAI-shaped response carries no `usage` (some OpenAI-compatible servers
+    # and proxies answer so; litellm then reports zeros).
+    usage: bool = True
 
 
 class FakeProvider(LoopbackServer):
@@ -92,18 +95,20 @@ class FakeProvider(LoopbackServer):
     # -- programming -------------------------------------------------------------------
     def reply(self, content: str, *, prompt_tokens: int = 120, completion_tokens: int = 30,
               cached_tokens: int = 0, written_tokens: int = 0,
-              stream: Stream | None = None) -> FakeProvider:
+              stream: Stream | None = None, usage: bool = True) -> FakeProvider:
         """Answer with ``content`` (the envelope's JSON text) in the wire's response shape;
         ``cached_tokens`` of the prompt tokens were read from the prompt cache (reported as
         the wire reports it: Anthropic's ``cache_read_input_tokens``, OpenAI's
         ``prompt_tokens_details.cached_tokens``, Bedrock Converse's
         ``cacheReadInputTokens``); ``written_tokens`` were written to it (Anthropic's
         ``cache_creation_input_tokens``, OpenRouter's ``prompt_tokens_details.cache_write_tokens``,
-        Bedrock's ``cacheWriteInputTokens``)."""
+        Bedrock's ``cacheWriteInputTokens``); ``usage=False`` leaves ``usage`` out of an
+        OpenAI-shaped response."""
         self._queue.append(Behaviour("reply", content=content, prompt_tokens=prompt_tokens,
                                      completion_tokens=completion_tokens,
                                      cached_tokens=cached_tokens,
-                                     written_tokens=written_tokens, stream=stream))
+                                     written_tokens=written_tokens, stream=stream,
+                                     usage=usage))
         return self
 
     def fail(self, status: int = 500, message: str = "The server had an error.",
@@ -381,15 +386,19 @@ def _response(wire: str, body: dict[str, Any], path: str, b: Behaviour) -> dict[
             "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": tool, "arguments": b.content}}]}
         finish = "tool_calls"
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
-            "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake",
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": finish}],
-            "usage": {"prompt_tokens": b.prompt_tokens, "completion_tokens": b.completion_tokens,
-                      "total_tokens": b.prompt_tokens + b.completion_tokens,
-                      "prompt_tokens_details": {"cached_tokens": b.cached_tokens,
-                                                **({"cache_write_tokens": b.written_tokens}
-                                                   if b.written_tokens else {})}}}
+    answer = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+              "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake",
+              "choices": [{"index": 0, "message": message, "logprobs": None,
+                           "finish_reason": finish}],
+              "usage": {"prompt_tokens": b.prompt_tokens,
+                        "completion_tokens": b.completion_tokens,
+                        "total_tokens": b.prompt_tokens + b.completion_tokens,
+                        "prompt_tokens_details": {"cached_tokens": b.cached_tokens,
+                                                  **({"cache_write_tokens": b.written_tokens}
+                                                     if b.written_tokens else {})}}}
+    if not b.usage:
+        del answer["usage"]
+    return answer
 
 
 def _converse(body: dict[str, Any], b: Behaviour, *, invoke: bool = False) -> dict[str, Any]:

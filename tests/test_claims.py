@@ -117,6 +117,10 @@ def test_the_labelled_replies_are_judged_as_labelled(funnels: dict[str, Compiled
     ("Набір Professional grooming коштує 1 250 грн.", {}, []),
     ("Набір Professional grooming коштує 1\u00a0250\u00a0грн.", {}, []),
     ("Exotic Spa shampoo costs $9.", {}, ["price"]),
+    # A declared alias names the product in another language (the catalog's `aliases`).
+    ("Професійний набір для грумінгу коштує 1 250 грн.", {}, []),
+    ("Профессиональный набор для груминга стоит 999 грн.", {}, ["price"]),
+    ("Profesjonalny zestaw do pielęgnacji kosztuje 1250 zł.", {}, ["price"]),
     # An invented SKU, a real one.
     ("I added PR999999 to your cart.", {}, ["product"]),
     ("PR251010 is Exotic Spa shampoo.", {}, []),

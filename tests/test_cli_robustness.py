@@ -60,3 +60,11 @@ def test_check_state_finds_invalid_rows_and_unpaired_messages(db_url: str, tmp_p
     assert broken.returncode == 1
     rules = {v["rule"] for v in json.loads(broken.stdout)}
     assert rules == {"invalid field", "notice too long", "reply without turn record"}
+
+
+@pytest.mark.parametrize("command", ["replay", "report"])
+def test_a_period_past_ten_years_is_a_usage_error(db_url: str, command: str) -> None:
+    done = run_cli(command, str(PURAMUR), "--since", "99999999999d", db_url=db_url)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Traceback" not in err, err
+    assert "longer than ten years (3650d)" in err

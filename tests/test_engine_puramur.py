@@ -19,7 +19,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conftest import CliResult, run_funnel
+from conftest import CliResult, run_funnel, said
 
 from engine.errors import FunnelError
 from engine.funnel.compiled import CompiledFunnel, load_funnel
@@ -311,7 +311,7 @@ async def test_engine_owned_fields_fail_the_stage_schema(make: Factory, sql: Any
     [result] = await h.say("s1", "Put me through")
 
     assert result.fallback and not result.repaired and result.validation_failures == 2
-    assert result.reply == h.engine.funnel.stage("discovery").spec.fallback
+    assert result.reply == said(h.engine.funnel.stage("discovery").spec.fallback, result.state)
     assert result.error and "additional" in result.error.lower()
     repair = [r for r in h.model.requests if r.attempt == 1]
     assert len(repair) == 1
@@ -955,8 +955,8 @@ async def test_a_message_over_the_prompt_budget_is_asked_to_be_shortened(make: F
     # names the stage and sizes.
     h = await make({"default": OK})
     result = await h.engine.handle("s1", "y" * 8000)
-    assert result.fallback and result.reply == h.engine.spec.memory.too_long_reply
-    assert "shorten" in result.reply and h.model.requests == []
+    assert result.fallback and result.reply == said(h.engine.spec.memory.too_long_reply)
+    assert "скоротити" in result.reply and h.model.requests == []  # uk: a new session
     assert "stage 'greeting'" in (result.error or "") and "budget of 1000" in (result.error or "")
     assert sql("SELECT length(content) FROM funnel_messages WHERE role = 'user'") == [(8000,)]
     assert sql("SELECT fallback, error LIKE '%budget%' FROM funnel_turns") == [(True, True)]

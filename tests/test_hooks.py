@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, puramur_data
+from conftest import ROOT, puramur_data, said
 
 from engine import Engine, ScriptedModel
 from engine.errors import FunnelInvalid
@@ -86,7 +86,8 @@ def tag(call):
     model = ScriptedModel.from_data({"default": HELLO})
     async with await Engine.open(path, db=db_url, model=model) as engine:
         first = await engine.handle("s1", "Hi, I am Olena")
-        assert first.fallback and first.reply == engine.funnel.stage("greeting").spec.fallback
+        assert first.fallback and first.reply == said(engine.funnel.stage("greeting").spec.fallback,
+                                                      first.state)
         assert first.error is not None and "HookFailed" in first.error
         assert raised.split("(")[0].split(".")[-1] in first.error
         second = await engine.handle("s1", "Hello again")  # the row exists: no on_enter
@@ -128,6 +129,39 @@ def test_a_reload_runs_the_edited_hook(tmp_path: Path) -> None:
     assert load_funnel(path).actions.hooks["tag"] is second.actions.hooks["tag"]  # unchanged
 
 
+def test_sighup_reloads_an_edited_hook_file(tmp_path: Path, db_url: str) -> None:
+    """The service's SIGHUP reload (docs/service.md) with only the hook file edited, to a
+    file of the same size and mtime: new turns run the new hook."""
+    from starlette.testclient import TestClient
+
+    from engine.service.app import create_app
+    from engine.service.config import ServiceConfig
+
+    hook = tmp_path / "pet_hooks.py"
+    path = hooked(tmp_path, "def tag(call):\n    return {'objections_raised': ['one']}\n")
+    config = ServiceConfig(funnels=[path], db=db_url, model=ScriptedModel.from_data(
+        {"default": HELLO}), api_keys={"k-0123456789abcdef": frozenset({"converse"})},
+        secret=b"s" * 32, reload=False)
+    with TestClient(create_app(config)) as client:
+        def tags(session: str) -> Any:
+            r = client.post(f"/v1/funnels/puramur/sessions/{session}/messages",
+                            json={"text": "Hi"},
+                            headers={"Authorization": "Bearer k-0123456789abcdef"})
+            assert r.status_code == 200 and not r.json()["fallback"], r.text
+            service = client.app.state.service  # type: ignore[attr-defined]
+            return client.portal.call(service.engines["puramur"].state, session)[  # type: ignore[union-attr]
+                "objections_raised"]
+
+        assert tags("h1") == ["one"]
+        stat = hook.stat()
+        hook.write_text(hook.read_text("utf-8").replace("['one']", "['two']"), "utf-8")
+        os.utime(hook, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # size and mtime as before
+        service = client.app.state.service  # type: ignore[attr-defined]
+        done = client.portal.call(service.reloader.reload_all, "SIGHUP")  # type: ignore[union-attr]
+        assert done == {"puramur": "applied"}
+        assert tags("h2") == ["two"]
+
+
 async def test_a_notify_hook_that_never_returns_fails_its_delivery(
         tmp_path: Path, db_url: str, sql: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     path = hooked(tmp_path, "def tag(call):\n    return None\n")
@@ -159,6 +193,6 @@ def test_chat_survives_a_hook_that_exits(tmp_path: Path, db_url: str) -> None:
                           timeout=180)
     out, err = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0, err
-    fallback = load_funnel(path).stage("greeting").spec.fallback
+    fallback = said(load_funnel(path).stage("greeting").spec.fallback)  # a new session: uk
     assert out.splitlines() == [fallback, "Got it."]
     assert "Traceback" not in err and "Kovalenko" not in err

@@ -29,11 +29,12 @@ import jsonschema
 import psycopg
 import pytest
 import yaml
-from conftest import puramur_data, sql_runner, temporary_schema
+from conftest import puramur_data, said, sql_runner, temporary_schema
 from fake_openai import FakeOpenAI
 from hostile_corpus import CUSTOMER_INPUTS, MODEL_OUTPUTS, env
 from psycopg.rows import dict_row
 
+from engine.format.texts import TOO_LONG
 from engine.funnel.compiled import CompiledFunnel, load_funnel
 from engine.memory.observations import text_tokens
 from engine.records.messages import estimate_tokens
@@ -164,7 +165,7 @@ async def test_a_hostile_model_output_ends_in_a_reply_and_a_valid_state(
     assert fallback is invalid, error
     assert records[2][1] is False
     if invalid:
-        assert reply == funnel.stage(stage).spec.fallback
+        assert reply == said(funnel.stage(stage).spec.fallback, row_of(url, session))
         assert error and "after repair" in error
     logged = sql("SELECT role, content FROM funnel_messages WHERE session_id = %s "
                  "ORDER BY id", (session,))
@@ -255,7 +256,7 @@ async def test_hostile_customer_input_gets_a_reply_or_a_clear_refusal(
     assert response.status_code == status, response.text
     body = response.json()
     if status == 200:
-        assert body["reply"] == "Thanks!" if called else "shorten" in body["reply"]
+        assert body["reply"] == "Thanks!" if called else body["reply"] in dict(TOO_LONG.texts).values()
     else:
         assert body["error"] in ("bad_request", "too_large") and body["message"]
         assert sql("SELECT count(*) FROM funnel_messages WHERE session_id LIKE %s",

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PURAMUR, ROOT, puramur_data
+from conftest import PURAMUR, ROOT, puramur_data, said
 
 pytestmark = pytest.mark.postgres
 
@@ -142,7 +142,7 @@ async def warm_up(engine: Any, fake: Any) -> dict[str, Any]:
 def assert_failed_turn(engine: Any, result: Any, before: dict[str, Any],
                        after: dict[str, Any] | None, sql: Any, text: str) -> dict[str, Any]:
     """The guarantees of a turn whose model output was unusable; returns its funnel_turns row."""
-    fallback = engine.funnel.stage("discovery").spec.fallback
+    fallback = said(engine.funnel.stage("discovery").spec.fallback, result.state)
     assert result.fallback is True
     assert result.reply == fallback
     assert result.updated == [] and result.actions == []
@@ -241,7 +241,8 @@ async def test_structured_output_model_gets_the_stage_schema(db_url: str, sql: A
                                                              fake_llm: Any,
                                                              api_key: None) -> None:
     """A model litellm knows supports response schemas gets ``json_schema`` with the stage's
-    schema; the cost comes from litellm's local cost map."""
+    schema in OpenAI's strict form, ``strict: true``; the cost comes from litellm's local
+    cost map."""
     engine = await open_engine(PURAMUR, db_url, fake_llm, name="openai/gpt-4o-mini")
     try:
         fake_llm.reply(out("Hello! Cat or dog?"), prompt_tokens=1000, completion_tokens=100)
@@ -253,7 +254,8 @@ async def test_structured_output_model_gets_the_stage_schema(db_url: str, sql: A
         assert fmt["type"] == "json_schema"
         assert fmt["json_schema"]["name"] == "greeting_output"
         schema = fmt["json_schema"]["schema"]
-        assert schema["required"] == ["reply"]
+        assert fmt["json_schema"]["strict"] is True
+        assert schema["required"] == ["reply", "language", "updates", "actions"]
         assert set(schema["properties"]) == {"reply", "language", "updates", "actions"}
         [turn] = turns(sql)
         assert turn["cost"] is not None and turn["cost"] > 0

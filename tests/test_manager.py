@@ -323,3 +323,50 @@ async def test_check_state_reports_a_control_row_without_its_session(
     assert [v for v in await violations(db_url, funnel) if "control without session" in v] \
         == ["error: session 's9': control without session: a manager holds a session the "
             "funnel's table lacks"]
+
+
+def test_a_release_with_a_nul_in_an_update_is_refused_naming_the_field(
+        client: TestClient) -> None:
+    say(client, "s10", "Hello")
+    assert manage(client, "s10", "takeover", manager="Olena").status_code == 200
+    r = manage(client, "s10", "release", updates={"pet": {"type": "cat", "name": "R\x00x"}})
+    assert r.status_code == 422, r.text
+    assert "pet.name" in r.json()["message"] and "U+0000" in r.json()["message"]
+    r = manage(client, "s10", "release", updates={"pet\x00": 1})
+    assert r.status_code == 422, r.text
+
+
+def test_a_managers_name_refuses_bidi_controls(client: TestClient) -> None:
+    say(client, "s11", "Hello")
+    r = manage(client, "s11", "takeover", manager="Ole\u202ena")
+    assert r.status_code == 400 and "bidi" in r.json()["message"], r.text
+
+
+def test_a_manager_message_with_an_idempotency_key_is_sent_once(
+        db_url: str, funnel: Path, model: CountingModel, sql: Any) -> None:
+    fake = FakeTelegram().start()
+    try:
+        app = create_app(_config(db_url, funnel, model, telegram_api=fake.url,
+                                 dispatch_interval=0.2))
+        secret = {"X-Telegram-Bot-Api-Secret-Token": HOOK_SECRET}
+        with TestClient(app) as client:
+            client.post(f"{BASE}/telegram", headers=secret, json={"update_id": 1, "message": {
+                "message_id": 1, "date": 1700000000, "chat": {"id": 778, "type": "private"},
+                "from": {"id": 778, "is_bot": False, "first_name": "Anna"}, "text": "Hi"}})
+            assert fake.wait_sent(1)[-1] == {"chat_id": 778, "text": "ok"}
+            assert manage(client, "tg-778", "takeover", manager="Olena").status_code == 200
+            headers = {**key(MANAGE), "Idempotency-Key": "send-1"}
+            body = {"manager": "Olena", "text": "Olena here."}
+            url = f"{BASE}/sessions/tg-778/manager-messages"
+            first = client.post(url, json=body, headers=headers)
+            again = client.post(url, json=body, headers=headers)
+            assert first.status_code == again.status_code == 200, again.text
+            assert again.json() == first.json()
+            other = client.post(url, json={**body, "text": "Other."}, headers=headers)
+            assert other.status_code == 422, other.text  # the key reused for another body
+            assert again.headers["Idempotent-Replayed"] == "true"
+            time.sleep(0.5)  # a dispatch round: nothing else goes out
+            assert [m["text"] for m in fake.wait_sent(2)] == ["ok", "Olena here."]
+        assert sql("SELECT count(*) FROM funnel_messages WHERE role = 'manager'") == [(1,)]
+    finally:
+        fake.stop()

@@ -293,7 +293,7 @@ def test_vertex_claude_keeps_the_mark_on_the_static_prefix(aws: None) -> None:
     request = ModelRequest(messages=chat, schema={"type": "object"}, stage="greeting",
                            settings=ModelSettings(name=model), session_id="s", turn=1,
                            user_text="Hi")
-    sent = Caller(litellm, model).request_kwargs(model, None, request, "prompt", {}, 5.0)
+    sent = Caller(litellm, model).request_kwargs(model, None, request, "prompt", 5.0)
     body = VertexAIAnthropicConfig().transform_request(
         model="claude-sonnet-4-5@20250929", messages=sent["messages"], optional_params={},
         litellm_params={}, headers={})

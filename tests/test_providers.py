@@ -38,8 +38,45 @@ def _schema_of(body: dict[str, Any]) -> dict[str, Any]:
     fmt = body["response_format"]
     assert fmt["type"] == "json_schema", fmt
     assert fmt["json_schema"]["name"].endswith("_output")
-    assert fmt["json_schema"]["strict"] is False
     return dict(fmt["json_schema"]["schema"])
+
+
+# What OpenAI's strict mode refuses, or what the portable form turns into words.
+REFUSED = ("minLength", "maxLength", "pattern", "format", "minimum", "maximum", "maxItems",
+           "minItems", "default", "const", "$ref", "$defs", "oneOf", "allOf", "$schema")
+
+
+def objects(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every object schema in ``schema``, at any depth."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "object" or "properties" in schema:
+            yield schema
+        for value in schema.values():
+            yield from objects(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from objects(value)
+
+
+def assert_strict_form(schema: dict[str, Any]) -> None:
+    """OpenAI's strict form: every object lists all its properties as required and takes no
+    others; no keyword strict mode refuses."""
+    found = list(objects(schema))
+    assert found
+    for node in found:
+        assert node["additionalProperties"] is False, node
+        assert node["required"] == list(node["properties"]), node
+    text = json.dumps(schema)
+    for keyword in REFUSED:
+        assert f'"{keyword}"' not in text, keyword
+
+
+def assert_closed_form(schema: dict[str, Any]) -> None:
+    """The closed form (Anthropic's output_format, Gemini's response_json_schema): every
+    object takes no keys it does not name; optional properties stay optional."""
+    for node in objects(schema):
+        assert node["additionalProperties"] is False, node
+    assert schema["required"] == ["reply"]
 
 
 def _tool_schema(body: dict[str, Any]) -> dict[str, Any]:
@@ -60,17 +97,20 @@ class Case:
     path: str
     known_cost: bool | None = False  # None: litellm may or may not know (Ollama's are 0)
     extra_calls: int = 0  # refused strategies before the first answer
+    form: str = "portable"  # what engine.llm.strict sends: openai, closed or portable
     env: dict[str, str] = field(default_factory=lambda: dict(KEYS))
 
 
 CASES = {
     "openai": Case("openai", "openai/gpt-4o-mini", _schema_of, "/v1/chat/completions",
-                   known_cost=True),
+                   known_cost=True, form="openai"),
     "azure": Case("azure", "azure/gpt-4o", _schema_of,
-                  "/openai/deployments/gpt-4o/chat/completions", known_cost=True),
+                  "/openai/deployments/gpt-4o/chat/completions", known_cost=True,
+                  form="openai"),
     "anthropic-output-format": Case(
         "anthropic", "anthropic/claude-sonnet-4-5",
-        lambda b: dict(b["output_format"]["schema"]), "/v1/messages", known_cost=True),
+        lambda b: dict(b["output_format"]["schema"]), "/v1/messages", known_cost=True,
+        form="closed"),
     # Claude 3.x has left this litellm's price map: its cost is unknown.
     "anthropic-tool": Case("anthropic", "anthropic/claude-3-5-sonnet-20241022", _tool_schema,
                            "/v1/messages"),
@@ -80,7 +120,7 @@ CASES = {
                             "/api/generate", known_cost=True),
     "gemini": Case("gemini", "gemini/gemini-2.0-flash",
                    lambda b: dict(b["generationConfig"]["response_json_schema"]),
-                   "/models/gemini-2.0-flash:generateContent"),
+                   "/models/gemini-2.0-flash:generateContent", form="closed"),
     "vllm": Case("openai", "openai/Qwen2.5-7B-Instruct", _schema_of, "/v1/chat/completions"),
     "lmstudio": Case("lmstudio", "openai/qwen2.5-7b-instruct", _schema_of,
                      "/v1/chat/completions"),
@@ -169,16 +209,25 @@ async def test_conversation_on_every_wire(name: str, db_url: str, sql: Any, keys
 
         assert fake.calls == 3 + case.extra_calls and fake.pending == 0
         assert set(fake.paths) == {case.path}
-        # every answered request carried the stage's portable schema
+        # every answered request carried the stage's schema, in the form its provider
+        # enforces (engine.llm.strict), else the portable one
         for body, stage in zip(fake.requests[case.extra_calls:],
                                ("greeting", "discovery", "presentation"), strict=True):
             sent = case.sent(body)
             Draft202012Validator.check_schema(sent)
-            assert sent["required"] == ["reply"]
             assert set(sent["properties"]) == {"reply", "language", "updates", "actions"}
             text = json.dumps(sent)
             for keyword in ("$ref", "$defs", "maxLength", "minLength", "maxItems", "oneOf"):
                 assert keyword not in text, (stage, keyword)
+            if case.form == "openai":
+                assert body["response_format"]["json_schema"]["strict"] is True
+                assert_strict_form(sent)
+            else:
+                assert sent["required"] == ["reply"]
+                assert '"strict"' not in json.dumps(body) or \
+                    body["response_format"]["json_schema"]["strict"] is False
+            if case.form == "closed":
+                assert_closed_form(sent)
         presentation = json.dumps(case.sent(fake.requests[-1]))
         assert "present_products" in presentation  # the $ref'd action schemas, inlined
 

@@ -85,7 +85,7 @@ def test_shipped_suites_pass(db_url: str, server_dsn: str, sql: Any,
     # Isolated: nothing in the schema the URL points at, the temporary schema is gone.
     assert sql("SELECT table_name FROM information_schema.tables "
                "WHERE table_schema = current_schema()") == []
-    assert made and all(m.startswith("funnel_test_") for m in made)
+    assert made and all(m.startswith("funnel_tmp_test_") for m in made)
     with psycopg.connect(server_dsn) as conn:
         left = conn.execute("SELECT schema_name FROM information_schema.schemata "
                             "WHERE schema_name = ANY(%s)", (made,)).fetchall()

@@ -449,6 +449,21 @@ def test_refused_claims_are_counted_by_declared_name(db_url: str) -> None:
             'stage="discovery"} 2.0') in text.splitlines()
 
 
+def test_a_reply_is_one_text_stripped_once(db_url: str, sql: Any) -> None:
+    """A model's reply with surrounding spaces: the turn's answer, the message log and the
+    replay of its key hold the same text, stripped."""
+    model = ScriptedModel.from_data({"default": {"reply": "  Welcome! Cat or dog?  \n"}})
+    with TestClient(create_app(config(db_url, model=model))) as client:
+        headers = {**bearer(CONVERSE), "Idempotency-Key": "strip-1"}
+        first = client.post(f"{BASE}/sessions/sp-1/messages", json={"text": "Hi"},
+                            headers=headers)
+        again = client.post(f"{BASE}/sessions/sp-1/messages", json={"text": "Hi"},
+                            headers=headers)
+    assert first.json()["reply"] == again.json()["reply"] == "Welcome! Cat or dog?"
+    assert sql("SELECT content FROM funnel_messages WHERE session_id = 'sp-1' AND "
+               "role = 'assistant'") == [("Welcome! Cat or dog?",)]
+
+
 def test_a_refused_action_is_counted_and_the_reply_kept(db_url: str) -> None:
     """An action the stage does not allow (greeting may not add to the cart), and one the
     funnel never declared: the reply is sent, each refusal counted under a bounded label."""

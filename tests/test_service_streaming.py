@@ -23,7 +23,9 @@ from engine.service.app import create_app
 
 pytestmark = pytest.mark.postgres
 
-GREETING = "Hello! I'm the Puramur consultant. Tell me, is your pet a cat or a dog?"
+# The greeting's fallback as a new session gets it: "Hi!" tells no language, so the
+# session's is Puramur's default, Ukrainian.
+GREETING = "Вітаю! Я консультант Puramur. Скажіть, у вас кішка чи собака?"
 HELLO = {"reply": "Hello! I'm the Puramur consultant. Is your pet a cat or a dog?",
          "language": "en"}
 SSE = {**bearer(CONVERSE), "Accept": "text/event-stream"}

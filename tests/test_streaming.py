@@ -30,7 +30,9 @@ from engine.turn.engine import Engine
 pytestmark = pytest.mark.postgres
 
 SESSION = "st-1"
-GREETING = "Hello! I'm the Puramur consultant. Tell me, is your pet a cat or a dog?"
+# The greeting's fallback as a new session gets it: "Hi!" tells no language, so the
+# session's is Puramur's default, Ukrainian.
+GREETING = "Вітаю! Я консультант Puramur. Скажіть, у вас кішка чи собака?"
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ import asyncio
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from projects import copy_puramur
 from service_support import running
 
 from engine.studio import Studio, create_studio_app
+from engine.studio.app import MAX_BODY
 from engine.studio.server import LOOPBACK_HOSTS, serve_studio
 
 pytestmark = [pytest.mark.postgres]
@@ -447,3 +449,47 @@ def test_the_prompt_panel_says_what_the_budget_trimmed(db_url: str, tmp_path: Pa
         # the panel's messages are the chat as sent: under the budget, each with its cost
         call = last["prompt"][0]
         assert call["tokens"] <= 700 and all(m["tokens"] > 0 for m in call["messages"])
+
+
+def test_the_studio_refuses_what_crosses_its_boundary(db_url: str, tmp_path: Path) -> None:
+    """A script outside the funnel's project, a period past ten years and a body past the
+    limit get a clear refusal (not a 500); the key's redirect never names a host."""
+    funnel = copy_puramur(tmp_path / "project")
+    inside = tmp_path / "project" / "script.yaml"
+    inside.write_text("default: {reply: ok}\n")
+    with running(create_studio_app(_opener(funnel, db_url), key="studio-key-1")) as url, \
+            httpx.Client(base_url=url, timeout=60,
+                         headers={"authorization": "Bearer studio-key-1"}) as c:
+        for outside in ("/proc/self/environ", str(tmp_path / "elsewhere.yaml"),
+                        str(tmp_path / "project" / ".env")):
+            r = c.post("/api/turn", json={"funnel": "puramur", "session": "p1", "text": "hi",
+                                          "model": f"scripted:{outside}"})
+            assert r.status_code == 400, r.text
+            assert "outside funnel 'puramur''s project" in r.json()["error"]["message"]
+        r = c.post("/api/turn", json={"funnel": "puramur", "session": "p1", "text": "hi",
+                                      "model": f"scripted:{inside}"})
+        assert r.status_code == 200 and r.json()["result"]["reply"] == "ok", r.text
+
+        for path in ("/report?funnel=puramur&since=99999999999d",
+                     "/api/sessions?funnel=puramur&since=99999999999d"):
+            r = c.get(path)
+            assert r.status_code == 400 and "ten years" in r.json()["error"]["message"], r.text
+
+        # A chunked body that never ends: refused once it passes the limit, not read whole.
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=20) as raw:
+            raw.sendall(b"POST /api/turn HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"Authorization: Bearer studio-key-1\r\n"
+                        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(10):  # 640 KB, and no last chunk
+                raw.sendall(b"10000\r\n" + b" " * 65536 + b"\r\n")
+            assert raw.recv(4096).startswith(b"HTTP/1.1 413 ")
+        r = c.post("/api/turn", content=b" " * (MAX_BODY + 1),
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "524288 bytes" in r.json()["error"]["message"], r.text
+
+        r = c.get("/?key=studio-key-1&tab=sessions", headers={"host": "evil.example"},
+                  follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "./?tab=sessions"
+        r = c.get("/?key=studio-key-1", follow_redirects=False)
+        assert r.headers["location"] == "./"

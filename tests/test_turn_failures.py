@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import PURAMUR, ROOT
+from conftest import PURAMUR, ROOT, said
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -104,7 +104,8 @@ async def test_a_template_the_sandbox_refuses_at_run_time_ends_in_the_fallback(
     hostile = stage.template.environment.from_string(source + "\n" + trap)
     funnel.stages["discovery"] = dataclasses.replace(stage, template=hostile)
     result, _, after = await two_turns(funnel, db_url, OK, sql)
-    assert result.fallback and result.reply == funnel.stage("discovery").spec.fallback
+    assert result.fallback and result.reply == said(funnel.stage("discovery").spec.fallback,
+                                                    result.state)
     assert "template" in (result.error or "") and after["stage"] == "discovery"
 
 
@@ -248,7 +249,7 @@ async def test_a_session_in_an_unknown_stage_gets_the_technical_reply(db_url: st
         await engine.handle("lost", "Hi, a dog")
         sql("UPDATE puramur_sessions_state SET stage = 'ghost'")
         result = await engine.handle("lost", "Hello?")
-        assert result.fallback and result.reply == TECHNICAL_REPLY
+        assert result.fallback and result.reply == said(TECHNICAL_REPLY, result.state)
         assert "has no stage 'ghost'" in (result.error or "")
         found = await check_funnel(engine.funnel, db_url)
     assert [(v.rule, v.detail) for v in found] == [("unknown stage", "'ghost'")]

@@ -31,7 +31,8 @@ REQUIRED_CODES = {
     "F201", "F202", "F203", "F205", "F206",
     "F301", "F302", "F303", "F304", "F305", "F306", "F310", "F311",
     "F401", "F402", "F403", "F404", "F405", "F406", "F407", "F408",
-    "F501", "F502", "F504", "F505", "F507", "F508", "F601", "F602", "F603", "F604",
+    "F501", "F502", "F504", "F505", "F507", "F508", "F509", "F601", "F602", "F603", "F604",
+    "F704", "F705",
 }  # fmt: skip
 
 Key = tuple[str, str, int]
@@ -157,7 +158,7 @@ def test_shared_funnel_name_names_the_other_file() -> None:
 
 
 def test_severities() -> None:
-    warnings = {"F009", "F106", "F311", "F403", "F404", "F408", "F508"}
+    warnings = {"F009", "F106", "F311", "F403", "F404", "F408", "F508", "F509", "F704"}
     for case in CASES:
         for d in diagnostics(case):
             assert d.severity == ("warning" if d.code in warnings else "error"), d.format()
@@ -169,6 +170,10 @@ def test_messages_say_what_is_wrong() -> None:
     assert "trailing comma" in _one("f301_invalid_json", "F301").message
     assert "endfor" in _one("f202_template_syntax", "F202").message
     assert "products.yaml" in _one("f502_missing_catalog", "F502").message
+    overflow = _one("f509_cart_total_overflow", "F509").message
+    assert "numeric(10,2)" in overflow and "99,999,999.99" in overflow
+    assert "100,000,524.50" in overflow and "`column: numeric(12,2)`" in overflow
+    assert "`column: bigint`" in _one("f509_cart_total_integer", "F509").message
     owned = [d for d in diagnostics(CORPUS / "f304_engine_owned") if d.code == "F304"]
     assert {m for d in owned for m in ("'stage'", "'score'") if m in d.message} == {
         "'stage'",

@@ -544,6 +544,25 @@ async def test_funnel_versions_lists_the_store_and_the_sessions(tmp_path: Path,
     assert lines[1].startswith("v2  ") and lines[1].endswith("0 session(s)")
 
 
+async def test_funnel_versions_counts_a_session_once_across_edits(tmp_path: Path,
+                                                                  db_url: str) -> None:
+    """A session on v1, then an edit without a bump (v1.2): it runs the edit at its next
+    turn, and is listed there only, not under the replaced v1 too."""
+    v1 = make_v1(tmp_path)
+    engine = await engine_on(v1, db_url, model(), [T0])
+    try:
+        await engine.handle("a", "Hi")
+    finally:
+        await engine.close()
+    prompt = v1.parent / "prompts" / "greeting.j2"
+    prompt.write_text(prompt.read_text("utf-8") + "Be brief.\n", "utf-8")
+    deploy(v1, db_url)
+    lines = cli("versions", str(v1), "--db", db_url).stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["v1", "v1.2"]
+    assert lines[0].endswith("0 session(s)  (replaced)")
+    assert "1 session(s)  (files edited" in lines[1]
+
+
 async def test_a_patch_without_a_version_bump_reaches_the_sessions_of_that_version(
         tmp_path: Path, db_url: str, sql: Any) -> None:
     v1 = make_v1(tmp_path)

@@ -11,8 +11,12 @@ from typing import Any
 
 from ..errors import InvalidInput
 
-# Any control character (a trailing newline too), and lone surrogates (not text at all).
-_ID_BAD = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# The bidirectional controls (marks, embeddings, overrides, isolates): in a name or an
+# id they make it read as another ("Olena" shown for "anelO"), in a log and on a screen.
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# Any control character (a trailing newline too), a bidi control, and lone surrogates
+# (not text at all).
+_ID_BAD = re.compile(f"[\x00-\x1f\x7f-\x9f{BIDI_CONTROLS}\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 MAX_SESSION_ID = 200
@@ -24,13 +28,14 @@ def check_input(session_id: Any, text: Any) -> None:
 
     Raises:
         InvalidInput: the session id is not 1 to ``MAX_SESSION_ID`` characters without
-            control characters, or the message is not text (no NUL, no lone surrogate)
-            of at most ``MAX_MESSAGE_CHARS``.
+            control characters or bidi controls, or the message is not text (no NUL, no
+            lone surrogate) of at most ``MAX_MESSAGE_CHARS``.
     """
     if not isinstance(session_id, str) or not 1 <= len(session_id) <= MAX_SESSION_ID \
             or _ID_BAD.search(session_id):
         raise InvalidInput(f"session id must be a string of 1 to {MAX_SESSION_ID} characters "
-                           "without control characters (a trailing newline is one); got "
+                           "without control characters (a trailing newline is one) or bidi "
+                           "controls (U+202E...); got "
                            f"{session_id.encode('utf-8', 'backslashreplace')!r:.60}"
                            if isinstance(session_id, str) else
                            f"session id must be a string; got {type(session_id).__name__}")

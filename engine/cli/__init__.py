@@ -119,6 +119,23 @@ def _parser() -> argparse.ArgumentParser:
                     help="count what would be deleted or anonymized; change nothing")
     db_opts(pu)
 
+    fg = sub.add_parser("forget", help="erase every copy of one customer's sessions (a GDPR "
+                        "erasure request); print a receipt per session")
+    fg.add_argument("funnel", metavar="FUNNEL")
+    fg.add_argument("sessions", nargs="+", metavar="SESSION")
+    fg.add_argument("--format", choices=["text", "json"], default="text")
+    fg.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                    help="how long to wait for a session's turn to end (default: 60)")
+    db_opts(fg)
+
+    ex = sub.add_parser("export", help="everything stored of one session as one JSON document "
+                        "(a GDPR access request)")
+    ex.add_argument("funnel", metavar="FUNNEL")
+    ex.add_argument("session", metavar="SESSION")
+    ex.add_argument("-o", "--output", default=None, metavar="FILE",
+                    help="write the document there (default: stdout)")
+    db_opts(ex)
+
     t = sub.add_parser("test", help="play conversation scenarios against funnels and check them")
     t.add_argument("paths", nargs="+", metavar="PATH",
                    help="scenario files or folders (YAML files with a top-level `scenario:`)")
@@ -223,7 +240,8 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("funnel", metavar="FUNNEL")
     sm.add_argument("--personas", required=True, metavar="FILE", help="the personas (YAML; "
                     "docs/evidence.md)")
-    sm.add_argument("-n", type=int, default=20, metavar="N", help="conversations (default 20)")
+    sm.add_argument("-n", type=int, default=20, metavar="N",
+                    help="conversations, 1 to 10,000 (default 20)")
     sm.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
                     help="the funnel's model: litellm model string or scripted:PATH "
                     "(default: $FUNNEL_MODEL, else the funnel's)")
@@ -286,7 +304,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FunnelError as exc:
         print(f"funnel: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        # SIGTERM in a temporary schema (engine.store.connect.Terminated): dropped on the way out.
+        signum = getattr(exc, "signum", None)
+        if isinstance(signum, int):
+            print(f"funnel {args.command}: terminated; its temporary schema was dropped",
+                  file=sys.stderr)
+            return 128 + signum
         return 130
     except BrokenPipeError:
         # `funnel ... | head`: the reader left. Python would report the broken pipe again
@@ -312,6 +336,8 @@ _COMMANDS = {
     "deploy": ("deploy", "cmd_deploy"),
     "versions": ("deploy", "cmd_versions"),
     "purge": ("database", "cmd_purge"),
+    "forget": ("privacy", "cmd_forget"),
+    "export": ("privacy", "cmd_export"),
     "test": ("scenario", "cmd_test"),
     "record": ("record", "cmd_record"),
     "serve": ("serve", "cmd_serve"),

@@ -10,6 +10,7 @@ from ..errors import InvalidInput
 from ..format.spec import parse_duration
 from ..funnel.compiled import load_funnel
 from ..store import open_store
+from ..store.connect import drop_stale_schemas, stale_message
 from ..versions import deploy
 
 
@@ -58,6 +59,12 @@ def cmd_purge(args: argparse.Namespace) -> int:
     else:
         raise InvalidInput(f"funnel '{funnel.name}' declares no `retention`; give --older-than "
                           "(e.g. 90d)")
+    # Copies of messages out of every funnel's retention: what a killed replay or
+    # simulation left in its temporary schema (engine.store.connect).
+    # Said on stderr: stdout keeps the purge's own counts, for scripts.
+    stale = drop_stale_schemas(args.db, dry_run=args.dry_run)
+    if stale:
+        print(stale_message(stale, "would drop" if args.dry_run else "dropped"), file=sys.stderr)
 
     async def run() -> tuple[dict[str, int] | None, dict[str, int] | None]:
         store = await open_store(args.db)

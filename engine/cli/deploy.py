@@ -43,14 +43,17 @@ def cmd_versions(args: argparse.Namespace) -> int:
     for row in sorted(stored, key=lambda r: (r["version"], r["created_at"])):
         edits.setdefault(row["version"], []).append(row["hash"])
     for row in stored:
-        mark = "" if current[row["version"]] == row["hash"] else "  (replaced)"
+        running = current[row["version"]] == row["hash"]
+        mark = "" if running else "  (replaced)"
         n = edits[row["version"]].index(row["hash"]) + 1
         name = f"v{row['version']}" + (f".{n}" if n > 1 else "")
-        if n > 1 and not mark:
+        if n > 1 and running:
             mark = "  (files edited without a `version:` bump)"
+        # A version's sessions run its current bundle (an edit reaches them at their next
+        # turn): they are counted there, once, never under a replaced edit too.
+        count = sessions.get(row["version"], 0) if running else 0
         print(f"{name:<6}{row['hash'][:12]}  deployed "
-              f"{row['deployed_at']:%Y-%m-%d %H:%M}  "
-              f"{sessions.get(row['version'], 0)} session(s){mark}")
+              f"{row['deployed_at']:%Y-%m-%d %H:%M}  {count} session(s){mark}")
     for version in sorted(set(sessions) - set(current)):
         print(f"v{version}  not stored  {sessions[version]} session(s): they run on the "
               "newest version")

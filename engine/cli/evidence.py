@@ -14,7 +14,7 @@ from ..evidence.gates import Verdict, check_floor, parse_floor, parse_gate
 from ..evidence.personas import load_personas
 from ..evidence.records import read_bundle, read_population
 from ..evidence.replay import Replay, base_from, replay
-from ..evidence.simulate import against, simulate
+from ..evidence.simulate import MAX_CONVERSATIONS, against, simulate
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..llm.models import make_model
 from ..versions.bundle import bundle_of
@@ -104,6 +104,10 @@ def _entry_of(files: dict[str, str], edited: CompiledFunnel) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if not 1 <= args.n <= MAX_CONVERSATIONS:
+        print(f"funnel simulate: error: argument -n: from 1 to {MAX_CONVERSATIONS:,} "
+              f"conversations; got {args.n} (run several seeds for more)", file=sys.stderr)
+        return 2
     funnel = load_funnel(args.funnel)
     personas = load_personas(args.personas)
     model = make_model(args.model or funnel.spec.model.name, api_base=args.api_base)

@@ -79,7 +79,7 @@ def continue_sessions(result: Replay, edited: CompiledFunnel, sessions: Sequence
             if d.needs_model is not None and d.session_id in by_id]
     if not todo:
         return
-    with temporary_schema(db, prefix="funnel_replay") as url:
+    with temporary_schema(db, prefix="funnel_tmp_replay") as url:
         asyncio.run(_run(url, edited, model, label, todo))
 
 

@@ -19,7 +19,10 @@
 A persona with a ``script`` is played by the script (deterministic: for CI); without
 one, or with ``--customer-model``, by a model that is given the persona (never the
 funnel's replies as instructions). Every problem names the file, the persona and the
-field, and what was expected.
+field, and what was expected. The file crosses a trust boundary like a funnel file, and is
+read with the same guard (engine.format._yaml: aliases, nesting, duplicate keys), bounded
+in bytes before it is read; each refusal is one line with the file and, when known, the
+line.
 """
 
 from __future__ import annotations
@@ -29,9 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import ConfigError
+from ..format import _yaml
 
 __all__ = ["Persona", "load_personas"]
 
@@ -41,6 +43,9 @@ _KNOWN = {"name", "who", "wants", "knows", "language", "patience", "objections",
           "leaves_when", "weight", "script"}
 MAX_PERSONAS = 200
 MAX_TEXT = 1000
+# 200 personas of 50 full-length messages each fit in 11 MB: a bigger file is a mistake
+# (or /dev/zero), refused before it is read whole.
+MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -82,13 +87,7 @@ def load_personas(path: str | Path) -> list[Persona]:
         ConfigError: the file cannot be read, or a persona is malformed.
     """
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text("utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read the personas file: {exc.strerror or exc}",
-                          file=str(path)) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"the personas file is not valid YAML: {exc}", file=str(path)) from None
+    data = _read(path)
     raw = data.get("personas") if isinstance(data, dict) else None
     if not isinstance(raw, list) or not raw:
         raise ConfigError("expected a mapping with `personas:`, a list of personas "
@@ -104,6 +103,40 @@ def load_personas(path: str | Path) -> list[Persona]:
         raise ConfigError(f"persona names must be unique; repeated: {', '.join(dupes)}",
                           file=str(path))
     return out
+
+
+def _read(path: Path) -> Any:
+    """The file's YAML, through the guard every loader of the engine uses
+    (engine.format._yaml: aliases, nesting, duplicate keys), bounded in bytes first."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the personas file: {exc.strerror or exc}",
+                          file=str(path)) from None
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"the personas file is larger than {MAX_BYTES // (1024 * 1024)} MB; "
+                          "a personas file is a few kilobytes of YAML", file=str(path))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError("the personas file is not UTF-8 text (a binary file?); it must be "
+                          "YAML (docs/evidence.md)", file=str(path), line=line) from None
+    if "\x00" in text:
+        raise ConfigError("the personas file holds NUL bytes (a binary file?); it must be "
+                          "YAML (docs/evidence.md)", file=str(path),
+                          line=text[:text.index("\x00")].count("\n") + 1)
+    try:
+        located = _yaml.load(text)
+    except _yaml.YamlSyntaxError as exc:
+        raise ConfigError(str(exc).replace("a funnel needs", "a personas file needs"),
+                          file=str(path), line=exc.line) from None
+    if located.duplicates:
+        keys, line, _col, first = located.duplicates[0]
+        raise ConfigError(f"duplicate key '{keys[-1]}' (first on line {first}); remove or "
+                          "rename one", file=str(path), line=line)
+    return located.data
 
 
 def _persona(item: Any, where: str, path: Path) -> Persona:

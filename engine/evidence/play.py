@@ -176,7 +176,7 @@ def _answer(funnel: CompiledFunnel, turn: Turn, rec: Recorded) -> Answer | None:
     would have made it), or None when the recording cannot tell (an output this funnel
     refuses, with no repair recorded)."""
     stage = funnel.stage(turn.pos["stage"])
-    fallback = {"reply": stage.spec.fallback}
+    fallback = {"reply": turn.say(stage.spec.fallback)}  # in the session's language
     outputs = rec.outputs or []
     if not outputs:  # the call failed, or the prompt did not fit: the fallback
         return Answer(fallback, [], fallback=True, error=rec.error)

@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 
 from ..boundary.sanitize import Rejected, loads_bounded, printable
-from ..errors import FunnelError, ModelError
+from ..errors import FunnelError, InvalidInput, ModelError
 from ..experiments.stats import compare as compare_rates
 from ..experiments.stats import wilson
 from ..format.names import TURNS
@@ -34,7 +34,11 @@ from ..store.connect import temporary_schema
 from ..turn.engine import Engine
 from .personas import Persona
 
-__all__ = ["Conversation", "Simulation", "simulate"]
+__all__ = ["MAX_CONVERSATIONS", "Conversation", "Simulation", "simulate"]
+
+# A run keeps every conversation in memory and in its temporary schema: 10,000 is
+# hours with a remote model and a few hundred MB; more is several runs (--seed).
+MAX_CONVERSATIONS = 10_000
 
 CHANNEL = "simulate"
 CUSTOMER_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["message"],
@@ -193,8 +197,11 @@ def simulate(funnel: CompiledFunnel, personas: Sequence[Persona], model: Model, 
     """Run ``n`` simulated conversations on a temporary schema of ``db``.
 
     Raises:
-        ConfigError: a persona has no script and no customer model is given.
+        InvalidInput: ``n`` is not from 1 to :data:`MAX_CONVERSATIONS`.
+        FunnelError: a persona has no script and no customer model is given.
     """
+    if not 1 <= n <= MAX_CONVERSATIONS:
+        raise InvalidInput(f"from 1 to {MAX_CONVERSATIONS:,} simulated conversations; got {n}")
     if customer is None:
         unscripted = [p.name for p in personas if not p.script]
         if unscripted:
@@ -205,7 +212,7 @@ def simulate(funnel: CompiledFunnel, personas: Sequence[Persona], model: Model, 
     run = Simulation(funnel.name, getattr(model, "name", "model"),
                      getattr(customer, "name", "script") if customer else "script", seed,
                      list(funnel.spec.stages))
-    with temporary_schema(db, prefix="funnel_simulate") as url:
+    with temporary_schema(db, prefix="funnel_tmp_simulate") as url:
         run.conversations = asyncio.run(_run(url, funnel, model, customer, pool, n, seed,
                                              variant))
     return run

@@ -8,9 +8,10 @@ declaration (`experiment`), the
 declared state migrations between versions (`migrations`), the main path and side
 branches of the stages (`main_path`), the phone numbers of
 `format: phone` fields (`phones`, libphonenumber's rules), the personal and grounded
-marks of state fields (`personal`) and the customer's words as grounding compares them
+marks of state fields (`personal`), the customer's words as grounding compares them
 (`words`: folding, look-alikes, case endings and function words per language, from
-``engine/data/words.yaml``).
+``engine/data/words.yaml``) and the texts the engine sends a customer, by language,
+with its own in uk, ru, en and pl (`texts`).
 
 May import: `engine.errors`, `engine.boundary`, `engine.records`. Nothing here
 compiles a funnel or touches a database.

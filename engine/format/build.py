@@ -39,6 +39,7 @@ from .spec import (
     index_name,
     zero_value,
 )
+from .texts import FALLBACK, Localized
 
 __all__ = ["build_spec", "implied_engine_fields"]
 
@@ -135,7 +136,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             description=raw.get("description", ""),
             prompt=prompts_dir / raw.get("prompt", f"{name}.j2"),
             schema=contract_file,
-            fallback=raw.get("fallback", "Sorry, I did not quite get that. Could you say it again?"),
+            fallback=Localized.of(raw["fallback"]) if "fallback" in raw else FALLBACK,
             transitions=tuple(
                 _transition(t, line_of("stages", name, "transitions", i))
                 for i, t in enumerate(raw.get("transitions") or [])
@@ -204,7 +205,7 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             reason=handoff_data.get("reason"),
             channel=handoff_data.get("channel"),
             notify=dict(handoff_data.get("notify") or {"log": True}),
-            holding_reply=handoff_data.get("holding_reply"),
+            holding_reply=Localized.optional(handoff_data.get("holding_reply")),
         )
     presented = data.get("presented") or {}
     language = data.get("language") or {}
@@ -255,7 +256,7 @@ def _approval(raw: Any, line: int) -> ApprovalSpec | None:
     when = raw.get("when")
     return ApprovalSpec(when=None if when is None else str(when),
                         timeout=parse_duration(raw["timeout"]), on_timeout=raw["on_timeout"],
-                        holding_reply=raw.get("holding_reply"), reason=raw.get("reason"),
+                        holding_reply=Localized.optional(raw.get("holding_reply")), reason=raw.get("reason"),
                         line=line)
 
 

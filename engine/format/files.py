@@ -10,18 +10,36 @@ from pathlib import Path
 
 from .spec import FunnelSpec
 
-__all__ = ["Snapshot", "file_hashes", "snapshot", "watched_files"]
+__all__ = ["Snapshot", "file_hashes", "hook_files", "snapshot", "watched_files"]
 
 _MAX_FILES = 5000  # a knowledge folder that is a whole disk is not watched file by file
 
 Snapshot = tuple[tuple[str, int, int, int], ...]
 
 
+def hook_files(spec: FunnelSpec) -> list[Path]:
+    """The hook modules beside the funnel file that its actions and ``handoff.notify``
+    name (``module:function`` -> ``<module>.py``), as engine.funnel.hooks finds them;
+    an installed module is no file of the funnel's. Sorted."""
+    targets = [a.hook for a in spec.actions.values() if a.hook]
+    notify = spec.handoff.notify if spec.handoff is not None else {}
+    if isinstance(notify, dict) and isinstance(notify.get("hook"), str):
+        targets.append(notify["hook"])
+    found = set()
+    for target in targets:
+        module = str(target).partition(":")[0]
+        local = spec.path.parent / (module.replace(".", "/") + ".py")
+        if module and local.is_file():
+            found.add(local)
+    return sorted(found)
+
+
 def watched_files(spec: FunnelSpec) -> list[Path]:
-    """Every file the funnel reads, as of now: the funnel file, the catalog, and every
-    visible file in its stages' template folders (``{% include %}`` reads them), output
-    schema folders and knowledge folder. Sorted, without duplicates."""
-    files: set[Path] = {spec.path}
+    """Every file the funnel reads, as of now: the funnel file, the catalog, its hook
+    modules (:func:`hook_files`), and every visible file in its stages' template folders
+    (``{% include %}`` reads them), output schema folders and knowledge folder. Sorted,
+    without duplicates."""
+    files: set[Path] = {spec.path, *hook_files(spec)}
     if spec.catalog_path is not None:
         files.add(spec.catalog_path)
     folders: set[Path] = set()

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .texts import TOO_LONG, Localized
+
 DURATION = re.compile(r"^([0-9]+)(s|m|h|d)$")
+# The longest period anything takes (a retention, a report's window, a replay's `--since`):
+# ten years. Past it a period is a typo, and a date that far back overflows.
+MAX_DURATION_SECONDS = 3650 * 86400
 
 # The structured-output strategies a funnel or the command line may name (what each one
 # sends: engine.llm.strategy). Here, with the setting, so that reading the format (and
@@ -22,11 +27,23 @@ CHOICES = ("auto", *STRATEGIES)
 
 
 def parse_duration(text: str) -> float:
-    """``"6h"`` -> 21600.0 seconds."""
-    m = DURATION.match(text.strip())
+    """``"6h"`` -> 21600.0 seconds; at most ten years (``3650d``).
+
+    The one place a period is read (funnel files, query parameters, the command line).
+
+    Raises:
+        ValueError: not a number and s, m, h or d, or longer than ten years.
+    """
+    m = DURATION.match(text.strip()) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"not a duration: {text!r} (expected a number and s, m, h or d: '6h')")
-    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        raise ValueError(f"not a duration: {text!r:.60} (expected a number and s, m, h or d: "
+                         "'6h')")
+    unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    digits = m.group(1).lstrip("0") or "0"
+    if len(digits) > 12 or int(digits) * unit > MAX_DURATION_SECONDS:
+        raise ValueError(f"the duration {text.strip():.30} is longer than ten years (3650d); "
+                         "give a shorter period")
+    return int(digits) * unit
 
 
 @dataclass(frozen=True)
@@ -110,9 +127,8 @@ class MemorySettings:
     # the observation list when it would pass its budget.
     observe_after: int = 300
     observation_budget: int = 400
-    # The reply to a message too long for the stage's prompt budget.
-    too_long_reply: str = ("Your message is too long for me to take in at once. Could you "
-                           "shorten it, or send it in a few parts?")
+    # The reply to a message too long for the stage's prompt budget, by language.
+    too_long_reply: Localized = TOO_LONG
     recall: RecallSettings | None = None  # semantic recall (tier 4); off by default
 
     def merged(self, override: dict[str, Any] | None) -> MemorySettings:
@@ -123,6 +139,8 @@ class MemorySettings:
             values["idle_return_after"] = parse_duration(values["idle_return_after"])
         if "recall" in values:
             values["recall"] = RecallSettings.of(values["recall"])
+        if "too_long_reply" in values:
+            values["too_long_reply"] = Localized.of(values["too_long_reply"])
         return MemorySettings(**{**self.__dict__, **values})
 
 

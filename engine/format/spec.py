@@ -24,6 +24,7 @@ from .settings import StageKnowledge as StageKnowledge
 from .settings import language_policy as language_policy
 from .settings import migration_steps as migration_steps
 from .settings import parse_duration as parse_duration
+from .texts import Localized as Localized
 
 # Columns every session table has, whatever the funnel declares. The engine
 # owns all of them: no model output can write them.
@@ -116,7 +117,7 @@ class ApprovalSpec:
     when: str | None
     timeout: float
     on_timeout: str
-    holding_reply: str | None = None
+    holding_reply: Localized | None = None
     reason: str | None = None
     line: int = 0
 
@@ -133,7 +134,7 @@ class StageSpec:
     # The hand-written contract file (``schema:``, or ``<stage>.json`` by default), or for
     # a derived contract (engine.format.contract) its ``schema_extension`` file, if any.
     schema: Path | None
-    fallback: str
+    fallback: Localized  # by language (engine.format.texts)
     transitions: tuple[TransitionSpec, ...]
     max_iterations: MaxIterations | None
     on_enter: tuple[dict[str, Any], ...]
@@ -187,7 +188,7 @@ class HandoffSpec:
     channel: str | None
     notify: dict[str, Any]
     # Sent once per take-over, to the first customer message a manager holds (none: silence).
-    holding_reply: str | None = None
+    holding_reply: Localized | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ itself. ``hook: sys:exit``, ``os:system`` or ``subprocess:run`` are refused by
 `funnel validate` (F506) and by the load: a funnel's author writes a funnel, not
 a shell. An installed module is imported once per process and never reloaded
 (restart the service after editing one); a module beside the funnel is executed
-again whenever its file changed, so that a reload of the funnel runs the new code.
+again whenever its content changed (its bytes, not its size and mtime: an edit that
+keeps both, or restores the mtime, is still an edit), so that a reload of the funnel
+(a file change, SIGHUP) runs the new code.
 
 A hook runs in a thread of its own (:func:`call_off_loop`), never on the event
 loop: a hook that sleeps delays its own turn, not every session of the worker,
@@ -21,6 +23,7 @@ failure path handles it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -43,8 +46,8 @@ HOOK_THREADS = 16
 _SLOTS = threading.BoundedSemaphore(HOOK_THREADS)
 
 
-# Modules beside a funnel, by file: (mtime_ns, size) of the version executed.
-_LOCAL: dict[Path, tuple[tuple[int, int], Any]] = {}
+# Modules beside a funnel, by file: the SHA-256 of the version executed, and the module.
+_LOCAL: dict[Path, tuple[str, Any]] = {}
 _LOCAL_LOCK = threading.Lock()
 
 
@@ -61,8 +64,8 @@ def import_hook_module(module_name: str, base: Path) -> Any:
         if why is not None:
             raise ConfigError(f"hook module {why}")
         return importlib.import_module(module_name)
-    stat = local.stat()
-    version = (stat.st_mtime_ns, stat.st_size)
+    source = local.read_bytes()  # read at a funnel's load only, never in a turn
+    version = hashlib.sha256(source).hexdigest()
     with _LOCAL_LOCK:
         known = _LOCAL.get(local)
         if known is not None and known[0] == version:
@@ -76,7 +79,8 @@ def import_hook_module(module_name: str, base: Path) -> Any:
         previous = sys.modules.get(key)
         sys.modules[key] = module
         try:
-            spec.loader.exec_module(module)
+            # The bytes hashed, not the file read again: what runs is what was compared.
+            exec(compile(source, str(local), "exec"), module.__dict__)
         except BaseException:
             if previous is None:
                 del sys.modules[key]

@@ -5,9 +5,13 @@ a request it tries the primary model and then each of ``model.fallbacks``;
 each gets an equal share of what is left of the turn's deadline. Within a
 model, a refused structured-output strategy steps down its chain
 (:mod:`engine.llm.strategy`), and a transient failure is retried with backoff
-(:mod:`engine.llm.retry`). Every HTTP call counts as an attempt, and the
+(:mod:`engine.llm.retry`). The schema goes in the form the provider enforces, when it
+has one (:mod:`engine.llm.strict`). Every HTTP call counts as an attempt, and the
 :class:`~engine.llm.models.Completion` (or the :class:`~engine.errors.ModelError`)
-carries the count and the model that answered.
+carries the count, each call (:class:`~engine.records.calls.Call`: its time, tokens and
+cost, a timed-out or failed one's too) and the model that answered. A provider that
+returns no usage has its tokens counted by the engine (the model's tokenizer, else the
+documented estimate), and the call says so.
 """
 
 from __future__ import annotations
@@ -15,16 +19,19 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..boundary.sanitize import token_count
 from ..errors import ModelError, ResponseRefused, first_line
+from ..records.calls import Call
+from ..records.messages import estimate_tokens
 from . import cache as _cache
 from . import retry as _retry
 from . import strategy as _strategy
 from . import stream as _stream
-from .portable import portable_schema
+from . import strict as _strict
 from .request import Completion, ModelRequest
 
 # Providers that speak OpenAI's protocol and usually run without keys when
@@ -36,8 +43,7 @@ _KEYLESS_OK = frozenset({"openai", "hosted_vllm", "lm_studio", "llamafile", "ope
 @dataclass
 class _Count:
     attempts: int = 0
-    spent_ms: float = 0.0  # the failed calls' time
-    prompt_tokens: int = 0  # what the failed calls sent, as far as counted
+    calls: list[Call] = field(default_factory=list)  # every call, in order
 
 
 class _Failed(Exception):
@@ -82,9 +88,11 @@ class Caller:
             except _Failed as exc:
                 problems.append(str(exc))
                 continue
-            return replace(completion, attempts=count.attempts)
+            return replace(completion, attempts=count.attempts, calls=tuple(count.calls))
         raise ModelError("; then ".join(problems), attempts=count.attempts,
-                         spent_ms=count.spent_ms, prompt_tokens=count.prompt_tokens)
+                         spent_ms=sum(c.ms for c in count.calls),
+                         prompt_tokens=sum(c.prompt_tokens for c in count.calls),
+                         calls=count.calls)
 
     def describe(self, model: str, api_base: str | None, setting: str) -> tuple[str, ...]:
         """The strategy chain ``setting`` means for ``model`` (for ``funnel doctor``)."""
@@ -95,7 +103,6 @@ class Caller:
         s = request.settings
         setting = self.structured_output or s.structured_output
         chain = _strategy.chain_for(model, api_base, setting, self._litellm)
-        schema = portable_schema(request.schema)
         retries = 0
         while True:
             strategy = _strategy.current(model, api_base, chain)
@@ -103,8 +110,9 @@ class Caller:
             if remaining < _retry.MIN_CALL_SECONDS:
                 raise _Failed(f"model {model!r}: no time left in the turn's deadline "
                               f"({s.deadline:g} s)")
-            kwargs = self.request_kwargs(model, api_base, request, strategy, schema,
+            kwargs = self.request_kwargs(model, api_base, request, strategy,
                                          min(s.timeout, remaining))
+            strict = self.contract(model, api_base, strategy, request.schema)[1]
             streamed = request.on_text is not None and _stream.streams(
                 self._litellm, model, api_base, self._provider(model, api_base))
             count.attempts += 1
@@ -114,16 +122,24 @@ class Caller:
                 response = await asyncio.wait_for(self._call(kwargs, request, streamed),
                                                   timeout=remaining)
             except Exception as exc:
-                self._spent(count, started, model, kwargs, exc)
                 refused = _refusal(exc)
+                status = _retry.status_of(exc)
+                no_stream = streamed and _stream.refused(exc, status, _strategy.error_text(exc))
+                said_no = _strategy.is_refusal(exc, status)
+                no_strict = strict and said_no
+                no_strategy = len(chain) > 1 and said_no
+                self._failed(count, started, model, kwargs, exc, refused=bool(
+                    refused is not None or no_stream or no_strict or no_strategy))
                 if refused is not None:  # the same provider would send it again: no retry
                     raise _Failed(f"model {model!r} failed (ResponseRefused): {refused}"
                                   ) from None
-                status = _retry.status_of(exc)
-                if streamed and _stream.refused(exc, status, _strategy.error_text(exc)):
+                if no_stream:
                     _stream.stop_streaming(model, api_base, error_detail(exc))
                     continue
-                if len(chain) > 1 and _strategy.is_refusal(exc, status):
+                if no_strict:  # the schema, not enforced, before a strategy without one
+                    _strict.refuse(model, api_base, error_detail(exc))
+                    continue
+                if no_strategy:
                     if _strategy.step_down(model, api_base, chain, strategy, error_detail(exc)):
                         continue
                 if _retry.is_retryable(exc) and retries < s.retries:
@@ -134,20 +150,58 @@ class Caller:
                         continue
                 raise _Failed(self._explain(model, api_base, exc, retries)) from None
             latency = (time.perf_counter() - started) * 1000
-            return self._completion(model, response, strategy, latency)
-
-    def _spent(self, count: _Count, started: float, model: str, kwargs: dict[str, Any],
-               exc: BaseException) -> None:
-        """Count a failed call's time, and for one cut at the deadline (sent, and read by
-        the server) its prompt tokens as litellm counts them."""
-        count.spent_ms += (time.perf_counter() - started) * 1000
-        if isinstance(exc, asyncio.TimeoutError | TimeoutError) or "Timeout" in type(
-                exc).__name__:
             try:
-                count.prompt_tokens += int(self._litellm.token_counter(
-                    model=model, messages=kwargs["messages"]))
-            except Exception:  # a model litellm cannot count for: unknown, not invented
-                return
+                completion = self._completion(model, response, latency, kwargs["messages"])
+            except _Failed:
+                count.calls.append(Call(model, "error", latency, cost=self.price(model, 0, 0)))
+                raise
+            count.calls.append(Call(model, "ok", latency, completion.prompt_tokens,
+                                    completion.completion_tokens, completion.tokens_counted,
+                                    completion.cost))
+            return completion
+
+    def _failed(self, count: _Count, started: float, model: str, kwargs: dict[str, Any],
+                exc: BaseException, *, refused: bool) -> None:
+        """Record a call that gave no answer: its time, and for one cut by a timeout (sent,
+        and read by the server, which bills it) its prompt tokens, counted by the engine.
+        A call the server answered with an error sent nothing it bills."""
+        ms = (time.perf_counter() - started) * 1000
+        timeout = isinstance(exc, asyncio.TimeoutError | TimeoutError) or "Timeout" in type(
+            exc).__name__
+        outcome = "refused" if refused else "timeout" if timeout else "error"
+        prompt = self.count_prompt(model, kwargs["messages"]) if timeout else 0
+        count.calls.append(Call(model, outcome, ms, prompt, 0, tokens_counted=timeout,
+                                cost=self.price(model, prompt, 0)))
+
+    def count_prompt(self, model: str, messages: list[dict[str, Any]]) -> int:
+        """The prompt's tokens by ``model``'s tokenizer (``litellm.token_counter``: offline,
+        cl100k for a model litellm has no tokenizer for), else the documented estimate."""
+        try:
+            return token_count(self._litellm.token_counter(model=model, messages=messages))
+        except Exception:
+            return estimate_tokens([{"content": str(m.get("content") or "")}
+                                    for m in messages])
+
+    def count_answer(self, model: str, text: str) -> int:
+        """The answer's tokens, counted like :meth:`count_prompt` (no chat framing)."""
+        try:
+            return token_count(self._litellm.token_counter(model=model, text=text,
+                                                           count_response_tokens=True))
+        except Exception:
+            return max(1, (len(text) + 3) // 4)
+
+    def price(self, model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """litellm's price of these tokens, or None when its price map lacks the model."""
+        if not self.cost_known(model):
+            return None
+        if not prompt_tokens and not completion_tokens:
+            return 0.0
+        try:
+            prompt, answer = self._litellm.cost_per_token(
+                model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+            return float(prompt) + float(answer)
+        except Exception:
+            return None
     async def _call(self, kwargs: dict[str, Any], request: ModelRequest, streamed: bool
                     ) -> Any:
         """One HTTP call; streamed, it tells ``request.on_text`` the answer as it grows."""
@@ -159,11 +213,22 @@ class Caller:
         return await _stream.consume(self._litellm, stream, kwargs["messages"],
                                      request.on_text, kwargs["model"])
 
+    def contract(self, model: str, api_base: str | None, strategy: str,
+                 schema: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The form of the stage ``schema`` sent to ``model`` with ``strategy``, and whether
+        the provider is asked to enforce it (:mod:`engine.llm.strict`)."""
+        forms = _strict.forms(schema)
+        mode = _strict.mode(model, api_base, strategy, self._litellm)
+        sent = forms.get(mode.form)
+        if sent is None:  # this stage's contract has no strict form: the portable one
+            return forms.portable, False
+        return sent, mode.strict
+
     def request_kwargs(self, model: str, api_base: str | None, request: ModelRequest,
-                       strategy: str, schema: dict[str, Any], timeout: float
-                       ) -> dict[str, Any]:
+                       strategy: str, timeout: float) -> dict[str, Any]:
         """The ``litellm.acompletion`` arguments of one call (no retries of litellm's own)."""
         s = request.settings
+        schema, strict = self.contract(model, api_base, strategy, request.schema)
         messages: list[dict[str, Any]] = list(request.messages)
         if _cache.marks_prefix(self._litellm, model, api_base):
             messages = _cache.mark_static_prefix(messages, request.stable)
@@ -174,7 +239,7 @@ class Caller:
             # The engine retries; litellm and the OpenAI SDK must not (their counts lie).
             "num_retries": 0,
             "max_retries": 0,
-            **_strategy.request_fields(strategy, schema, request.stage),
+            **_strategy.request_fields(strategy, schema, request.stage, strict=strict),
         }
         if s.temperature is not None:
             kwargs["temperature"] = s.temperature
@@ -219,23 +284,33 @@ class Caller:
                 message += f"; set {' or '.join(missing)} in the environment"
         return message
 
-    def _completion(self, model: str, response: Any, strategy: str,
-                    latency: float) -> Completion:
+    def _completion(self, model: str, response: Any, latency: float,
+                    messages: list[dict[str, Any]]) -> Completion:
         try:
             message = response.choices[0].message
         except (AttributeError, IndexError):
             raise _Failed(f"model {model!r} returned no message") from None
         usage = getattr(response, "usage", None)
+        text = _strategy.answer_text(message)
+        # The provider's counts cross the sanitizing boundary: bounded, never negative.
+        prompt = token_count(getattr(usage, "prompt_tokens", 0))
+        answer = token_count(getattr(usage, "completion_tokens", 0))
+        # No usage (litellm then reports zeros): counted, and said so, never recorded as 0.
+        # A usage that says anything at all is the provider's, however odd.
+        counted = prompt == 0 and answer == 0
+        if counted:
+            prompt = self.count_prompt(model, messages)
+            answer = self.count_answer(model, text) if text else 0
         return Completion(
-            text=_strategy.answer_text(message),
-            # The provider's counts cross the sanitizing boundary: bounded, never negative.
-            prompt_tokens=token_count(getattr(usage, "prompt_tokens", 0)),
-            completion_tokens=token_count(getattr(usage, "completion_tokens", 0)),
+            text=text,
+            prompt_tokens=prompt,
+            completion_tokens=answer,
             cached_prompt_tokens=token_count(_cache.cached_tokens(usage)),
             cache_write_tokens=token_count(_cache.cache_write_tokens(usage)),
             model=model,
             latency_ms=latency,
-            cost=self.cost(model, response),
+            cost=self.price(model, prompt, answer) if counted else self.cost(model, response),
+            tokens_counted=counted,
         )
 
     def cost(self, model: str, response: Any) -> float | None:

@@ -3,10 +3,12 @@
 For each structured-output strategy, one request asks for ``{"ok": true}``
 under a one-field schema; the answer says whether the endpoint accepted the
 strategy, whether the reply was the JSON asked for, and how long it took.
-Then every stage's portable schema is sent once with the strategy ``auto``
-would choose, so a grammar-based server (llama.cpp, vLLM, Ollama) that cannot
-compile one says so here instead of in a customer's turn. Nothing is retried
-and nothing is written to a database.
+Then every stage's schema is sent once with the strategy ``auto`` would
+choose, in the form a turn sends it (the provider's strict form where it has
+one, :mod:`engine.llm.strict`, else the portable form), so a grammar-based
+server (llama.cpp, vLLM, Ollama) or a strict provider that cannot compile one
+says so here instead of in a customer's turn. The report says which form the
+model gets and why. Nothing is retried and nothing is written to a database.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from ..format.settings import ModelSettings
 from ..funnel.compiled import CompiledFunnel
 from . import cache as _cache
 from . import strategy as _strategy
+from . import strict as _strict
 from .client import Caller, close_clients, error_detail
 from .models import LiteLLMModel, ModelRequest
-from .portable import portable_schema
 
 PROBE_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False,
                                 "required": ["ok"], "properties": {"ok": {"type": "boolean"}}}
@@ -53,6 +55,10 @@ class Diagnosis:
     cost_known: bool = False
     stages: list[Probe] = field(default_factory=list)
     cache_marker: str | None = None  # how the static prefix is marked (engine.llm.cache)
+    # The form the chosen strategy sends (engine.llm.strict), and why; None: no strategy.
+    mode: _strict.Mode | None = None
+    # Stages whose contract has no strict form (they get the portable one), and why.
+    not_strict: dict[str, str] = field(default_factory=dict)
 
 
 async def diagnose(funnel: CompiledFunnel, model: str, *, api_base: str | None = None,
@@ -84,6 +90,13 @@ async def _run(report: Diagnosis, caller: Caller, model: str, base: str | None,
         report.probes.append(probe)
     accepted = {p.strategy for p in report.probes if p.accepted}
     report.chosen = next((s for s in chain if s in accepted), None)
+    if report.chosen is not None:
+        report.mode = _strict.mode(model, base, report.chosen, caller._litellm)
+        if report.mode.strict:
+            form = report.mode.form
+            report.not_strict = {name: forms.why_not.get(form, "")
+                                 for name, stage in funnel.stages.items()
+                                 if (forms := _strict.forms(stage.schema)).get(form) is None}
     if report.chosen in ("json_schema", "json_object_schema", "tool"):
         for stage in funnel.stages.values():
             probe = await _probe(caller, model, base, report.chosen, stage.schema,
@@ -96,8 +109,7 @@ async def _probe(caller: Caller, model: str, api_base: str | None, strategy: str
                  schema: Any, stage: str, settings: ModelSettings) -> Probe:
     request = ModelRequest(messages=PROBE_MESSAGES, schema=schema, stage=stage,
                            settings=settings, session_id="doctor", turn=0, user_text="")
-    kwargs = caller.request_kwargs(model, api_base, request, strategy, portable_schema(schema),
-                            settings.timeout)
+    kwargs = caller.request_kwargs(model, api_base, request, strategy, settings.timeout)
     started = time.perf_counter()
     try:
         response = await caller._litellm.acompletion(**kwargs)
@@ -140,8 +152,14 @@ def render(report: Diagnosis) -> str:
                              "unknown: turns are recorded with cost NULL"))
     lines.append("prompt cache: " + (_MARKED.get(report.cache_marker, "") if report.cache_marker
                                      else _UNMARKED))
+    if report.mode is not None:
+        lines.append(f"strict: {'yes' if report.mode.strict else 'no'} ({report.mode.why})")
+        for stage, why in report.not_strict.items():
+            lines.append(f"  {stage:<22}portable form: no strict form ({why})")
     if report.stages:
-        lines.append(f"stage schemas (portable form, sent with {report.chosen}):")
+        form = report.mode.form if report.mode is not None and report.mode.strict else \
+            "portable"
+        lines.append(f"stage schemas ({form} form, sent with {report.chosen}):")
         for p in report.stages:
             state = "compiles" if p.accepted else "REFUSED"
             lines.append(f"  {p.stage or '':<22}{state:<10}{p.latency_ms:>7.0f} ms  "

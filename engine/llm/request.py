@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..format.settings import ModelSettings
+from ..records.calls import Call
 
 __all__ = ["Completion", "Model", "ModelRequest"]
 
@@ -54,6 +55,13 @@ class Completion:
     cached_prompt_tokens: int = 0
     # Of prompt_tokens, those the provider wrote to its prompt cache (billed higher).
     cache_write_tokens: int = 0
+    # The provider returned no usage: the tokens were counted by the engine (the model's
+    # tokenizer, else the 4-characters estimate), never recorded as 0.
+    tokens_counted: bool = False
+    # Every HTTP call made for this completion, the answered one last: those that timed
+    # out, failed or were refused before it spent time and tokens too. Empty: one call,
+    # this completion's (a model that says no more, the scripted one).
+    calls: tuple[Call, ...] = ()
 
 
 class Model(Protocol):

@@ -3,7 +3,7 @@
 A *strategy* is one way to put the (portable) stage schema into a request:
 
 ==================== ==============================================================
-``json_schema``      ``response_format: {type: json_schema, json_schema: {schema}}``;
+``json_schema``      ``response_format: {type: json_schema, json_schema: {schema, strict}}``;
                      litellm turns it into Anthropic's ``output_format`` (or a forced
                      ``json_tool_call`` for models without it), Ollama's
                      ``format: <schema>`` and Gemini's ``response_json_schema``.
@@ -14,6 +14,9 @@ A *strategy* is one way to put the (portable) stage schema into a request:
 ``json_object``      ``response_format: {type: json_object}``: JSON, any shape.
 ``prompt``           nothing: only the prompt asks for the format.
 ==================== ==============================================================
+
+Which form of the schema goes, and whether ``strict`` is true, is
+:mod:`engine.llm.strict`'s choice per model and strategy.
 
 ``auto`` picks a *chain* per model (:func:`auto_chain`) and starts with its
 first strategy. When a server refuses a strategy (HTTP 400/422 whose message
@@ -147,19 +150,25 @@ def error_text(exc: BaseException) -> str:
     return " ".join(parts)
 
 
-def request_fields(strategy: str, schema: Mapping[str, Any], stage: str) -> dict[str, Any]:
-    """The litellm ``acompletion`` arguments that ask for ``schema`` with ``strategy``."""
+def request_fields(strategy: str, schema: Mapping[str, Any], stage: str, *,
+                   strict: bool = False) -> dict[str, Any]:
+    """The litellm ``acompletion`` arguments that ask for ``schema`` with ``strategy``;
+    ``strict``: the schema is in its provider's strict form (engine.llm.strict), and the
+    provider is asked to enforce it."""
     body = dict(schema)
     if strategy == "json_schema":
         return {"response_format": {"type": "json_schema", "json_schema": {
-            "name": f"{stage}_output", "schema": body, "strict": False}}}
+            "name": f"{stage}_output", "schema": body, "strict": strict}}}
     if strategy == "json_object_schema":
         return {"response_format": {"type": "json_object", "schema": body}}
     if strategy == "tool":
-        return {"tools": [{"type": "function", "function": {
+        function: dict[str, Any] = {
             "name": TOOL_NAME, "description": "Your answer, as one object that satisfies "
-            "the output schema.", "parameters": body}}],
-            "tool_choice": {"type": "function", "function": {"name": TOOL_NAME}}}
+            "the output schema.", "parameters": body}
+        if strict:
+            function["strict"] = True
+        return {"tools": [{"type": "function", "function": function}],
+                "tool_choice": {"type": "function", "function": {"name": TOOL_NAME}}}
     if strategy == "json_object":
         return {"response_format": {"type": "json_object"}}
     return {}

@@ -5,7 +5,9 @@ funnel with scripted model outputs and say what the engine must do at each turn.
 against the funnel), reporting every problem with its file and line; `run`
 plays them on the real engine in a temporary PostgreSQL schema; `check`
 compares each turn with its ``expect``; `report` prints the results;
-`command` is `funnel test` itself. The format is documented in
+`command` is `funnel test` itself; `record` turns a session's turn records into a
+scenario, and `placeholders` takes the personal data the funnel declares out of it
+(the studio's "Save as scenario"). The format is documented in
 docs/scenarios.md. Nothing here imports litellm.
 
 May import: `engine.turn` and everything below it.

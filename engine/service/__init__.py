@@ -5,7 +5,9 @@
   (``Operation``); ``handlers``: the handlers and their table ``OPERATIONS``;
 - ``core``: ``Service``, the funnels' engines on one shared store, a turn and its limits;
 - ``config``: ``ServiceConfig`` from ``FUNNEL_*`` environment variables;
-- ``auth``: API keys with scopes, signed widget session tokens;
+- ``auth``: API keys with scopes (and the funnels a key is limited to), signed widget
+  session tokens;
+- ``privacy``: a customer's erasure and export (scope ``erase``);
 - ``limits``: 413 / 429 / 503 refusals; ``metrics``: Prometheus text;
 - ``inbound``: delivery keys (``Idempotency-Key``) and the replay of a message seen before;
 - ``telegram/``: the Telegram channel (updates, Bot API calls, the webhook and its outbox);

@@ -130,17 +130,21 @@ def _on_sighup(service: Service) -> bool:
 
 
 def _studio_app(service: Service) -> Starlette:
-    """Funnel Studio under /studio (docs/studio.md), for admin-scoped keys only; opened on
-    its first request, on the service's store, with an engine of its own."""
+    """Funnel Studio under /studio (docs/studio.md), for admin-scoped keys of every funnel
+    only (the studio shows and plays them all: a key limited to funnels is refused); opened
+    on its first request, on the service's store, with an engine of its own. An erasure
+    (engine.service.privacy) makes it forget the session's prompts."""
 
     def admin(presented: str | None) -> bool:
         client = service.keys.check(presented)
-        return client is not None and "admin" in client.scopes
+        return client is not None and "admin" in client.scopes and client.funnels is None
 
     async def opened() -> Studio:
         await service.open_engines()
-        return await Studio.open([f.spec.path for f in service.funnels.values()],
-                                 store=service.store)
+        studio = await Studio.open([f.spec.path for f in service.funnels.values()],
+                                   store=service.store)
+        service.forgetters.append(lambda funnel, session: studio.model.forget(session))
+        return studio
 
     return create_studio_app(opened, authorize=admin)
 

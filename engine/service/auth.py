@@ -1,9 +1,12 @@
 """API keys with scopes, and the widget's signed session tokens.
 
 API keys come from configuration (``FUNNEL_API_KEYS``); a request presents one
-as ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``. Every configured key is
-compared with :func:`hmac.compare_digest` (no early exit), and no key, right or
-wrong, is ever logged or echoed: a client is known by its key's position only.
+as ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``. A key may be limited to some
+funnels (``KEY:scopes@a+b``): any other funnel is a 404 to it, the same answer as a
+funnel that does not exist, so a key learns nothing of the funnels it may not reach.
+Every configured key is compared with :func:`hmac.compare_digest` (no early exit),
+and no key, right or wrong, is ever logged or echoed: a client is known by its
+key's position only.
 
 A browser never holds an API key and never names its session. The widget
 asks ``POST /v1/funnels/{funnel}/widget/session`` for a token, which the
@@ -38,9 +41,14 @@ class Client:
     name: str
     scopes: frozenset[str]
     identity: str = ""
+    funnels: frozenset[str] | None = None  # None: every funnel (``KEY:scopes@a+b`` limits)
 
     def allows(self, scope: str) -> bool:
         return "admin" in self.scopes or scope in self.scopes
+
+    def covers(self, funnel: str) -> bool:
+        """Whether the key may reach ``funnel`` at all (a funnel it may not is a 404)."""
+        return self.funnels is None or funnel in self.funnels
 
 
 def presented_key(request: Request) -> str | None:
@@ -56,8 +64,10 @@ def presented_key(request: Request) -> str | None:
 class ApiKeys:
     """The configured keys; :meth:`check` finds the client a presented key belongs to."""
 
-    def __init__(self, keys: Mapping[str, frozenset[str]]) -> None:
-        self._keys = [(k.encode(), frozenset(s)) for k, s in keys.items()]
+    def __init__(self, keys: Mapping[str, frozenset[str]],
+                 funnels: Mapping[str, frozenset[str]] | None = None) -> None:
+        limited = funnels or {}
+        self._keys = [(k.encode(), frozenset(s), limited.get(k)) for k, s in keys.items()]
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -67,10 +77,10 @@ class ApiKeys:
             return None
         given = presented.encode("utf-8", "replace")
         found: Client | None = None
-        for n, (key, scopes) in enumerate(self._keys, start=1):
+        for n, (key, scopes, funnels) in enumerate(self._keys, start=1):
             # Compare against every key, even after a match: timing tells nothing.
             if hmac.compare_digest(given, key) and found is None:
-                found = Client(f"key#{n}", scopes, key_identity(key))
+                found = Client(f"key#{n}", scopes, key_identity(key), funnels)
         return found
 
 

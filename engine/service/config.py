@@ -10,7 +10,7 @@ builds the same configuration. Tests build :class:`ServiceConfig` directly.
 | ``FUNNEL_DB`` | PostgreSQL URL | the embedded server |
 | ``FUNNEL_MODEL`` / ``FUNNEL_API_BASE`` | model for every funnel | each funnel's own |
 | ``FUNNEL_STRUCTURED_OUTPUT`` | strategy for every funnel (docs/models.md) | each funnel's own |
-| ``FUNNEL_API_KEYS`` | ``key1:converse,read_state;key2:conversions;key3:admin`` | none (API closed) |
+| ``FUNNEL_API_KEYS`` | ``key1:converse,read_state@shop+b2b;key2:admin`` (``@``: those funnels only) | none |
 | ``FUNNEL_SECRET`` | HMAC key of widget session tokens (≥ 16 chars) | random per process |
 | ``FUNNEL_TOKEN_TTL`` | widget token lifetime, seconds | 2592000 (30 days) |
 | ``FUNNEL_CORS_ORIGINS`` | allowed browser origins, comma-separated | none |
@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +55,8 @@ from ..llm.models import Model
 from ..llm.strategy import CHOICES
 
 _TRUE = ("1", "true", "yes")
-SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "manage", "admin"})
+SCOPES = frozenset({"converse", "read_state", "conversions", "metrics", "manage", "erase",
+                    "admin"})
 DEFAULT_TELEGRAM_API = "https://api.telegram.org"
 
 
@@ -87,6 +88,8 @@ class ServiceConfig:
     api_base: str | None = None
     structured_output: str | None = None  # None: each funnel's model.structured_output
     api_keys: dict[str, frozenset[str]] = field(default_factory=dict)
+    # The funnels a key is limited to (``KEY:scopes@a+b``); a key not here has every funnel.
+    key_funnels: dict[str, frozenset[str]] = field(default_factory=dict)
     secret: bytes = b""
     token_ttl: float = 30 * 86400
     cors_origins: list[str] = field(default_factory=list)
@@ -125,6 +128,15 @@ class ServiceConfig:
                 raise ConfigError(f"FUNNEL_API_KEYS: unknown scope(s) "
                                   f"{', '.join(sorted(scopes - SCOPES))}; known: "
                                   f"{', '.join(sorted(SCOPES))}")
+        positions = {key: n for n, key in enumerate(self.api_keys, start=1)}
+        for key, funnels in self.key_funnels.items():
+            if key not in positions:
+                raise ConfigError("FUNNEL_API_KEYS: a key is limited to funnels but has no "
+                                  "scopes; give it as KEY:SCOPES@FUNNEL[+FUNNEL...]")
+            if not funnels:
+                raise ConfigError(f"FUNNEL_API_KEYS: key #{positions[key]} is limited to no "
+                                  "funnel ('@' names none); name them (@shop+b2b) or drop the "
+                                  "'@' to allow every funnel")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServiceConfig:
@@ -167,6 +179,7 @@ class ServiceConfig:
             api_base=env.get("FUNNEL_API_BASE") or None,
             structured_output=_strategy(env.get("FUNNEL_STRUCTURED_OUTPUT") or None),
             api_keys=parse_api_keys(env.get("FUNNEL_API_KEYS", "")),
+            key_funnels=parse_key_funnels(env.get("FUNNEL_API_KEYS", "")),
             secret=secret.encode(),
             token_ttl=_number(env, "FUNNEL_TOKEN_TTL", 30 * 86400),
             cors_origins=[o.strip().rstrip("/") for o in env.get("FUNNEL_CORS_ORIGINS", "")
@@ -203,6 +216,23 @@ class ServiceConfig:
         return self.handoff_webhooks.get(env_suffix(funnel)) or self.handoff_webhook
 
 
+def check_key_funnels(config: ServiceConfig, served: Iterable[str]) -> None:
+    """Every funnel a key is limited to is served (``KEY:scopes@a+b``).
+
+    Raises:
+        ConfigError: naming the key's position (``key #2``), never the key.
+    """
+    names = set(served)
+    positions = {key: n for n, key in enumerate(config.api_keys, start=1)}
+    for key, limited in config.key_funnels.items():
+        unknown = sorted(limited - names)
+        if unknown:
+            raise ConfigError(
+                f"FUNNEL_API_KEYS: key #{positions.get(key, '?')} is limited to "
+                f"{', '.join(repr(u[:80]) for u in unknown)}, which this service does not "
+                f"serve; it serves {', '.join(sorted(names))} (the funnels' `name:`)")
+
+
 def _chat_id(value: str | None, name: str) -> int | None:
     if not value:
         return None
@@ -219,23 +249,41 @@ def env_suffix(funnel: str) -> str:
 
 
 def parse_api_keys(text: str) -> dict[str, frozenset[str]]:
-    """``key1:converse,read_state;key2:admin`` -> {key: scopes}. Messages never quote a key."""
-    keys: dict[str, frozenset[str]] = {}
+    """``key1:converse,read_state@shop;key2:admin`` -> {key: scopes}. Messages never quote
+    a key. The funnels after ``@`` are :func:`parse_key_funnels`'."""
+    return {key: scopes for _, key, scopes, _ in _entries(text)}
+
+
+def parse_key_funnels(text: str) -> dict[str, frozenset[str]]:
+    """``key1:converse@shop+b2b;key2:admin`` -> {key1: {shop, b2b}}: the keys limited to
+    funnels (``@`` then names joined by ``+``); a key without ``@`` has every funnel."""
+    return {key: funnels for _, key, _, funnels in _entries(text) if funnels is not None}
+
+
+def _entries(text: str) -> list[tuple[int, str, frozenset[str], frozenset[str] | None]]:
+    """(position, key, scopes, funnels or None) of each entry of ``FUNNEL_API_KEYS``."""
+    entries: list[tuple[int, str, frozenset[str], frozenset[str] | None]] = []
     for n, item in enumerate((i.strip() for i in text.split(";")), start=1):
         if not item:
             continue
-        key, sep, scopes = item.partition(":")
+        key, sep, rest = item.partition(":")
+        scopes, at, limited = rest.partition("@")
         names = frozenset(s.strip() for s in scopes.split(",") if s.strip())
         if not sep or not key.strip() or not names:
-            raise ConfigError(f"FUNNEL_API_KEYS: entry {n} is not KEY:SCOPE[,SCOPE...]")
+            raise ConfigError(f"FUNNEL_API_KEYS: entry {n} is not "
+                              "KEY:SCOPE[,SCOPE...][@FUNNEL[+FUNNEL...]]")
         if len(key.strip()) < 16:
             raise ConfigError(f"FUNNEL_API_KEYS: the key of entry {n} is shorter than 16 characters")
         unknown = names - SCOPES
         if unknown:
             raise ConfigError(f"FUNNEL_API_KEYS: entry {n} has unknown scope(s) "
                               f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(SCOPES))}")
-        keys[key.strip()] = names
-    return keys
+        funnels = frozenset(f.strip() for f in limited.split("+") if f.strip()) if at else None
+        if funnels is not None and not funnels:
+            raise ConfigError(f"FUNNEL_API_KEYS: entry {n} has '@' but names no funnel; give "
+                              "@FUNNEL[+FUNNEL...], or drop the '@' to allow every funnel")
+        entries.append((n, key.strip(), names, funnels))
+    return entries
 
 
 def parse_rate(text: str) -> tuple[int, float]:

@@ -15,7 +15,7 @@ import math
 import time
 import urllib.parse
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -38,7 +38,7 @@ from ..turn.engine import Engine, TurnResult
 from ..turn.notify import Notifier, make_notifier
 from ..turn.stream import Listener
 from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
-from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig
+from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig, check_key_funnels
 from .limits import RateLimiter, RequestRefused, SessionQueue
 from .metrics import Metrics
 from .preloaded import compiled_funnel
@@ -98,7 +98,11 @@ class Service:
             if compiled.name in self.funnels:
                 raise ConfigError(f"two funnels are named '{compiled.name}'; names must differ")
             self.funnels[compiled.name] = compiled
-        self.keys = ApiKeys(config.api_keys)
+        check_key_funnels(config, self.funnels)
+        self.keys = ApiKeys(config.api_keys, config.key_funnels)
+        # What else holds a session's data in memory, forgotten when it is erased
+        # (engine.service.privacy): the mounted studio's prompts (engine.service.app).
+        self.forgetters: list[Callable[[str, str], int]] = []
         self.tokens = WidgetTokens(config.secret, config.token_ttl)
         self.limiter = RateLimiter(*config.rate_limit)
         self.queue = SessionQueue(config.session_queue)
@@ -360,17 +364,29 @@ class Service:
         return result
 
     # -- request checks ----------------------------------------------------------------
-    def check_funnel(self, funnel: str) -> CompiledFunnel:
+    def check_funnel(self, funnel: str, request: Request | None = None) -> CompiledFunnel:
+        """The funnel served under ``funnel``; with ``request``, also one its API key (if it
+        presents one) may reach: another is the same 404, before any other check, so
+        neither a status nor a message tells a limited key which funnels exist."""
         compiled = self.funnels.get(funnel)
         if compiled is None:
             raise RequestRefused(404, "not_found", f"no funnel named {funnel[:80]!r}")
+        if request is not None:
+            client = self.keys.check(presented_key(request))
+            if client is not None and not client.covers(funnel):
+                raise RequestRefused(404, "not_found", f"no funnel named {funnel[:80]!r}")
         return compiled
 
     def client(self, request: Request, scope: str) -> Client:
+        """The request's API key's client, if it has ``scope`` and reaches the path's
+        funnel: a funnel it may not reach answers the 404 of a funnel that is not served."""
         client = self.keys.check(presented_key(request))
         if client is None:
             raise RequestRefused(401, "unauthorized", "a valid API key is required "
                                  "(Authorization: Bearer KEY or X-API-Key)")
+        funnel = request.path_params.get("funnel")
+        if funnel is not None and not client.covers(str(funnel)):
+            raise RequestRefused(404, "not_found", f"no funnel named {str(funnel)[:80]!r}")
         if not client.allows(scope):
             raise RequestRefused(403, "forbidden", f"the API key lacks the '{scope}' scope")
         return client

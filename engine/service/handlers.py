@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import StoreUnavailable
-from . import inbound, manager, orders, sse
+from . import inbound, manager, orders, privacy, sse
 from .auth import WidgetSession as Token
 from .core import Service
 from .inbound import REPLAY_HEADER, delivery_key
@@ -23,6 +23,7 @@ from .models import (
     Control,
     Conversion,
     Decided,
+    Erased,
     Health,
     History,
     HistoryMessage,
@@ -34,6 +35,7 @@ from .models import (
     RejectIn,
     Released,
     ReleaseIn,
+    SessionExport,
     SessionState,
     TakeoverIn,
     TelegramAck,
@@ -71,7 +73,7 @@ def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         service = service_of(request)
         funnel = str(request.path_params.get("funnel", ""))
         try:
-            service.check_funnel(funnel)
+            service.check_funnel(funnel, request)
             return await handler(request, service, funnel)
         except RequestRefused as exc:
             if exc.status != 404:
@@ -190,13 +192,15 @@ async def readyz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     service = service_of(request)
+    funnels = None
     if not service.config.metrics_public:
         try:
-            service.client(request, "metrics")
+            # A key limited to funnels sees their series (and the process's) only.
+            funnels = service.client(request, "metrics").funnels
         except RequestRefused as exc:
             return exc.response()
     await service.reloader.versions()  # refreshes the version gauges (cached counts)
-    return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+    return Response(service.metrics.render(funnels), media_type="text/plain; version=0.0.4")
 
 
 _F = "/v1/funnels/{funnel}"
@@ -206,6 +210,10 @@ _IDEMPOTENCY = Param("Idempotency-Key", "header", "The message's key (a UUID): a
                      "same key runs no second turn and gets the first turn's answer "
                      "(`replayed`).", {"type": "string", "minLength": 1, "maxLength": 200,
                                        "pattern": KEY_PATTERN})
+_MANAGER_KEY = Param("Idempotency-Key", "header", "The message's key (a UUID): a retry with "
+                     "the same key sends nothing again and gets the first answer.",
+                     {"type": "string", "minLength": 1, "maxLength": 200,
+                      "pattern": KEY_PATTERN})
 _EXPLAIN = Param("explain", "query", "`true` (or `1`): add `explain`, why the last turn moved "
                  "or stayed.", {"type": "boolean"})
 
@@ -227,6 +235,23 @@ OPERATIONS: list[Operation] = [
               {200: (SessionState, "The state row.")}, errors=(400, 401, 403, 404, 429, 503),
               params=(_EXPLAIN,), security=_API_KEY,
               description="Needs the `read_state` scope."),
+    # A customer's requests about their data (engine.service.privacy), scope `erase`.
+    Operation("DELETE", _S, "eraseSession",
+              "Erase every copy of the session (a data subject's erasure request).",
+              _endpoint(privacy.erase), {200: (Erased, "Erased: the receipt, rows per table.")},
+              errors=(400, 401, 403, 404, 429, 503), security=_API_KEY,
+              description="Needs the `erase` scope. A turn in flight finishes first; the "
+              "session, its messages, embeddings, turn records, outbox rows, delivery keys, "
+              "control rows and events, conversions, and the mounted studio's prompts go. "
+              "404 when nothing of the session is stored (erased already). Logged as an "
+              "`erased` control event without the customer's id."),
+    Operation("GET", f"{_S}/export", "exportSession",
+              "Everything stored of the session (a data subject's access request).",
+              _endpoint(privacy.export), {200: (SessionExport, "The session's data.")},
+              errors=(400, 401, 403, 404, 429, 503), security=_API_KEY,
+              description="Needs the `erase` scope (the whole conversation and the model's "
+              "raw output: more than `read_state` reads). Logged as an `exported` control "
+              "event without the customer's id."),
     # The manager API (engine.service.manager), scope `manage`.
     Operation("POST", f"{_S}/takeover", "takeOver",
               "Take the session over: the bot stops answering it.", _endpoint(manager.takeover),
@@ -236,8 +261,11 @@ OPERATIONS: list[Operation] = [
     Operation("POST", f"{_S}/manager-messages", "managerMessage",
               "Send a manager's message to the session's customer (through its channel).",
               _endpoint(manager.manager_message), {200: (ManagerMessage, "Sent.")},
-              body=ManagerMessageIn, errors=(400, 401, 403, 404, 409, 413, 429, 503),
-              security=_API_KEY, description="Needs the `manage` scope."),
+              body=ManagerMessageIn, errors=(400, 401, 403, 404, 409, 413, 422, 429, 503),
+              params=(_MANAGER_KEY,), security=_API_KEY,
+              description="Needs the `manage` scope. With an `Idempotency-Key` the message "
+              "is logged and sent once: a retry gets the first answer "
+              "(`Idempotent-Replayed: true`); the key with another text answers 422."),
     Operation("POST", f"{_S}/release", "release",
               "Hand the session back to the bot, at a stage, with field updates.",
               _endpoint(manager.release), {200: (Released, "Back to the bot.")}, body=ReleaseIn,

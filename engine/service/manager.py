@@ -5,6 +5,7 @@ the request, calls it and maps its errors to statuses (docs/service.md#a-manager
 - ``POST .../sessions/{id}/takeover`` ``{"manager": "Olena"}``: the bot stops answering;
 - ``POST .../sessions/{id}/manager-messages`` ``{"manager": "Olena", "text": "..."}``:
   the text goes to the customer through the session's channel (Telegram: the outbox);
+  with an ``Idempotency-Key`` header, once (a retry replays the first answer);
 - ``POST .../sessions/{id}/release`` ``{"manager": "Olena", "stage": "...", "updates":
   {...}}``: back to the bot, at the stage named, with the updates validated;
 - ``GET .../sessions/{id}/control``: who answers the session now;
@@ -27,6 +28,7 @@ from starlette.responses import Response
 from ..errors import (
     ApprovalRefused,
     ConcurrentUpdate,
+    DuplicateDelivery,
     InvalidInput,
     NotAwaitingApproval,
     NotTakenOver,
@@ -34,7 +36,9 @@ from ..errors import (
     StoreUnavailable,
     UnknownSession,
 )
+from ..store.control import MANAGER_CHANNEL
 from ..turn import manager
+from .inbound import REPLAY_HEADER, delivery_key
 from .limits import RequestRefused, read_json
 from .models import (
     Control,
@@ -107,10 +111,50 @@ async def manager_message(request: Request, service: Service, funnel: str) -> Re
     session = session_param(request)
     data = await _body(request, ManagerMessageIn)
     who = _who(request, service, data.manager)
-    response = await _call(service, funnel, ManagerMessage,
-                           lambda e: manager.send(e, session, who, data.text))
+    key = delivery_key(request, None)
+    # Scoped as the messages API's keys are (engine.service.inbound): by the API key's
+    # digest and the session, so no client replays another's answer.
+    scoped = f"{service.client(request, SCOPE).identity}/{session}/{key}" if key else None
+    if scoped is not None:  # a retry, the first send done: its answer, nothing sent again
+        replay = await _replay(service, funnel, scoped, data.text)
+        if replay is not None:
+            return replay
+    try:
+        response = await _call(service, funnel, ManagerMessage, lambda e: manager.send(
+            e, session, who, data.text, key=scoped))
+    except DuplicateDelivery:  # the first send committed meanwhile
+        assert scoped is not None
+        replay = await _replay(service, funnel, scoped, data.text)
+        if replay is None:
+            raise RequestRefused(503, "in_progress", "the first send with this "
+                                 "Idempotency-Key is not done; send it again with the same "
+                                 "key", retry_after=1) from None
+        return replay
     # Deliver now rather than at the next dispatch round (a failure is retried there).
     await service.telegram.deliver_due(funnel, session)
+    return response
+
+
+async def _replay(service: Service, funnel: str, key: str, text: str) -> Response | None:
+    """The answer of the key's first send, or None if there was none.
+
+    Raises:
+        RequestRefused: 422 when the key's first send carried another text.
+    """
+    store = (await service.engine(funnel)).store
+    try:
+        first = await store.inbound_pending(funnel, MANAGER_CHANNEL, key)
+    except StoreUnavailable:
+        raise service.trip() from None
+    if first is None or first.response is None:
+        return None
+    if first.text is not None and first.text != text:
+        raise RequestRefused(422, "idempotency_key_reused", f"the Idempotency-Key "
+                             f"{key.rsplit('/', 1)[-1]!r} was used before with another "
+                             "message; a retry must send the same text, and a new message "
+                             "needs a new key")
+    response = json_response(ManagerMessage.model_validate(first.response))
+    response.headers[REPLAY_HEADER] = "true"
     return response
 
 

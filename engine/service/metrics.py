@@ -21,6 +21,7 @@ unknown funnel is a 404 and counted nowhere (engine.service.handlers).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -327,11 +328,30 @@ class Metrics:
             mark_process_dead(os.getpid(), self.directory)  # type: ignore[no-untyped-call]
 
     # -- exposition --------------------------------------------------------------------
-    def render(self) -> str:
+    def render(self, funnels: frozenset[str] | None = None) -> str:
         """Every worker's metrics in the Prometheus text exposition format 0.0.4."""
         self.flush()
         if self.directory is None:
-            return generate_latest(self.registry).decode("utf-8")
-        registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
-        return generate_latest(registry).decode("utf-8")
+            text = generate_latest(self.registry).decode("utf-8")
+        else:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
+            text = generate_latest(registry).decode("utf-8")
+        return text if funnels is None else only_funnels(text, funnels)
+
+
+# A sample line's `funnel` label. Label values escape `"` and `\\`; a funnel's name has
+# neither (engine.format.names), so the value is compared as written.
+_FUNNEL_LABEL = re.compile(r'[{,]funnel="((?:[^"\\]|\\.)*)"')
+
+
+def only_funnels(text: str, funnels: frozenset[str]) -> str:
+    """The exposition without the samples of other funnels (an API key limited to
+    ``funnels``); samples without a ``funnel`` label (the process's own) stay."""
+    kept = []
+    for line in text.splitlines(keepends=True):
+        labels = line[:line.rfind("}") + 1] if not line.startswith("#") else ""
+        found = _FUNNEL_LABEL.search(labels) if labels else None
+        if found is None or found.group(1) in funnels:
+            kept.append(line)
+    return "".join(kept)

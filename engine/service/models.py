@@ -349,6 +349,53 @@ class Released(_Out):
     state: dict[str, Any]
 
 
+class Erased(_Out):
+    """The receipt of an erasure: every table the engine keeps a session's rows in, with
+    the rows deleted (zeros included), and what was forgotten from memory."""
+
+    funnel: str
+    session_id: str
+    receipt: str = Field(description="The id the audit event (`erased`, in "
+                         "funnel_control_events) carries too; it names no customer.")
+    erased_at: str = Field(json_schema_extra={"format": "date-time"})
+    tables: dict[str, int] = Field(description="Rows deleted, by table: the funnel's state "
+                                   "table, messages, embeddings, turn records, outbox, "
+                                   "delivery keys, control rows and events, conversions, "
+                                   "unreachable marks.")
+    total: int
+    memory: dict[str, int] = Field(default_factory=dict, description="Copies held in "
+                                   "memory and forgotten: `studio_prompts`, the mounted "
+                                   "studio's prompts of the session.")
+
+
+class Embeddings(_Out):
+    count: int
+    models: list[str]
+
+
+class SessionExport(_Out):
+    """Everything the engine holds of one session (an access request): each table's
+    rows as stored, timestamps in ISO 8601; embeddings counted, not copied."""
+
+    funnel: str
+    session_id: str
+    receipt: str
+    exported_at: str = Field(json_schema_extra={"format": "date-time"})
+    state: dict[str, Any] | None = Field(description="The state row; null if the session "
+                                         "never saved a turn.")
+    messages: list[dict[str, Any]]
+    turns: list[dict[str, Any]] = Field(description="Turn records, with the model's raw "
+                                        "output and the explanation.")
+    conversions: list[dict[str, Any]]
+    outbox: list[dict[str, Any]] = Field(description="Alerts and channel replies.")
+    control: list[dict[str, Any]]
+    control_events: list[dict[str, Any]]
+    deliveries: list[dict[str, Any]] = Field(description="Delivery keys (idempotency "
+                                             "records) with the answers they replay.")
+    unreachable: list[dict[str, Any]]
+    embeddings: Embeddings
+
+
 # -- parsing and answering -------------------------------------------------------------------
 
 # Error types that are a size, not a shape: 413 as before.

@@ -30,8 +30,10 @@ SECURITY_SCHEMES: dict[str, Any] = {
                        "name": "X-Telegram-Bot-Api-Secret-Token"},
 }
 DESCRIPTION = ("Run LLM sales conversations as finite-state machines. Server-to-server clients "
-               "use an API key (scopes: converse, read_state, conversions, metrics, admin); the "
-               "web widget uses a signed session token that the service issues.")
+               "use an API key (scopes: converse, read_state, conversions, metrics, manage, "
+               "erase, admin; a key may be limited to some funnels, and any other funnel is a "
+               "404 to it); the web widget uses a signed session token that the service "
+               "issues.")
 
 
 def _content(model: type[BaseModel] | None, media_type: str) -> dict[str, Any]:

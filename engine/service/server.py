@@ -33,7 +33,7 @@ from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..llm.models import make_model
 from ..store.embedded import embedded_url
 from ..turn import language
-from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig
+from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig, check_key_funnels
 from .preloaded import share_compiled
 
 APP = "engine.service.app:create_app"
@@ -180,6 +180,7 @@ def serve(funnels: list[str], *, db: str | None, host: str, port: int, workers: 
         for old in Path(shared).glob("*.db"):
             old.unlink(missing_ok=True)
     config = ServiceConfig.from_env()  # fail here, once, on a malformed variable
+    check_key_funnels(config, names)  # a key limited to a funnel not served
     if not config.api_keys:
         print("funnel serve: FUNNEL_API_KEYS is not set; only the widget and Telegram can "
               "converse", file=sys.stderr)

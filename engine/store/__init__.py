@@ -7,7 +7,8 @@ one (`embedded`) when no URL is given. The modules:
 - `postgres`: the store itself (one pool), `health`: its connections' set-up and checks;
   `session`: a turn's lease and save;
 - `ddl`, `statements`, `functions`: the SQL, built once per funnel;
-- `migrate` (tables, append-only migrations), `retention` (purge),
+- `migrate` (tables, append-only migrations), `retention` (purge), `erasure` (one
+  customer's erasure and export, over the same tables as the purge),
   `analytics_sql` (the report's queries; `analytics_shared`, the sections over the shared
   tables; `analytics_base`, what they bind), `analytics_views` (the analysts' views);
 - `connect`: connection helpers shared by the others (URLs in messages, temporary schemas);

@@ -15,6 +15,8 @@ by the same declaration:
   conditions read), an error's text, the refusals' reasons;
 - the outbox: the hand-off alert's copy of the customer and of the state, a
   channel reply's text, a delivery error's text;
+- the control events: a manager's note on an approval's decision (a rejection's
+  reason may quote the customer);
 - the delivery keys (idempotency records), which replay the reply: deleted.
 
 Kept: the session id, the stages and their times, counts, the cart and the other
@@ -62,6 +64,13 @@ async def anonymize_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelS
     # Delivery keys replay the reply they stored: gone with the text.
     await conn.execute(sql.SQL("DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)")
                        .format(sql.Identifier(ddl.INBOUND)), (funnel.name, ids))
+    # A manager's note on an approval's decision (``funnel_control_events.detail``): the
+    # decision, the manager, the stages and the wait stay (`funnel report` counts them).
+    await conn.execute(sql.SQL(
+        "UPDATE {} SET detail = jsonb_set(detail, '{{note}}', to_jsonb(%s::text)) "
+        "WHERE funnel = %s AND session_id = ANY(%s) AND jsonb_typeof(detail->'note') "
+        "= 'string'").format(sql.Identifier(ddl.CONTROL_EVENTS)),
+        (ANONYMIZED, funnel.name, ids))
     # A turn's error and raw output may quote the model's output, and so the customer;
     # its explanation, the values of the fields its conditions read; a refusal's reason,
     # the value refused; a refused claim, the reply's words. What the turn did (stages,

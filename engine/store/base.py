@@ -214,6 +214,24 @@ class Store(Protocol):
                             anonymize: bool = False) -> dict[str, int] | None:
         """What ``purge`` would touch, counted; ``None`` when the funnel has no table."""
 
+    async def erase_session(self, funnel: FunnelSpec, session_id: str, *, by: str,
+                            wait: float = 60.0) -> dict[str, Any]:
+        """Delete every copy of one session after its turn; the receipt, rows per table
+        (engine.store.erasure).
+
+        Raises:
+            UnknownSession: nothing of the session is stored.
+            SessionBusy: its turn held it for ``wait`` seconds; nothing was erased.
+        """
+
+    async def export_session(self, funnel: FunnelSpec, session_id: str, *, by: str
+                             ) -> dict[str, Any]:
+        """Everything stored of one session, as one JSON-ready document.
+
+        Raises:
+            UnknownSession: nothing of the session is stored.
+        """
+
     async def turn_records(self, funnel: FunnelSpec, session_id: str, limit: int = 1000
                            ) -> list[dict[str, Any]]:
         """A session's turn records, oldest first, with each turn's message and reply."""
@@ -266,8 +284,11 @@ class Store(Protocol):
         """Hand the session to ``manager``; call it holding the session's lease."""
 
     async def manager_message(self, funnel: FunnelSpec, session_id: str, manager: str,
-                              text: str, stage: str, delivery: OutboxItem | None) -> int:
-        """Log a manager's message and its outbox delivery; the message's id."""
+                              text: str, stage: str, delivery: OutboxItem | None, *,
+                              key: str | None = None,
+                              answer: Mapping[str, Any] | None = None) -> int:
+        """Log a manager's message and its outbox delivery; the message's id. With a
+        delivery ``key``, once: a key seen before raises DuplicateDelivery."""
 
     async def reply_target(self, funnel: str, session_id: str, channel: str
                            ) -> dict[str, Any] | None:

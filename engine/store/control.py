@@ -23,9 +23,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from ..errors import ConcurrentUpdate
+from ..errors import ConcurrentUpdate, DuplicateDelivery
 from ..format.spec import FunnelSpec
-from . import ddl, outbox
+from . import ddl, idempotency, outbox
 from .base import Control, Held, OutboxItem
 from .statements import RELEASE, dumps
 
@@ -56,6 +56,14 @@ EVENT = sql.SQL("INSERT INTO {} (funnel, session_id, event, manager, detail) "
 LOG = sql.SQL("INSERT INTO {} (funnel, session_id, role, content, stage, author, held) "
               "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id").format(_M)
 MARK_HELD = sql.SQL("UPDATE {} SET held = TRUE WHERE id = %s").format(_M)
+# A manager's message's delivery key (engine.store.idempotency's table, its own channel).
+MANAGER_CHANNEL = "manager"
+CLAIM_KEY = sql.SQL("INSERT INTO {} (funnel, channel, key, session_id) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT (funnel, channel, key) DO NOTHING RETURNING key").format(
+    sql.Identifier(ddl.INBOUND))
+KEY_ANSWERED = sql.SQL("UPDATE {} SET message_id = %s, response = %s, answered_at = NOW() "
+                       "WHERE funnel = %s AND channel = %s AND key = %s").format(
+    sql.Identifier(ddl.INBOUND))
 HOLDING_SENT = sql.SQL("UPDATE {} SET holding_sent = TRUE WHERE funnel = %s AND "
                        "session_id = %s").format(_C)
 ANSWERED = sql.SQL("UPDATE {} SET response = %s, answered_at = NOW() WHERE funnel = %s AND "
@@ -138,9 +146,28 @@ class ControlMixin:
         return control
 
     async def manager_message(self, funnel: FunnelSpec, session_id: str, manager: str,
-                              text: str, stage: str, delivery: OutboxItem | None) -> int:
-        """Log a manager's message (role ``manager``) and its delivery; the message's id."""
+                              text: str, stage: str, delivery: OutboxItem | None, *,
+                              key: str | None = None,
+                              answer: Mapping[str, Any] | None = None) -> int:
+        """Log a manager's message (role ``manager``) and its delivery; the message's id.
+
+        With a delivery ``key`` (the client's ``Idempotency-Key``, scoped) the key is
+        recorded in ``funnel_inbound`` in the same commit, with ``answer`` and the id as
+        its response: a second call with the key logs and sends nothing.
+
+        Raises:
+            DuplicateDelivery: the key was recorded before (its first answer attached).
+        """
         async with self._conn() as conn, conn.transaction():
+            if key is not None:
+                # A concurrent first delivery holds the key's row: this insert waits for
+                # its commit, then finds the key taken.
+                taken = await (await conn.execute(CLAIM_KEY, (
+                    funnel.name, MANAGER_CHANNEL, key, session_id))).fetchone() is None
+                if taken:
+                    found = await idempotency.pending(conn, funnel.name, MANAGER_CHANNEL, key)
+                    raise DuplicateDelivery(session_id, key, found.message_id if found else None,
+                                            found.response if found else None)
             row = await (await conn.execute(LOG, (funnel.name, session_id, "manager", text,
                                                   stage, manager, False))).fetchone()
             assert row is not None
@@ -150,6 +177,10 @@ class ControlMixin:
                 await outbox.add(conn, funnel.name, session_id, [delivery])
             await conn.execute(EVENT, (funnel.name, session_id, "message", manager,
                                        _json({"message_id": message_id})))
+            if key is not None:
+                await conn.execute(KEY_ANSWERED, (
+                    message_id, _json({**(answer or {}), "message_id": message_id}),
+                    funnel.name, MANAGER_CHANNEL, key))
         return message_id
 
     async def reply_target(self, funnel: str, session_id: str, channel: str

@@ -21,7 +21,7 @@ from ..format.spec import FunnelSpec
 from ..records.chunks import Chunk
 from ..records.messages import Message
 from ..records.orders import Conversion, Order
-from . import conversions, ddl, jobs, retention, turns
+from . import conversions, ddl, erasure, jobs, retention, turns
 from . import knowledge as knowledge_sql
 from . import recall as recall_sql
 from .base import Match, TurnWrite, VectorSupport
@@ -300,6 +300,16 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
                             anonymize: bool = False) -> dict[str, int] | None:
         """What :meth:`purge` would touch, counted; ``None`` when the funnel has no table."""
         return await retention.preview(self._conn, funnel, older_than, anonymize=anonymize)
+
+    async def erase_session(self, funnel: FunnelSpec, session_id: str, *, by: str,
+                            wait: float = 60.0) -> dict[str, Any]:
+        """Delete every copy of one session after its turn; the receipt (engine.store.erasure)."""
+        return await erasure.erase(self._conn, funnel, session_id, by=by, wait=wait)
+
+    async def export_session(self, funnel: FunnelSpec, session_id: str, *, by: str
+                             ) -> dict[str, Any]:
+        """Everything stored of one session, as one JSON-ready document."""
+        return await erasure.export(self._conn, funnel, session_id, by=by)
 
     async def turn_records(self, funnel: FunnelSpec, session_id: str, limit: int = 1000
                            ) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from psycopg import sql
 from ..format.spec import FunnelSpec
 from . import ddl, idempotency
 from .anonymize import ANONYMIZED, anonymize_sessions, forget_embeddings
+from .erasure import KEPT_BY_PURGE, SESSION_TABLES
 from .session import Connect
 
 __all__ = ["ANONYMIZED", "anonymize_sessions", "delete_sessions", "give_back", "preview",
@@ -127,13 +128,16 @@ async def delete_sessions(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec
                           ids: list[str], counts: dict[str, int]) -> int:
     """Delete the sessions ``ids`` (leased and locked by the caller) with every row
     they left; how many."""
-    for table, key in ((ddl.MESSAGES, "messages"), (ddl.TURNS, "turns"), (ddl.OUTBOX, None),
-                       (ddl.INBOUND, None), (ddl.CONTROL, None), (ddl.CONTROL_EVENTS, None)):
+    # The tables an erasure deletes from (engine.store.erasure), less the orders.
+    counted = {ddl.MESSAGES: "messages", ddl.TURNS: "turns"}
+    for table in SESSION_TABLES:
+        if table in KEPT_BY_PURGE:
+            continue
         cur = await conn.execute(sql.SQL(
             "DELETE FROM {} WHERE funnel = %s AND session_id = ANY(%s)").format(
                 sql.Identifier(table)), (funnel.name, ids))
-        if key:
-            counts[key] += cur.rowcount
+        if table in counted:
+            counts[counted[table]] += cur.rowcount
     await conn.execute(sql.SQL("DELETE FROM {} WHERE session_id = ANY(%s)")
                        .format(sql.Identifier(funnel.table)), (ids,))
     await _free_leases(conn, funnel, ids)

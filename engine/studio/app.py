@@ -62,12 +62,29 @@ def _error(status: int, code: str, message: str) -> Response:
     return _json({"error": {"code": code, "message": message}}, status)
 
 
+class _TooLarge(InvalidInput):
+    """A body over :data:`MAX_BODY` (413)."""
+
+
+async def _read(request: Request) -> bytes:
+    """The body, read no further than :data:`MAX_BODY`: refused as soon as it passes it
+    (a declared length first), never held whole."""
+    declared = request.headers.get("content-length", "")
+    too_large = f"the body is over {MAX_BODY} bytes, the most the studio takes"
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise _TooLarge(too_large)
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise _TooLarge(too_large)
+    return bytes(raw)
+
+
 async def _body(request: Request, model: type[B]) -> B:
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         raise InvalidInput("the studio takes JSON bodies (Content-Type: application/json)")
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise InvalidInput(f"the body has {len(raw)} bytes; the studio takes at most {MAX_BODY}")
+    raw = await _read(request)
     try:
         return model.model_validate(loads_bounded(raw))
     except Rejected as exc:
@@ -101,6 +118,8 @@ def _guarded(handler: Handler) -> Handler:
             return await handler(request)
         except StoreUnavailable as exc:
             return _error(503, "store_unavailable", str(exc))
+        except _TooLarge as exc:
+            return _error(413, "too_large", str(exc))
         except FunnelError as exc:
             return _error(400 if isinstance(exc, InvalidInput) else 422,
                           type(exc).__name__, str(exc))
@@ -130,7 +149,9 @@ def _flag(request: Request, name: str) -> bool | None:
 async def page(request: Request) -> Response:
     key = request.query_params.get("key")
     if key is not None:  # the key once in the address, then a cookie (and a clean address)
-        response = RedirectResponse(str(request.url.remove_query_params("key")), 303)
+        # Relative: the page's own address, whatever the Host header claimed.
+        rest = request.url.remove_query_params("key").query
+        response = RedirectResponse("./" + (f"?{rest}" if rest else ""), 303)
         response.set_cookie(COOKIE, key, httponly=True, samesite="strict")
         return response
     return HTMLResponse((STATIC / "studio.html").read_text("utf-8"),
@@ -169,8 +190,9 @@ def _period(request: Request, name: str) -> float | None:
     value = _q(request, name)
     try:
         return parse_duration(value) if value else None
-    except (ValueError, FunnelError):
-        raise InvalidInput(f"`{name}` is a period such as 7d or 12h; got {value!r}") from None
+    except (ValueError, FunnelError) as exc:
+        raise InvalidInput(f"`{name}` is a period such as 7d or 12h, at most ten years: "
+                           f"{exc}") from None
 
 
 async def sessions(request: Request) -> Response:

@@ -14,7 +14,10 @@ fields, exits): the studio never applies an answer itself.
   litellm model string), built by :func:`engine.llm.models.make_model`.
 
 It keeps the last turns' requests per session (the prompt as sent, with the repair
-call), bounded, for the page's prompt panel. It serves only the studio's own engine:
+call), bounded, for the page's prompt panel: a copy of the customer's words and of the
+state, so it follows retention too. :meth:`StudioModel.forget` drops a session's, which
+the studio does once the session is purged or anonymized
+(:meth:`engine.studio.playground.Studio.forget_retired`). It serves only the studio's own engine:
 the service's turns never pass through it.
 """
 
@@ -95,6 +98,19 @@ class StudioModel:
         if name != HUMAN and name not in self.models:
             self.models[name] = make_model(name, api_base=self.api_base)
         self.choice[session_id] = name
+
+    def kept(self) -> list[str]:
+        """The sessions whose prompts are kept."""
+        return list(self._sent)
+
+    def forget(self, session_id: str) -> int:
+        """Drop what is kept of the session (its prompts, a queued answer, its model
+        choice): the session was erased (engine.store.erasure), purged or anonymized.
+        The calls dropped."""
+        self.clear(session_id)
+        self.choice.pop(session_id, None)
+        calls = self._sent.pop(session_id, None)
+        return len(calls) if calls is not None else 0
 
     def sent(self, session_id: str) -> list[Sent]:
         return list(self._sent.get(session_id) or ())

@@ -15,15 +15,18 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInput
+from ..format.paths import funnel_roots, is_confined
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..llm.models import ScriptEntry
 from ..memory.summary import ExtractiveSummarizer
 from ..scenarios.load import discover, load_scenario
+from ..scenarios.placeholders import without_personal
 from ..scenarios.record import recorded_scenario, scenario_yaml
 from ..scenarios.run import run_all
 from ..store import Store, open_store
@@ -38,6 +41,7 @@ __all__ = ["CHANNEL", "Studio"]
 
 log = logging.getLogger("funnel.studio")
 CHANNEL = "studio"
+RETIRED_POLL = 5.0  # seconds between looks for purged or anonymized sessions' prompts
 _REPAIR = ("Your last answer was rejected: {problem}. Answer again with one JSON object that "
            "satisfies the output schema; keep the same meaning.")  # as engine.turn.output says
 
@@ -94,13 +98,40 @@ class Studio:
             await self.store.close()
 
     async def _watch(self) -> None:
+        retired_at = 0.0
         while True:
             for watched in list(self.watched.values()):
                 try:
                     await watched.poll()
                 except Exception:  # never let one bad poll stop the watching
                     log.exception("studio: watching %s failed", watched.path)
+            now = time.monotonic()
+            if now - retired_at >= RETIRED_POLL:
+                retired_at = now
+                try:
+                    await self.forget_retired()
+                except Exception as exc:  # the database away: the next look tries again
+                    log.warning("studio: checking the kept prompts' sessions failed: %s",
+                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             await asyncio.sleep(POLL)
+
+    async def forget_retired(self, sessions: list[str] | None = None) -> list[str]:
+        """Drop the prompts kept in memory (the prompt panel's) of ``sessions`` (default:
+        all those kept) that no funnel of the studio has any more, or has anonymized:
+        `funnel purge` in any process reaches this copy too. The sessions dropped."""
+        # A turn in flight has sent its prompt and not yet saved its session's row.
+        busy = {key.split("/", 1)[1] for key, lock in self._locks.items() if lock.locked()}
+        held = [s for s in (self.model.kept() if sessions is None else sessions)
+                if s not in busy]
+        if not held:
+            return []
+        live: set[str] = set()
+        for engine in self.engines.values():
+            live |= await sql.live_sessions(self.store, engine.spec, held)
+        gone = [s for s in held if s not in live]
+        for session in gone:
+            self.model.forget(session)
+        return gone
 
     # -- reading -----------------------------------------------------------------------
     def engine(self, name: str) -> Engine:
@@ -129,6 +160,8 @@ class Studio:
         engine = self.engine(name)
         funnel = engine.funnel
         row = await engine.state(session)
+        if result is None and (row is None or "anonymized" in (row.get("notices") or [])):
+            await self.forget_retired([session])
         state = row or {}
         stage = state.get("stage") or funnel.spec.initial
         last = await sql.transcript(self.store, funnel.spec, session, last=True)
@@ -159,6 +192,25 @@ class Studio:
     def _lock(self, name: str, session: str) -> asyncio.Lock:
         return self._locks.setdefault(f"{name}/{session}", asyncio.Lock())
 
+    def _model_choice(self, name: str, model: str) -> str:
+        """The page's model choice; a ``scripted:PATH`` must be a file of the funnel's own
+        project (engine.format.paths), as every file a funnel reads: the page must not
+        make the studio read ``/proc/self/environ`` or a key file.
+
+        Raises:
+            InvalidInput: a script outside the funnel's roots, or hidden.
+        """
+        if not model.startswith("scripted:"):
+            return model
+        path = model.removeprefix("scripted:")
+        roots = funnel_roots(self.watched[name].path)
+        if not path or not is_confined(Path(path), roots):
+            raise InvalidInput(f"model: the script {path!r:.200} is outside funnel '{name}''s "
+                               f"project ({', '.join(map(str, roots))}) or hidden; a "
+                               "funnel's studio reads scripts of its own project only: "
+                               "move the script there (or list its folder in FUNNEL_ROOT)")
+        return model
+
     async def turn(self, name: str, session: str, text: str, *, model: str | None = None,
                    answer: Any = None, force: bool = False) -> dict[str, Any]:
         """One turn of a playground session. With ``answer`` (the form's, "I am the
@@ -171,7 +223,7 @@ class Studio:
         """
         engine = self.engine(name)
         if model:
-            self.model.choose(session, model)
+            self.model.choose(session, self._model_choice(name, model))
         async with self._lock(name, session):
             before = await engine.state(session)
             if answer is not None:
@@ -237,7 +289,9 @@ class Studio:
     async def save_scenario(self, name: str, session: str, file_name: str | None = None
                             ) -> dict[str, Any]:
         """Write the session as a scenario (what ``funnel record`` writes) into the
-        funnel's scenarios folder, ``<funnel folder>/<funnel>/scenarios/``.
+        funnel's scenarios folder, ``<funnel folder>/<funnel>/scenarios/``, with the
+        personal data the funnel declares replaced by placeholders: the file is out of
+        retention's reach (engine.scenarios.placeholders, docs/studio.md).
 
         Raises:
             InvalidInput: nothing to save, or a file name that is not a plain name.
@@ -252,14 +306,19 @@ class Studio:
         records = await engine.store.turn_records(spec, session, limit=1000)
         target = folder / f"{stem}.yaml"
         funnel_ref = Path("..", "..", spec.path.name).as_posix()
-        scenario = recorded_scenario(spec, session, records, funnel_ref)
+        scenario, replaced = without_personal(
+            spec, recorded_scenario(spec, session, records, funnel_ref),
+            [await engine.state(session) or {}])
         scenario["scenario"] = stem
+        note = (f"# {replaced} personal word(s) and number(s) the funnel declares are "
+                "placeholders (RedactedN, 555...): docs/studio.md.\n" if replaced else "")
         text = ("# yaml-language-server: $schema=../../../schemas/scenario.schema.json\n"
-                f"# Saved from the studio's playground (session {session}).\n"
+                f"# Saved from the studio's playground (session {session}).\n" + note
                 + scenario_yaml(scenario))
         folder.mkdir(parents=True, exist_ok=True)
         target.write_text(text, "utf-8")
-        return {"file": str(target), "yaml": text, "turns": len(records)}
+        return {"file": str(target), "yaml": text, "turns": len(records),
+                "placeholders": replaced}
 
     async def run_scenarios(self, name: str) -> dict[str, Any]:
         """Play the funnel's scenarios (``funnel test`` on its scenarios folder), in a

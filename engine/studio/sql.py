@@ -25,7 +25,7 @@ from ..store.analytics_sql import furthest_main_stage
 from ..store.base import Store
 from ..store.turns import TURN_MESSAGES
 
-__all__ = ["SessionFilter", "sessions", "transcript"]
+__all__ = ["SessionFilter", "live_sessions", "sessions", "transcript"]
 
 PAGE = 50  # sessions, or turns, per page
 _TURN_COLUMNS = ("id", "stage_before", "stage_after", "transitions", "actions", "refused",
@@ -44,6 +44,16 @@ async def _connect(store: Store) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
             yield conn
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"PostgreSQL did not answer: {str(exc).splitlines()[0]}") from None
+
+
+async def live_sessions(store: Store, spec: FunnelSpec, ids: list[str]) -> set[str]:
+    """The sessions of ``ids`` the funnel still has, not anonymized (`funnel purge`)."""
+    async with _connect(store) as conn:
+        rows = await (await conn.execute(sql.SQL(
+            "SELECT session_id FROM {} WHERE session_id = ANY(%s) AND NOT "
+            "(notices @> '[\"anonymized\"]')").format(sql.Identifier(spec.table)), (ids,))
+        ).fetchall()
+    return {str(r[0]) for r in rows}
 
 
 class SessionFilter:

@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..errors import ApprovalRefused, NotAwaitingApproval
-from ..format.spec import TransitionSpec
+from ..format.spec import Localized, TransitionSpec
 from ..funnel.machine import Firing
 from ..funnel.state import plain
 from ..store import Control, OutboxItem, Store
@@ -66,8 +66,8 @@ def gate(turn: Turn) -> tuple[dict[str, Any], OutboxItem] | None:
     return {"held": detail, "deadline": deadline}, alert
 
 
-def holding_reply(turn: Turn, control: Control) -> str | None:
-    """What a customer message gets while the approval waits (None: nothing)."""
+def holding_reply(turn: Turn, control: Control) -> Localized | None:
+    """What a customer message gets while the approval waits (None: nothing), by language."""
     held = control.held or {}
     stage = turn.funnel.stages.get(str(held.get("to")))
     approval = stage.spec.approval if stage is not None else None

@@ -12,11 +12,12 @@ from datetime import datetime
 from typing import Any
 
 from ..boundary.sanitize import printable
-from ..format.spec import FunnelSpec
+from ..format.spec import FunnelSpec, Localized
 from ..funnel.actions import ActionOutcome
 from ..funnel.compiled import CompiledFunnel
 from ..funnel.machine import Firing
 from ..memory.summary import SummaryJob
+from ..records.calls import Call, listed
 from ..records.explanation import compact
 from ..records.messages import Message
 from ..store import Inbound
@@ -25,7 +26,7 @@ from .advance import Mover, Position
 from .output import Answer
 from .stream import ReplyStream
 
-__all__ = ["Incoming", "Turn", "TurnResult", "turn_record"]
+__all__ = ["Incoming", "Turn", "TurnResult", "turn_calls", "turn_record"]
 
 
 @dataclass
@@ -154,11 +155,41 @@ class Turn:
     def channel(self) -> str:
         return self.inbound.channel
 
+    @property
+    def language(self) -> str | None:
+        """The language the customer is answered in: the one decided this turn, else the
+        session's (the state field ``language.response``); None when neither is known."""
+        if self.lang.response is not None:
+            return self.lang.response
+        name = self.spec.language_response
+        # Under the `model` policy the model writes the field: only a string is a language.
+        value = self.state.get(name) if name else None
+        return value if isinstance(value, str) else None
+
+    def say(self, text: Localized) -> str:
+        """``text`` in the customer's language, else the funnel's default language."""
+        return text.pick(self.language, self.spec.language_policy.default)
+
+
+def turn_calls(answer: Answer) -> list[Call]:
+    """Every HTTP call of the turn, in order: each request's calls (those that timed out or
+    failed before its answer, then the answered one), then a request's that gave none."""
+    out: list[Call] = []
+    for c in answer.completions:
+        # A model that lists no calls (the scripted one) made one: this completion's.
+        out += c.calls or (Call(c.model, "ok", c.latency_ms, c.prompt_tokens,
+                                c.completion_tokens, c.tokens_counted, c.cost),)
+    return out + answer.failed
+
 
 def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
                  model: str | None) -> dict[str, Any]:
-    """The turn record's columns (``funnel_turns``)."""
-    costs = [c.cost for c in answer.completions if c.cost is not None]
+    """The turn record's columns (``funnel_turns``). Time, tokens and cost are summed over
+    every call of the turn, including those that gave no answer (:func:`turn_calls`)."""
+    calls = turn_calls(answer)
+    # The repair's calls follow the first request's (its answer, or its failure).
+    first = len(answer.completions[0].calls or (None,)) if answer.completions else len(calls)
+    costs = [c.cost for c in calls if c.cost is not None]
     return {
         "stage_before": turn.stage_before, "stage_after": turn.pos["stage"],
         "transitions": transitions,
@@ -171,17 +202,17 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         "validation_failures": answer.failures,
         "repaired": answer.failures > 0 and not answer.fallback,
         "fallback": answer.fallback,
-        # Calls that gave no answer (cut at the deadline) spent time and tokens too.
-        "llm_ms": round(sum(c.latency_ms for c in answer.completions) + answer.spent_ms),
+        # Calls that gave no answer (timed out, failed before a retry) spent time too.
+        "llm_ms": round(sum(c.ms for c in calls)),
+        # Unrounded, for TurnResult.model_seconds (a fast model's turn is not 0 s there).
+        "model_seconds": sum(c.ms for c in calls) / 1000,
         "turn_ms": round((time.perf_counter() - turn.inbound.started) * 1000),
-        "prompt_tokens": sum(c.prompt_tokens for c in answer.completions)
-        + answer.spent_prompt_tokens,
-        "completion_tokens": sum(c.completion_tokens for c in answer.completions),
+        "prompt_tokens": sum(c.prompt_tokens for c in calls),
+        "completion_tokens": sum(c.completion_tokens for c in calls),
         "cached_prompt_tokens": sum(c.cached_prompt_tokens for c in answer.completions),
         "cache_write_tokens": sum(c.cache_write_tokens for c in answer.completions),
-        # One completion of unknown cost makes the turn's cost unknown.
-        "cost": sum(costs) if costs and len(costs) == len(answer.completions)
-        and not answer.spent_prompt_tokens else None,
+        # One call of unknown cost makes the turn's cost unknown.
+        "cost": sum(costs) if costs and len(costs) == len(calls) else None,
         "model": answer.model or model, "attempts": answer.attempts,
         "variant": turn.funnel.variant,
         "error": printable(answer.error, 2000) if answer.error else None,
@@ -192,4 +223,7 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         "raw_output": [printable(c.text, 64_000) for c in answer.completions],
         "migration": turn.migration,
         "claims": turn.claims,
+        "calls": listed([(calls[:first], False), (calls[first:], True)]),
+        # Some call's tokens were counted by the engine, not reported by the provider.
+        "tokens_counted": any(c.tokens_counted for c in calls),
     }

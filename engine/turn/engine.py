@@ -371,7 +371,7 @@ class Engine:
             # What the reply claims, on the state the answer leaves (engine.turn.truth).
             answer = await truth.checked(
                 turn, answer, snapshot, stage, self.model, _applied,
-                turn.funnel.stage(stage).spec.fallback, steps.reply_check(turn),
+                turn.say(turn.funnel.stage(stage).spec.fallback), steps.reply_check(turn),
                 turn.inbound.stream)
         return await save.record(access, turn, answer, self._model_name)
 

@@ -17,10 +17,12 @@ async def hold(access: SessionAccess, turn: Turn, control: Control) -> TurnResul
     spec, stage = turn.spec, turn.pos["stage"]
     message_id = turn.inbound.message_id or 0
     if control.mode == "approval":  # every message is answered while the approval waits
-        holding = approval.holding_reply(turn, control)
+        text = approval.holding_reply(turn, control)
     else:
-        holding = spec.handoff.holding_reply if spec.handoff and not control.holding_sent \
+        text = spec.handoff.holding_reply if spec.handoff and not control.holding_sent \
             else None
+    # No model runs, so no language is decided: the session's (or the default) is used.
+    holding = turn.say(text) if text is not None else None
     outbox = []
     if holding is not None and turn.inbound.reply_to is not None:
         outbox.append(OutboxItem(key=f"{spec.name}:{turn.session_id}:holding:{message_id}",

@@ -34,6 +34,8 @@ from typing import Any
 from lingua import IsoCode639_1, Language, LanguageDetector, LanguageDetectorBuilder
 
 from ..format.settings import BASE_LANGUAGES, LanguagePolicy
+from ..format.texts import NAMES as NAMES  # the languages' names, beside the texts
+from ..format.texts import name_of as name_of
 
 # Below this confidence (lingua's, 0..1) a message is undecided. Measured on
 # tests/data/language_messages.tsv: 0.6 leaves 4% wrong and 6% undecided (docs/language.md).
@@ -91,21 +93,10 @@ _RU_WORDS = frozenset("что это как мне меня тебя его он
                       "привет добрый сколько стоит нет есть очень".split())
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?")
 
-NAMES = {
-    "uk": "Ukrainian", "ru": "Russian", "en": "English", "pl": "Polish", "de": "German",
-    "fr": "French", "es": "Spanish", "it": "Italian", "pt": "Portuguese", "ro": "Romanian",
-    "cs": "Czech", "sk": "Slovak", "be": "Belarusian", "kk": "Kazakh", "tr": "Turkish",
-}
-
 
 def supported(code: str) -> bool:
     """Whether ``code`` (ISO 639-1, lower case) is a language the detector knows."""
     return code.isalpha() and code.isascii() and hasattr(IsoCode639_1, code.upper())
-
-
-def name_of(code: str) -> str:
-    """``"uk"`` -> ``"Ukrainian"``; unknown codes come back as they are."""
-    return NAMES.get(code, code)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..boundary.customer import check_input
+from ..boundary.sanitize import Rejected, check_tree
 from ..errors import (
     ConcurrentUpdate,
     FunnelError,
@@ -49,21 +50,26 @@ MAX_MANAGER_NAME = 80
 DELIVERING_CHANNELS = ("telegram",)
 
 
-# 1 to 80 characters, not blank, no control character (what the API's schema says too).
-NAME_PATTERN = "^[^\\u0000-\\u001f\\u007f]*[^\\s\\u0000-\\u001f\\u007f][^\\u0000-\\u001f\\u007f]*$"
+# 1 to 80 characters, not blank, no control character, no bidi control (as session ids,
+# engine.boundary.customer; what the API's schema says too).
+_REFUSED = "\\u0000-\\u001f\\u007f\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069"
+NAME_PATTERN = f"^[^{_REFUSED}]*[^\\s{_REFUSED}][^{_REFUSED}]*$"
 _NAME = re.compile(NAME_PATTERN)
 
 
 def manager_name(name: Any) -> str:
-    """A manager's name as logged: 1 to 80 characters, not blank, no control character;
-    trimmed.
+    """A manager's name as logged: 1 to 80 characters, not blank, no control character
+    nor bidi control; trimmed.
 
     Raises:
         InvalidInput: anything else.
     """
     if not isinstance(name, str) or len(name) > MAX_MANAGER_NAME or not _NAME.fullmatch(name):
         raise InvalidInput(f"a manager's name is 1 to {MAX_MANAGER_NAME} characters, not "
-                           "blank, without control characters")
+                           "blank, without control characters or bidi controls (U+202E...); "
+                           f"got {name.encode('utf-8', 'backslashreplace')!r:.60}"
+                           if isinstance(name, str) else
+                           f"a manager's name is a string; got {type(name).__name__}")
     return name.strip()
 
 
@@ -94,13 +100,18 @@ async def take_over(engine: Engine, session_id: str, manager: str) -> dict[str, 
     return _body(session_id, control, row["stage"])
 
 
-async def send(engine: Engine, session_id: str, manager: str, text: str) -> dict[str, Any]:
+async def send(engine: Engine, session_id: str, manager: str, text: str, *,
+               key: str | None = None) -> dict[str, Any]:
     """Send ``text`` from ``manager`` to the session's customer (the session must be held).
+
+    With a delivery ``key`` the message is logged and sent once: a second call with the
+    key raises DuplicateDelivery with the first call's answer.
 
     Raises:
         InvalidInput: the text is empty or too long.
         UnknownSession: the funnel has no such session.
         NotTakenOver: no manager holds the session.
+        DuplicateDelivery: ``key`` was used before.
     """
     check_input(session_id, text)
     store, spec = engine.store, engine.spec
@@ -118,10 +129,11 @@ async def send(engine: Engine, session_id: str, manager: str, text: str) -> dict
                                   payload={**target, "text": text})
             via = channel
             break
+    answer = {"session_id": session_id, "manager": manager, "delivery": via}
     message_id = await store.manager_message(spec, session_id, manager, text,
-                                             str(row["stage"]), delivery)
-    return {"session_id": session_id, "message_id": message_id, "manager": manager,
-            "delivery": via}
+                                             str(row["stage"]), delivery, key=key,
+                                             answer=answer)
+    return {**answer, "message_id": message_id}
 
 
 def _checked(session_id: str, stage: Any, updates: Any) -> tuple[str | None, dict[str, Any]]:
@@ -130,6 +142,13 @@ def _checked(session_id: str, stage: Any, updates: Any) -> tuple[str | None, dic
         problems.append("`stage` must be a stage's name")
     if updates is not None and not isinstance(updates, Mapping):
         problems.append("`updates` must be an object of field: value")
+    elif updates is not None:
+        # Clean text only, as a model's updates are (engine.boundary.sanitize): a NUL
+        # cannot be stored in jsonb, a bidi override makes a value read as it is not.
+        try:
+            check_tree(dict(updates), clean=True)
+        except Rejected as exc:
+            problems.append(f"`updates` {str(exc).replace('at $.', 'at ', 1)}")
     if problems:
         raise ReleaseRejected(session_id, problems)
     return stage, dict(updates or {})

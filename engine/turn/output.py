@@ -5,6 +5,10 @@ The model proposes an envelope (``reply``, ``updates``, ``actions``,
 on failure one repair call quotes the most relevant validation error (path and
 message, ``jsonschema.exceptions.best_match``); if that fails too, the stage's
 declared fallback reply is sent and nothing of the bad output is applied.
+
+A null the model wrote for a property the stage's schema does not require and does not
+let be null (a strict form, engine.llm.strict, makes the model write every property)
+reads as the property's absence: it is dropped before validation.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from ..boundary.sanitize import Rejected, model_json, printable
 from ..errors import ModelError
 from ..funnel.compiled import CompiledStage
 from ..llm.models import Completion, Model, ModelRequest
+from ..llm.strict import drop_forced_nulls
+from ..records.calls import Call
 from .stream import ReplyStream
 
 
@@ -37,9 +43,9 @@ class Answer:
     # Action calls the stage does not allow, dropped from an otherwise valid answer: the
     # reply and the allowed parts are kept, these are refused with a notice (steps.apply).
     dropped: list[dict[str, Any]] = field(default_factory=list)
-    # What calls that gave no answer spent (a call cut at the deadline): recorded too.
-    spent_ms: float = 0.0
-    spent_prompt_tokens: int = 0
+    # The calls of a request that gave no answer at all (the first, or the repair, timed
+    # out or failed after its retries): they spent time and tokens too, and are recorded.
+    failed: list[Call] = field(default_factory=list)
     # The first call's request (its chat, schema and deadline): a claims repair
     # (engine.turn.truth) continues that chat, within the same deadline.
     request: ModelRequest | None = field(default=None, repr=False)
@@ -54,7 +60,7 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
           session_id: str, turn: int, text: str,
           reply_check: Callable[[dict[str, Any]], str | None] | None = None,
           stable: int = 0, stream: ReplyStream | None = None, spent: float = 0.0,
-          trimmed: tuple[str, ...] = ()) -> Answer:
+          trimmed: tuple[str, ...] = (), fallback_reply: str | None = None) -> Answer:
     """Call the model, validate, repair once, else the stage's fallback.
 
     ``reply_check`` is one more validation of a schema-valid envelope (the reply's
@@ -66,7 +72,9 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
     rejected answer is marked there, so that what replaces it says so. ``spent``: seconds
     the turn already waited on its way here (semantic recall's query), taken from the
     deadline. ``trimmed``: what the prompt budget cut (engine.turn.budget.Fitted.trimmed),
-    carried on the request.
+    carried on the request. ``fallback_reply``: the stage's fallback in the customer's
+    language (``Turn.say``), picked by the caller, which knows the session; without it the
+    stage's plain text (or the first language of its map).
     """
     deadline = time.monotonic() + stage.spec.model.deadline - spent
     on_text = stream.text if stream is not None else None
@@ -74,15 +82,15 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
                            settings=stage.spec.model, session_id=session_id, turn=turn,
                            user_text=text, deadline=deadline, stable=stable, on_text=on_text,
                            trimmed=trimmed)
-    fallback = {"reply": stage.spec.fallback}
+    fallback = {"reply": fallback_reply if fallback_reply is not None
+                else stage.spec.fallback.pick(None, None)}
     completions: list[Completion] = []
     try:
         first = await model.complete(request)
     except ModelError as exc:
         _reject(stream)
         return Answer(fallback, completions, fallback=True, error=str(exc),
-                      attempts=exc.attempts, spent_ms=exc.spent_ms,
-                      spent_prompt_tokens=exc.prompt_tokens)
+                      attempts=exc.attempts, failed=list(exc.calls))
     completions.append(first)
     envelope, problem, dropped = _checked(parse_kept(stage, first.text), reply_check)
     if envelope is not None:
@@ -103,8 +111,7 @@ async def ask(model: Model, stage: CompiledStage, messages: list[dict[str, str]]
         _reject(stream)
         return Answer(fallback, completions, failures=1, fallback=True,
                       error=f"{problem}; repair call failed: {exc}",
-                      attempts=first.attempts + exc.attempts, spent_ms=exc.spent_ms,
-                      spent_prompt_tokens=exc.prompt_tokens)
+                      attempts=first.attempts + exc.attempts, failed=list(exc.calls))
     completions.append(second)
     attempts = first.attempts + second.attempts
     envelope, problem2, dropped = _checked(parse_kept(stage, second.text), reply_check)
@@ -150,20 +157,17 @@ async def repair_claims(model: Model, stage: CompiledStage, answer: Answer, prob
         return Answer({"reply": fallback}, completions, failures=failures, fallback=True,
                       error=f"reply claims refused: {problem}; repair call failed: {exc}",
                       attempts=answer.attempts + exc.attempts,
-                      spent_ms=answer.spent_ms + exc.spent_ms,
-                      spent_prompt_tokens=answer.spent_prompt_tokens + exc.prompt_tokens)
+                      failed=[*answer.failed, *exc.calls])
     completions.append(again)
     attempts = answer.attempts + again.attempts
     envelope, invalid, dropped = _checked(parse_kept(stage, again.text), reply_check)
     if envelope is not None:
         return Answer(envelope, completions, failures=failures, attempts=attempts,
-                      dropped=dropped, spent_ms=answer.spent_ms,
-                      spent_prompt_tokens=answer.spent_prompt_tokens, request=request)
+                      dropped=dropped, failed=list(answer.failed), request=request)
     _reject(stream)
     return Answer({"reply": fallback}, completions, failures=failures + 1, fallback=True,
                   error=f"reply claims refused: {problem}; after repair: {invalid}",
-                  attempts=attempts, spent_ms=answer.spent_ms,
-                  spent_prompt_tokens=answer.spent_prompt_tokens)
+                  attempts=attempts, failed=list(answer.failed))
 
 
 def _reject(stream: ReplyStream | None) -> None:
@@ -193,7 +197,7 @@ def parse_kept(stage: CompiledStage, text: str) -> Kept:
     if envelope is not None:
         return envelope, problem, []
     try:
-        data = model_json(text)
+        data = _loaded(stage, text)
     except Rejected:
         return envelope, problem, []
     calls = data.get("actions")
@@ -212,6 +216,15 @@ def parse_kept(stage: CompiledStage, text: str) -> Kept:
     return envelope, problem, []
 
 
+def _loaded(stage: CompiledStage, text: str) -> dict[str, Any]:
+    """The envelope in ``text`` (:func:`model_json`), without the nulls a strict form
+    forced (engine.llm.strict.drop_forced_nulls)."""
+    data = model_json(text)
+    if "null" in text:  # most answers hold none: no walk
+        drop_forced_nulls(data, stage.schema)
+    return data
+
+
 def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None, str]:
     """Parse and validate a model output; return (envelope, "") or (None, the problem).
 
@@ -223,7 +236,7 @@ def parse_output(stage: CompiledStage, text: str) -> tuple[dict[str, Any] | None
     so the turn ends in the fallback and the turn record names the schema's fault.
     """
     try:
-        data = model_json(text)
+        data = _loaded(stage, text)
     except Rejected as exc:
         return None, str(exc)
     fast = stage.fast_validator

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from ..errors import ConfigError, FunnelError
+from ..format.texts import TECHNICAL
 from ..store import OutboxItem, SessionAccess, TurnWrite
 from . import approval, steps
 from .advance import handoff_payload
@@ -19,8 +20,9 @@ __all__ = ["TECHNICAL_REPLY", "fail", "record"]
 
 log = logging.getLogger("funnel.engine")  # the engine's logger: its lines keep their name
 
-# The reply when not even the stage's fallback is at hand (the stage is unknown).
-TECHNICAL_REPLY = "Sorry, something went wrong on our side. Please send your message again."
+# The reply when not even the stage's fallback is at hand (the stage is unknown), by
+# language (engine.format.texts).
+TECHNICAL_REPLY = TECHNICAL
 
 
 async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str | None
@@ -42,7 +44,10 @@ async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str |
         outbox.append(gated[1])
         waiting = turn.funnel.stages[gated[0]["held"]["to"]].spec.approval
         if waiting is not None and waiting.holding_reply:
-            reply = waiting.holding_reply
+            reply = turn.say(waiting.holding_reply)
+    # Stripped once, here: the text the turn returns, streams, logs and sends is one
+    # (a model's "  Hi!\n", a YAML block's trailing newline).
+    reply = reply.strip()
     if turn.inbound.reply_to is not None:  # delivered by the outbox, with retries
         outbox.insert(0, OutboxItem(
             key=f"{spec.name}:{turn.session_id}:reply:{turn.inbound.message_id}",
@@ -57,6 +62,7 @@ async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str |
     values = {**state, **pos, "funnel_version": spec.version,
               "variant": turn.funnel.variant}
     record = turn_record(turn, answer, transitions, model)
+    model_seconds = record.pop("model_seconds")
     await access.save(TurnWrite(
         session_id=turn.session_id, values=values, expected_version=turn.expected,
         reply=reply, stage_after=pos["stage"], turn=record, outbox=outbox,
@@ -74,7 +80,7 @@ async def record(access: SessionAccess, turn: Turn, answer: Answer, model: str |
         cache_write_tokens=record["cache_write_tokens"],
         returning=turn.mover.returning, error=answer.error, backlog=turn.backlog,
         message_id=turn.inbound.message_id or 0, recalled=list(turn.recalled),
-        model_seconds=sum(c.latency_ms for c in answer.completions) / 1000,
+        model_seconds=model_seconds,  # every call's, a timed-out one's too
         explain=turn.mover.explanation,
         approval=gated[0]["held"]["to"] if gated is not None else None,
         refused_claims=refused_claims(turn.mover.scratch.ungrounded),
@@ -98,10 +104,11 @@ async def fail(access: SessionAccess, turn: Turn, exc: Exception, model: str | N
                     turn.session_id, exc)
     # On the funnel the turn ran on: a deploy since it began must not change it.
     fresh = start(turn)
+    fresh.lang = turn.lang  # the language decided before it failed, if it got that far
     try:
-        reply = fresh.funnel.stage(fresh.pos["stage"]).spec.fallback
+        reply = fresh.say(fresh.funnel.stage(fresh.pos["stage"]).spec.fallback)
     except ConfigError:  # a stage neither declared nor mapped under removed_stages
-        reply = TECHNICAL_REPLY
+        reply = fresh.say(TECHNICAL_REPLY)
     error = f"{'bug: ' if bug else ''}the turn failed: {type(exc).__name__}: {exc}"
     fresh.pos["turns"] += 1
     fresh.handoff_before = steps.handoff_time(fresh.spec, fresh.state)  # nothing new to hand off

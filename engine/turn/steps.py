@@ -136,11 +136,12 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
             recall=[(s.position, s.text) for s in memories])
     except MessageTooLong as exc:
         # Not the model's fault nor the session's: ask the customer to shorten it.
-        return Answer({"reply": stage.spec.memory.too_long_reply}, [], fallback=True,
+        return Answer({"reply": turn.say(stage.spec.memory.too_long_reply)}, [], fallback=True,
                       error=f"the message is too long for the stage: {exc}")
     except PromptTooLarge as exc:
         # The customer still gets an answer; the turn record keeps the sizes.
-        return Answer({"reply": stage.spec.fallback}, [], fallback=True, error=str(exc))
+        return Answer({"reply": turn.say(stage.spec.fallback)}, [], fallback=True,
+                      error=str(exc))
     turn.recalled = [i for s in memories[:fitted.recalled] for i in s.ids]
     if fitted.dropped_messages and memory.observational and not (
             turn.summary_job or turn.folded):
@@ -151,7 +152,7 @@ async def ask_model(turn: Turn, memory: RollingSummary, store: Store, model: Mod
     return await ask(model, stage, fitted.messages, turn.session_id,
                      turn.pos["turns"] + 1, turn.text, reply_check=reply_check(turn),
                      stable=fitted.stable, stream=stream, spent=spent,
-                     trimmed=fitted.trimmed)
+                     trimmed=fitted.trimmed, fallback_reply=turn.say(stage.spec.fallback))
 
 
 def apply(turn: Turn, answer: Answer) -> None:

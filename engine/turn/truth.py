@@ -122,5 +122,4 @@ async def checked(turn: Turn, answer: Answer, snapshot: Snapshot, stage: str, mo
                                 f"{problem(still)}")
     return Answer({**answer.envelope, "reply": fallback}, again.completions,
                   failures=again.failures + int(not again.fallback), fallback=True,
-                  error=error, attempts=again.attempts, spent_ms=again.spent_ms,
-                  spent_prompt_tokens=again.spent_prompt_tokens)
+                  error=error, attempts=again.attempts, failed=list(again.failed))

@@ -3,8 +3,9 @@
 `runner` reads the file and calls each checker in turn: `format` (the format's
 JSON Schema), `semantics` (names, the stage graph, conditions, indexes),
 `actions` (builtins, hooks, `on_enter`), `grounding` (`grounded:` marks and `confirm:`
-phrases), `files` (templates, output schemas,
-the catalog) and `storage` (names shared by funnels validated together). They
+phrases), `files` (templates, output schemas, the catalog, and with it `cart`: a cart
+total its column cannot hold), `texts` (the texts a customer gets instead of the
+model's, by language) and `storage` (names shared by funnels validated together). They
 write into one `diagnostics.Report`.
 
 Importing this package imports neither litellm, psycopg nor `transitions`.

@@ -19,6 +19,7 @@ from ..format.paths import funnel_roots, is_confined
 from ..format.settings import MemorySettings
 from ..format.spec import PROMPT_NAMES
 from ..sandbox.expressions import attribute_paths, make_environment
+from .cart import check_cart_total
 from .context import check_context
 from .contract import check_argument_paths, check_derived, check_override, check_paths_lists
 from .diagnostics import Report, as_dict
@@ -329,3 +330,4 @@ def check_catalog(data: dict[str, Any], report: Report) -> None:
     if isinstance(gift, str) and gift not in products.by_sku:
         report.at(("cart", "gift", "sku"), "error", "F502", f"gift SKU '{gift}' is not in the "
                   f"catalog {path}{did_you_mean(gift, products.by_sku)}")
+    check_cart_total(data, [p.price for p in products.products], report)

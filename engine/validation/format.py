@@ -58,12 +58,25 @@ def check_format(data: dict[str, Any], report: Report) -> None:
             report.at(keys, "error", "F004", f"{_where(keys)}: {error.instance!r} is not a valid "
                       "stage name (lowercase letters, digits and _)")
             continue
+        if error.validator == "anyOf" and any(
+                error.schema is format_schema()["$defs"][name] for name in _TEXTS):
+            longest = error.schema["anyOf"][0].get("maxLength")
+            limit = f" of at most {longest} characters" if longest else ""
+            report.at(keys, "error", "F004", f"{_where(keys)}: a customer text is a non-empty "
+                      f"string{limit} (the funnel's default language), or a map from language "
+                      "codes to such strings (`{uk: \"...\", en: \"...\"}`); got "
+                      f"{str(error.instance)[:80]!r}")
+            continue
         if error.validator == "propertyNames":
             name = error.instance
             report.at((*keys, name), "error", "F004", f"{_where(keys)}: {name!r} is not a valid "
                       "name (lowercase letters, digits and _, at most 63)", key=True)
             continue
         report.at(keys, "error", "F004", f"{_where(keys)}: {error.message}")
+
+
+# The format's definitions of a text a customer receives (engine.format.texts).
+_TEXTS = ("customer_text", "customer_text_short")
 
 
 def _where(keys: tuple[Any, ...]) -> str:

@@ -34,6 +34,7 @@ from .knowledge import check_knowledge, check_language
 from .migrations import check_migrations
 from .semantics import check_semantics
 from .storage import StorageNames
+from .texts import check_texts
 
 _FUNNEL_KEY = re.compile(r"^funnel\s*:", re.MULTILINE)
 # Scenario files (`funnel test`) name their funnel with `funnel:` too; no funnel has these keys.
@@ -114,6 +115,7 @@ def check_file(
     check_catalog(data, report)
     check_claims(data, state, report)
     check_language(data, report)
+    check_texts(data, report)
     check_knowledge(data, report)
     check_recall(data, report)
     check_migrations(data, state, report)

@@ -19,6 +19,7 @@ import orjson
 from jinja2 import Environment, meta
 
 from ..errors import ConfigError, FunnelInvalid
+from ..format.files import hook_files
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel
 from ..validation import check_file
@@ -86,12 +87,7 @@ def bundle_of(spec: FunnelSpec) -> Bundle:
     paths |= templates
     if spec.catalog_path is not None:
         paths.add(spec.catalog_path)
-    for action in spec.actions.values():
-        if action.hook:
-            module = action.hook.partition(":")[0]
-            local = spec.path.parent / (module.replace(".", "/") + ".py")
-            if local.is_file():
-                paths.add(local)
+    paths.update(hook_files(spec))  # the actions' and handoff.notify's, beside the funnel
     real = {Path(os.path.realpath(p)) for p in paths}
     entry_real = Path(os.path.realpath(spec.path))
     # The knowledge folder's index lives in the database (per funnel, not per version):

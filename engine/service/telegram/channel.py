@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...errors import DuplicateDelivery, StoreUnavailable
+from ...format.texts import Localized
 from ...store import Inbound, OutboxItem
 from ...turn.notify import Outcome, Targets, dispatch
 from ..config import TelegramBot
@@ -41,12 +42,40 @@ if TYPE_CHECKING:
 log = logging.getLogger("funnel.service.telegram")
 
 CHANNEL = "telegram"
+# Notes instead of a turn, in the session's language (else the funnel's default one).
 POLITE = {
-    "sticker": "Nice sticker! I can only read text, though: tell me in words how I can help.",
-    "photo": "Thank you for the photo! I can't see pictures yet; please describe it in a message.",
-    "media": "I can only read text messages; please write to me what you need.",
-    "edited": "I see you edited a message. I only read new ones, so please send the "
-              "correction as a new message.",
+    "sticker": Localized((
+        ("en", "Nice sticker! I can only read text, though: tell me in words how I can help."),
+        ("uk", "Гарний стікер! Але я читаю лише текст: напишіть словами, чим можу допомогти."),
+        ("ru", "Хороший стикер! Но я читаю только текст: напишите словами, чем могу помочь."),
+        ("pl", "Fajna naklejka! Czytam jednak tylko tekst: napisz, proszę, w czym mogę pomóc."),
+    )),
+    "photo": Localized((
+        ("en", "Thank you for the photo! I can't see pictures yet; please describe it in a "
+               "message."),
+        ("uk", "Дякую за фото! Я поки не бачу зображень; будь ласка, опишіть його в "
+               "повідомленні."),
+        ("ru", "Спасибо за фото! Я пока не вижу изображений; пожалуйста, опишите его в "
+               "сообщении."),
+        ("pl", "Dziękuję za zdjęcie! Nie widzę jeszcze obrazów; opisz je, proszę, w "
+               "wiadomości."),
+    )),
+    "media": Localized((
+        ("en", "I can only read text messages; please write to me what you need."),
+        ("uk", "Я читаю лише текстові повідомлення; будь ласка, напишіть, що вам потрібно."),
+        ("ru", "Я читаю только текстовые сообщения; пожалуйста, напишите, что вам нужно."),
+        ("pl", "Czytam tylko wiadomości tekstowe; napisz, proszę, czego potrzebujesz."),
+    )),
+    "edited": Localized((
+        ("en", "I see you edited a message. I only read new ones, so please send the "
+               "correction as a new message."),
+        ("uk", "Бачу, ви відредагували повідомлення. Я читаю лише нові, тож надішліть, будь "
+               "ласка, виправлення новим повідомленням."),
+        ("ru", "Вижу, вы отредактировали сообщение. Я читаю только новые, поэтому отправьте, "
+               "пожалуйста, исправление новым сообщением."),
+        ("pl", "Widzę, że wiadomość została zmieniona. Czytam tylko nowe, więc wyślij, "
+               "proszę, poprawkę jako nową wiadomość."),
+    )),
 }
 TURN_KINDS = ("text", "caption", "contact", "start")
 _MESSAGE_KEYS = ("message", "edited_message", "callback_query", "my_chat_member")
@@ -170,12 +199,22 @@ class TelegramChannel:
             return {}
         return {field.name: incoming.start_payload}
 
-    async def _note(self, funnel: str, incoming: Incoming, key: str, text: str) -> Response:
-        """A polite note instead of a turn, through the outbox (once per update)."""
+    async def _note(self, funnel: str, incoming: Incoming, key: str, note: Localized
+                    ) -> Response:
+        """A polite note instead of a turn, through the outbox (once per update), in the
+        session's response language (its row's ``language.response``), else the funnel's
+        default language."""
         if incoming.chat_id is None:
             return JSONResponse({"ok": True})
         try:
             engine = await self.service.engine(funnel)
+            spec = engine.spec
+            # A read for a rare kind of update, off the turns' path.
+            row = await engine.store.load(spec, incoming.session_id) \
+                if spec.language_response else None
+            language = (row or {}).get(spec.language_response or "")
+            text = note.pick(language if isinstance(language, str) else None,
+                             spec.language_policy.default)
             added = await engine.store.add_outbox(funnel, incoming.session_id, [OutboxItem(
                 key=f"{funnel}:{CHANNEL}:{key}:note", kind="reply",
                 payload={**incoming.reply_to(), "text": text})])
