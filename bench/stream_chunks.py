@@ -24,6 +24,7 @@ stops after 20,000 characters against a funnel whose ``model.deadline`` is 3 s: 
 the turn ended.
 
     python bench/stream_chunks.py [--db URL] [--runs 3] [--sizes 10000,20000,40000,60000]
+    python bench/stream_chunks.py --smoke   # the smallest run (tests/test_bench_smoke.py)
 
 Without --db it uses $FUNNEL_DB, else the embedded PostgreSQL.
 """
@@ -169,7 +170,8 @@ def funnel_file(folder: Path, **model: Any) -> Path:
     return path
 
 
-async def run(url: str, sizes: list[int], runs: int) -> None:
+async def run(url: str, sizes: list[int], runs: int, other_chars: int = OTHER_CHARS,
+              deadline_s: float = 3.0) -> None:
     from engine.llm.models import LiteLLMModel
     from engine.turn.engine import Engine
 
@@ -229,11 +231,11 @@ async def run(url: str, sizes: list[int], runs: int) -> None:
             program("chunks", 2_000, "anthropic")
             turn += 1
             await engine.handle(f"bench-chunks-{turn}", "Hi!", stream=lambda k, t: None)
-            program("chunks", OTHER_CHARS, "anthropic")
+            program("chunks", other_chars, "anthropic")
             turn += 1
             anthropic = await measured(lambda: engine.handle(
                 f"bench-chunks-{turn}", "Hi!", stream=lambda k, t: None))
-            program("whole", OTHER_CHARS, "anthropic")
+            program("whole", other_chars, "anthropic")
             turn += 1
             anthropic_whole = await measured(lambda: engine.handle(
                 f"bench-chunks-{turn}", "Hi!"))
@@ -241,7 +243,7 @@ async def run(url: str, sizes: list[int], runs: int) -> None:
             await engine.close()
             await other.aclose()
         # The deadline: a stream that stops after 20,000 characters, a 3 s deadline.
-        engine = await Engine.open(funnel_file(folder, retries=0, deadline=3), db=url,
+        engine = await Engine.open(funnel_file(folder, retries=0, deadline=deadline_s), db=url,
                                    model=model)
         program("held", 20_000)
         turn += 1
@@ -273,11 +275,12 @@ async def run(url: str, sizes: list[int], runs: int) -> None:
     for name, other in (("unstreamed turn (baseline)", anthropic_whole),
                         ("streamed turn, 1-char chunks", anthropic)):
         cpu, wall, stall, longest, result = other
-        print(f"{OTHER_CHARS:>8,}  {'Anthropic: ' + name:<40} {cpu * 1000:>6.0f}ms "
+        print(f"{other_chars:>8,}  {'Anthropic: ' + name:<40} {cpu * 1000:>6.0f}ms "
               f"{wall * 1000:>6.0f}ms {stall * 1000:>10.1f}ms {longest * 1000:>9.1f}ms"
               + ("" if not result.fallback else f"  fallback: {result.error}"))
     cpu, wall, stall, longest, held = deadline
-    print(f"deadline 3 s, a stream that stops after 20,000 characters: the turn ended after "
+    print(f"deadline {deadline_s:g} s, a stream that stops after 20,000 characters: the turn "
+          f"ended after "
           f"{wall:.2f} s (fallback {held.fallback}: {held.error}), CPU {cpu * 1000:.0f} ms, "
           f"worst stall {stall * 1000:.1f} ms")
 
@@ -287,10 +290,16 @@ def main() -> None:
     parser.add_argument("--db", default=os.environ.get("FUNNEL_DB"))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sizes", default="10000,20000,40000,60000")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run: 2,000 characters, 300 on Anthropic's wire, "
+                        "a 1 s deadline (a check that it runs; it measures nothing)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     with throwaway_schema(server_url(args.db)) as url:
-        asyncio.run(run(url, sizes, args.runs))
+        if args.smoke:
+            asyncio.run(run(url, [2_000], 1, other_chars=300, deadline_s=1.0))
+        else:
+            asyncio.run(run(url, sizes, args.runs))
 
 
 if __name__ == "__main__":
