@@ -5,7 +5,9 @@ format, with deterministic vectors: a hashed bag of words (:func:`vector`), so t
 texts sharing words get similar vectors and texts sharing none get orthogonal ones
 (barring a hash collision in :data:`DIMS` dimensions). Every request body is recorded
 in ``requests``; ``sleep(seconds)`` makes the next requests that slow, ``fail(n)``
-makes the next ``n`` answer HTTP 500.
+makes the next ``n`` answer HTTP 500, ``serve(make)`` answers with ``make(texts)`` as
+the ``data`` (an embedder answering strings, NaN, the wrong dimension...) until
+``serve(None)``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 import json
 import re
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -51,6 +54,7 @@ class FakeEmbeddings(LoopbackServer):
         self.requests: list[dict[str, Any]] = []
         self.delay = 0.0
         self.failures = 0
+        self.make: Callable[[list[str]], Any] | None = None
         self._lock = threading.Lock()
 
     def sleep(self, seconds: float) -> FakeEmbeddings:
@@ -59,6 +63,12 @@ class FakeEmbeddings(LoopbackServer):
 
     def fail(self, times: int = 1) -> FakeEmbeddings:
         self.failures = times
+        return self
+
+    def serve(self, make: Callable[[list[str]], Any] | None) -> FakeEmbeddings:
+        """Answer ``make(texts)`` as the ``data`` from now on (None: the real vectors)."""
+        with self._lock:
+            self.make = make
         return self
 
     @property
@@ -96,6 +106,7 @@ class _Handler(BaseHTTPRequestHandler):
             failing = fake.failures > 0
             fake.failures -= 1 if failing else 0
             delay = fake.delay
+            make = fake.make
         if delay and fake._stopping.wait(delay):
             return
         if failing:
@@ -106,8 +117,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {
             "object": "list",
             "model": str(body.get("model") or "fake-embed"),
-            "data": [{"object": "embedding", "index": i, "embedding": vector(t)}
-                     for i, t in enumerate(texts)],
+            "data": make(texts) if make is not None else [
+                {"object": "embedding", "index": i, "embedding": vector(t)}
+                for i, t in enumerate(texts)],
             "usage": {"prompt_tokens": sum(len(t.split()) for t in texts),
                       "total_tokens": sum(len(t.split()) for t in texts)},
         })

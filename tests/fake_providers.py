@@ -237,7 +237,7 @@ class _Handler(BaseHTTPRequestHandler):
                      "total_tokens": b.prompt_tokens + b.completion_tokens,
                      "prompt_tokens_details": {"cached_tokens": b.cached_tokens}}
             events = openai_chunks(b.content, model, tool, usage if include else None,
-                                   how.piece)
+                                   how.piece, how.lean)
         send(self, events, how, self.fake._stopping)
 
     def _error(self, status: int, message: str, retry_after: str | None = None) -> None:

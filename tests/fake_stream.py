@@ -47,6 +47,10 @@ class Stream:
     hold_after: int = 16  # characters sent before ``hold`` is waited for
     # When given: (time.perf_counter(), characters of text sent so far) after each event.
     marks: list[tuple[float, int]] | None = None
+    # OpenAI's wire: chunks with only `choices` (and `usage`), as small as a server sends
+    # them (some 60 bytes): a long answer a character a chunk stays under the engine's
+    # 8 MiB bound on a response (the full chunk is some 240 bytes).
+    lean: bool = False
 
 
 def wants_stream(wire: str, body: dict[str, Any], path: str) -> bool:
@@ -61,11 +65,13 @@ def pieces(text: str, size: int) -> list[str]:
 
 
 def openai_chunks(content: str, model: str, tool: str | None, usage: dict[str, Any] | None,
-                  size: int) -> Iterator[tuple[str | None, Any]]:
+                  size: int, lean: bool = False) -> Iterator[tuple[str | None, Any]]:
     """OpenAI's chat.completion.chunk events (``usage``: the last chunk's, if asked)."""
     ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        if lean:
+            return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
         return {"id": ident, "object": "chat.completion.chunk", "created": created,
                 "model": model, "system_fingerprint": "fp_fake",
                 "choices": [{"index": 0, "delta": delta, "logprobs": None,
@@ -85,8 +91,9 @@ def openai_chunks(content: str, model: str, tool: str | None, usage: dict[str, A
             yield None, chunk({"content": part})
     yield None, chunk({}, "tool_calls" if tool is not None else "stop")
     if usage is not None:
-        yield None, {"id": ident, "object": "chat.completion.chunk", "created": created,
-                     "model": model, "choices": [], "usage": usage}
+        yield None, ({"choices": [], "usage": usage} if lean else
+                     {"id": ident, "object": "chat.completion.chunk", "created": created,
+                      "model": model, "choices": [], "usage": usage})
     yield None, "[DONE]"
 
 

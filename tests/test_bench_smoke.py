@@ -65,6 +65,7 @@ RUNS: dict[str, list[str]] = {
     "sizing": ["--conversations", "1"],
     "start": ["--workers", "1", "--runs", "1", "--smoke"],
     "streaming": ["--turns", "1"],
+    "stream_chunks": ["--smoke"],
     "studio": ["--saves", "1", "--turns", "1"],
     "tokens": ["--turns", "15", "--smoke"],
     # callgrind's child, without valgrind; the floor child runs bench/floor.py

@@ -11,6 +11,7 @@ listener got and what the turn saved.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -244,6 +245,111 @@ async def test_a_server_that_refuses_to_stream_answers_in_one_event(db_url: str)
     assert events == [("delta", result.reply)]
 
 
+def long_answer(chars: int, reply: str) -> str:
+    """An envelope of ``chars`` characters: ``reply``, then the JSON's own whitespace."""
+    head = json.dumps({"reply": reply, "language": "en"})
+    return head[:-1] + " " * max(0, chars - len(head)) + "}"
+
+
+LONG_REPLY = ("Our oatmeal shampoo suits a long coat in winter; rinse twice, dry well. " * 20
+              ).strip()[:1400]
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_a_stream_of_many_tiny_chunks_adds_up_to_the_reply(wire: str, db_url: str,
+                                                                 sql: Any) -> None:
+    """20,000 characters a character a chunk (4,000 through litellm's chunk objects): the
+    events are the reply, exactly, and the tokens those the stream's usage said."""
+    model = "openai/gpt-4o-mini" if wire == "openai" else "anthropic/claude-sonnet-4-5"
+    chars = 20_000 if wire == "openai" else 4_000  # litellm's chunks cost ~0.5 ms each
+    with FakeProvider(wire) as fake:
+        engine = await open_engine(PURAMUR, db_url, model, fake.api_base)
+        try:
+            fake.reply(long_answer(chars, LONG_REPLY), prompt_tokens=400,
+                       completion_tokens=5000, stream=Stream(piece=1, lean=True))
+            events = Events()
+            result = await engine.handle(SESSION, "Hi!", stream=events)
+        finally:
+            await engine.close()
+    assert not result.fallback, result.error
+    assert events.shown == result.reply == LONG_REPLY
+    assert set(events.kinds) == {"delta"} and len(events) > 100
+    row = sql("SELECT prompt_tokens, completion_tokens FROM funnel_turns "
+              "WHERE session_id = %s", (SESSION,))
+    assert row == [(400, 5000)]
+
+
+async def test_reading_a_stream_gives_the_loop_its_turns() -> None:
+    """A stream whose chunks are all there already never makes its reader wait: the read
+    itself gives the event loop a turn, so a ticker beside it keeps ticking."""
+    from types import SimpleNamespace
+
+    from engine.llm import stream
+
+    def chunk(text: str) -> Any:
+        delta = SimpleNamespace(content=text, tool_calls=None, role=None)
+        return SimpleNamespace(choices=[SimpleNamespace(delta=delta, finish_reason=None)],
+                               usage=None)
+
+    async def arrived() -> Any:  # never suspends: every chunk is in the buffer
+        for i in range(30_000):
+            yield chunk("x" if i else '{"reply": "')
+
+    ticks: list[int] = [0]
+    during: list[int] = []
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(0.001)
+            ticks[0] += 1
+
+    built: list[Any] = []
+
+    def builder(chunks: list[Any], messages: Any) -> str:
+        built.extend(chunks)
+        return "built"
+
+    shown: list[str] = []
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0.005)
+    try:
+        start = ticks[0]
+        answer = await stream.consume(SimpleNamespace(stream_chunk_builder=builder),
+                                      arrived(), [], shown.append, "m")
+        during.append(ticks[0] - start)
+    finally:
+        task.cancel()
+    assert answer == "built" and "".join(shown) == '{"reply": "' + "x" * 29_999
+    assert during[0] >= 3, during  # progress while the stream was read, not only after
+    # The builder got the chunks it needs: the run of text-only chunks merged into one.
+    assert len(built) == 1 and built[0].choices[0].delta.content == "".join(shown)
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+async def test_a_stream_past_the_chunk_cap_ends_in_the_fallback(
+        wire: str, db_url: str, sql: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.llm import stream
+
+    monkeypatch.setattr(stream, "MAX_CHUNKS", 300)
+    model = "openai/gpt-4o-mini" if wire == "openai" else "anthropic/claude-sonnet-4-5"
+    with FakeProvider(wire) as fake:
+        engine = await open_engine(PURAMUR, db_url, model, fake.api_base)
+        try:
+            fake.reply(long_answer(1_000, "Hello! Is your pet a cat or a dog?"),
+                       stream=Stream(piece=1, lean=True))
+            events = Events()
+            result = await engine.handle(SESSION, "Hi!", stream=events)
+        finally:
+            await engine.close()
+        calls = fake.calls
+    assert result.fallback and result.reply == GREETING
+    assert result.error is not None and "past 300 chunks" in result.error, result.error
+    assert calls == 1  # refused, not retried: the same server would send it again
+    assert events.shown == GREETING
+    [record] = turns(sql)
+    assert record["fallback"] and "past 300 chunks" in record["error"]
+
+
 # -- the pieces, without a model ------------------------------------------------------
 
 
@@ -266,13 +372,61 @@ def test_the_reply_stream_keeps_the_listener_in_step() -> None:
 
     events = Events()
     stream = ReplyStream(events)
-    for text in ('{"reply": "He', '{"reply": "Hello', '{"reply": "He'):  # a retry catching up
-        stream.text(text)
-    stream.text('{"reply": "Hello there"}')
+    for piece in ('{"reply": "He', 'llo'):
+        stream.text(piece)
+    stream.text("")  # a retry begins, and writes again what was shown
+    for piece in ('{"reply": "He', 'l', 'lo there"}'):
+        stream.text(piece)
     assert events == [("delta", "He"), ("delta", "llo"), ("delta", " there")]
     stream.rejected()
-    stream.text('{"reply": "')  # the repair's first bytes show nothing
-    stream.text('{"reply": "Hi')
+    stream.text("")  # the repair: its first bytes show nothing
+    stream.text('{"reply": "')
+    stream.text('Hi')
     stream.finish("Hi!")
     assert events[3:] == [("replace", "Hi"), ("delta", "!")]
     assert events.shown == "Hi!"
+    stream.text("")  # a retry that writes another reply replaces what was shown
+    stream.text('{"reply": " ')  # its leading spaces are not shown, as they are not saved
+    stream.text(' Ho')
+    assert events[5:] == [("replace", "Ho")]
+
+
+def test_the_partial_reply_reads_each_piece_once_to_the_same_reply() -> None:
+    """A character at a time or whole, with keys before the reply holding braces, quotes
+    and escapes, an escape cut anywhere: the same reply."""
+    from engine.boundary.partial import PartialReply, partial_reply
+
+    envelope = json.dumps({"updates": {"pet": {"name": 'Bi"s}c\\uit', "x": [1, {"y": "]"}]}},
+                           "a\\b": "{", "reply": "Hi 😀 \"there\"\n\u00e9!", "language": "en"},
+                          ensure_ascii=True)
+    whole = partial_reply(envelope)
+    assert whole == "Hi 😀 \"there\"\n\u00e9!"
+    reader = PartialReply()
+    shown = "".join(reader.feed(c) for c in envelope)
+    assert shown == reader.text == whole and reader.ended
+
+
+def test_openai_event_streams_are_read_strictly() -> None:
+    from engine.errors import ResponseRefused
+    from engine.llm.sse import ChunkReader, ErrorEvent
+
+    def chunk(content: str) -> bytes:
+        return json.dumps({"choices": [{"index": 0, "delta": {"content": content}}]}).encode()
+
+    reader = ChunkReader("m")
+    body = (b": a comment\r\nevent: message\r\ndata: " + chunk("He") + b"\r\n\r\ndata: "
+            + chunk("llo") + b"\n\ndata: {\"choices\": [], \"usage\": {\"prompt_tokens\": 7, "
+            b"\"completion_tokens\": \"x\"}}\n\ndata: [DONE]\n\n")
+    pieces = [p for i in range(len(body)) for p in reader.feed(body[i:i + 1])]  # byte by byte
+    assert pieces == [("He", ""), ("llo", "")] and reader.done
+    assert reader.response("Hello", "")["usage"] == {"prompt_tokens": 7}
+    for bad, why in [(b"data: {nope\n\n", "not JSON"), (b"data: [1]\n\n", "not a JSON object"),
+                     (b'data: {"choices": {"0": {}}}\n\n', "not a list"),
+                     (b'data: {"choices": [{"delta": {"content": 5}}]}\n\n', "not a string")]:
+        with pytest.raises(ResponseRefused, match=why):
+            ChunkReader("m").feed(bad)
+    with pytest.raises(ErrorEvent, match="overloaded"):
+        ChunkReader("m").feed(b'data: {"error": {"message": "overloaded"}}\n\n')
+    capped = ChunkReader("m", limit=2)
+    with pytest.raises(ResponseRefused, match="past 2 chunks"):
+        capped.feed(b"".join(b"data: " + chunk("x") + b"\n\n" for _ in range(3)))

@@ -211,7 +211,7 @@ class Caller:
         stream = await self._litellm.acompletion(
             **kwargs, stream=True, stream_options={"include_usage": True})
         return await _stream.consume(self._litellm, stream, kwargs["messages"],
-                                     request.on_text)
+                                     request.on_text, kwargs["model"])
 
     def contract(self, model: str, api_base: str | None, strategy: str,
                  schema: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:

@@ -3,8 +3,12 @@
 :class:`LiteLLMEmbedder` calls ``litellm.aembedding`` (OpenAI's ``/v1/embeddings``
 wire format for an ``openai/...`` model at an ``api_base``), bounded by a timeout
 the caller gives: the turn's query gets the recall's ``deadline``, the background
-indexing more. The vectors come back normalized to length 1, so that a dot product
-is their cosine similarity (engine.store.recall's fallback relies on it).
+indexing more. The answer crosses :func:`engine.boundary.vectors.unit_vectors`: finite
+numbers only, at most :data:`~engine.boundary.vectors.MAX_DIMS` of them, every vector
+of the model's dimension (the first answer this embedder accepted fixes it); anything
+else is a failed call (:class:`~engine.errors.ModelError`). The vectors come back
+normalized to length 1, so that a dot product is their cosine similarity
+(engine.store.recall's fallback relies on it).
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from ..boundary.sanitize import Rejected
+from ..boundary.vectors import MAX_DIMS, unit_vectors
 from ..errors import ModelError
 from .client import _KEYLESS_OK, error_detail
 
-__all__ = ["MAX_INPUT_CHARS", "Embedder", "LiteLLMEmbedder", "unit"]
+__all__ = ["MAX_DIMS", "MAX_INPUT_CHARS", "Embedder", "LiteLLMEmbedder", "unit"]
 
 # An embedding model reads some 8k tokens; a message past this is embedded by its start.
 MAX_INPUT_CHARS = 8000
@@ -50,6 +56,7 @@ class LiteLLMEmbedder:
         self._litellm = litellm
         self.name = name
         self.api_base = api_base
+        self.dims: int | None = None  # the model's dimension, once an answer was accepted
 
     def _kwargs(self, texts: Sequence[str], timeout: float) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.name, "timeout": timeout, "num_retries": 0,
@@ -72,13 +79,33 @@ class LiteLLMEmbedder:
                              ) from None
         except Exception as exc:
             raise ModelError(f"embedder {self.name!r} failed: {error_detail(exc)}") from None
-        data = sorted(response.data, key=lambda d: _field(d, "index"))
-        vectors = [_field(d, "embedding") for d in data]
-        if len(vectors) != len(texts) or not all(isinstance(v, list) and v for v in vectors):
-            raise ModelError(f"embedder {self.name!r} answered {len(vectors)} vector(s) for "
-                             f"{len(texts)} text(s)")
-        return [unit(v) for v in vectors]
+        try:
+            vectors = unit_vectors(_embeddings(response, len(texts)), len(texts), self.dims)
+        except Rejected as exc:
+            raise ModelError(f"embedder {self.name!r} answered no usable vectors: {exc}"
+                             ) from None
+        self.dims = len(vectors[0])
+        return vectors
+
+
+def _embeddings(response: Any, count: int) -> list[Any]:
+    """The answer's embeddings in the order of the texts (``data[].index``)."""
+    data = getattr(response, "data", None)
+    if not isinstance(data, list):
+        raise Rejected(f"its `data` is {type(data).__name__}, not a list")
+    if len(data) != count:
+        raise Rejected(f"{len(data)} vector(s) for {count} text(s)")
+    try:
+        items = [(_field(d, "index"), _field(d, "embedding")) for d in data]
+    except (AttributeError, TypeError):
+        raise Rejected("an item of its `data` is not an embedding object") from None
+    indexes = [i for i, _ in items]
+    if all(i is None for i in indexes):
+        return [e for _, e in items]
+    if sorted(i for i in indexes if type(i) is int) != list(range(count)):
+        raise Rejected(f"its `data[].index` values are not 0 to {count - 1}")
+    return [e for _, e in sorted(items, key=lambda item: int(item[0]))]
 
 
 def _field(item: Any, name: str) -> Any:
-    return item[name] if isinstance(item, dict) else getattr(item, name)
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)

@@ -148,8 +148,9 @@ class ScriptedModel:
             raise ModelError(entry.error)
         text = entry.text(bool(request.attempt))
         if request.on_text is not None:
-            for end in range(STREAM_PIECE, len(text) + STREAM_PIECE, STREAM_PIECE):
-                request.on_text(text[:end])
+            request.on_text("")  # an attempt begins
+            for start in range(0, len(text), STREAM_PIECE):
+                request.on_text(text[start:start + STREAM_PIECE])
                 # Each piece is its own step of the loop, as a network stream's are.
                 await asyncio.sleep(self.chunk_delay)
         return Completion(

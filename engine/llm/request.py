@@ -37,8 +37,8 @@ class ModelRequest:
     # What the prompt budget cut from this chat, as sentences (engine.turn.budget.Fitted
     # .trimmed): the studio's prompt panel shows them. Empty: nothing was cut.
     trimmed: tuple[str, ...] = ()
-    # Streaming: called with the answer's text so far each time it grows ("" when an
-    # attempt begins: what an earlier attempt sent is void). None: no streaming.
+    # Streaming: called with each piece the answer grows by, in order ("" when an attempt
+    # begins: what an earlier attempt sent is void). None: no streaming.
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
 
 

@@ -7,6 +7,11 @@ Off unless the funnel sets ``memory.recall.embedder``. Then:
   missed: a failed call is simply retried by the next turn's job), newest first, at
   most :data:`INDEX_BATCH` a job; the customer's message reuses the vector the turn
   computed for its query. A failure logs a warning; the turn has already succeeded.
+- **What is stored.** Every answer crosses :func:`engine.boundary.vectors.unit_vectors`
+  here, whatever the embedder: finite numbers, at most
+  :data:`~engine.boundary.vectors.MAX_DIMS`, of the model's dimension (that of its
+  vectors in the store, else of the first answer accepted since the start). An answer
+  that is not is a failed call: a warning, nothing stored, the turn unharmed.
 - **The query, on the turn's path.** The customer's message is embedded when the turn
   starts (beside loading and routing); the prompt waits for it at most
   ``memory.recall.deadline`` seconds, and that wait comes out of the model's deadline.
@@ -28,8 +33,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..boundary.sanitize import printable
-from ..errors import FunnelError
+from ..boundary.sanitize import Rejected, printable
+from ..boundary.vectors import unit_vectors
+from ..errors import FunnelError, ModelError, first_line
 from ..format.spec import FunnelSpec, RecallSettings
 from ..llm.embed import Embedder, LiteLLMEmbedder
 from ..store import Store
@@ -111,11 +117,13 @@ class Recall:
         self.embedder = embedder
         self.settings = settings
         self.vectors: VectorSupport | None = None
+        self.dims: int | None = None  # the embedder's dimension (the store's, or accepted)
         self._indexing: set[str] = set()  # sessions with a job in flight in this engine
 
     async def start(self) -> VectorSupport:
         """Ready the store (pgvector, else the fallback) and say which, at start."""
         self.vectors = await self.store.recall_prepare()
+        self.dims = await self.store.recall_dimension(self.embedder.name)
         if self.vectors.missing:
             log.warning(
                 "funnel '%s': memory.recall: %s. Recall runs on the real[] fallback (an "
@@ -128,12 +136,34 @@ class Recall:
         """The customer message's vector, or None when the embedder fails (the turn goes
         on without recall; the caller bounds the wait by ``deadline``)."""
         try:
-            vectors = await self.embedder.embed([text], timeout=self.settings.deadline)
+            vectors = await self._embed([text], self.settings.deadline)
         except FunnelError as exc:
             log.warning("funnel '%s': recall goes without this turn's query: %s",
                         self.spec.name, exc)
             return None
         return vectors[0]
+
+    async def _embed(self, texts: list[str], timeout: float) -> list[list[float]]:
+        """The embedder's vectors for ``texts``, checked (engine.boundary.vectors).
+
+        Raises:
+            ModelError: the call failed, or answered something that is not vectors of
+                the model's dimension (any embedder's failure is one)."""
+        name = getattr(self.embedder, "name", "?")
+        try:
+            answer = await self.embedder.embed(texts, timeout=timeout)
+        except FunnelError:
+            raise
+        except Exception as exc:  # an embedder's bug: a failed call, never a failed turn
+            raise ModelError(f"embedder {name!r} failed ({type(exc).__name__}): "
+                             f"{first_line(exc)}") from None
+        try:
+            vectors = unit_vectors(answer, len(texts), self.dims)
+        except Rejected as exc:
+            raise ModelError(f"embedder {name!r} answered no usable vectors: {exc}"
+                             ) from None
+        self.dims = len(vectors[0]) if vectors else self.dims
+        return vectors
 
     async def find(self, session_id: str, query: Sequence[float], upto: int
                    ) -> list[Snippet]:
@@ -158,8 +188,7 @@ class Recall:
             have = {i: v for i, v in (known or {}).items() if any(i == t for t, _ in todo)}
             rest = [(i, text) for i, text in todo if i not in have]
             if rest:
-                vectors = await self.embedder.embed([t for _, t in rest],
-                                                    timeout=INDEX_TIMEOUT)
+                vectors = await self._embed([t for _, t in rest], INDEX_TIMEOUT)
                 have.update({i: v for (i, _), v in zip(rest, vectors, strict=True)})
             if have:
                 await self.store.recall_save(self.spec.name, self.embedder.name,

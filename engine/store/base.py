@@ -333,6 +333,9 @@ class Store(Protocol):
                           vectors: Sequence[tuple[int, Sequence[float]]]) -> None:
         """Store messages' embeddings (unit vectors) by ``model``."""
 
+    async def recall_dimension(self, model: str) -> int | None:
+        """The dimension of ``model``'s stored embeddings; None when it has none."""
+
     async def recall_search(self, funnel: str, session_id: str, model: str,
                             query: Sequence[float], *, upto: int, top_k: int, before: int,
                             after: int, min_similarity: float) -> list[Match]:

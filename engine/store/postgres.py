@@ -400,6 +400,11 @@ class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
         async with self._conn() as conn:
             await recall_sql.save(conn, funnel, model, vectors)
 
+    async def recall_dimension(self, model: str) -> int | None:
+        vectors = self._vectors or await self.recall_prepare()
+        async with self._conn() as conn:
+            return await recall_sql.dimension(conn, vectors, model)
+
     async def recall_search(self, funnel: str, session_id: str, model: str,
                             query: Sequence[float], *, upto: int, top_k: int, before: int,
                             after: int, min_similarity: float) -> list[Match]:

@@ -28,12 +28,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ..boundary.vectors import checked
 from ..errors import first_line
 from ..format.names import EMBEDDINGS, MESSAGES
 from .anonymize import ANONYMIZED
 from .base import Match, VectorSupport
 
-__all__ = ["Match", "VectorSupport", "pending", "prepare", "save", "search"]
+__all__ = ["Match", "VectorSupport", "dimension", "pending", "prepare", "save", "search"]
 
 _E = sql.Identifier(EMBEDDINGS)
 _M = sql.Identifier(MESSAGES)
@@ -115,11 +116,29 @@ _SAVE = sql.SQL(
 
 async def save(conn: psycopg.AsyncConnection[Any], funnel: str, model: str,
                vectors: Sequence[tuple[int, Sequence[float]]]) -> None:
-    """Store messages' embeddings (unit vectors), replacing another model's."""
+    """Store messages' embeddings (unit vectors), replacing another model's.
+
+    Raises:
+        Rejected: a vector is not finite numbers, at most MAX_DIMS of them, of one
+            dimension (engine.boundary.vectors; engine.memory.recall checked them
+            already: this is the last guard before the table)."""
+    rows = []
+    dims: int | None = None
+    for i, v in vectors:
+        numbers = checked(v, dims, f"the embedding of message {i}")
+        dims = len(numbers)
+        rows.append({"id": i, "f": funnel, "anon": ANONYMIZED, "model": model, "v": numbers})
     async with conn.transaction(), conn.cursor() as cur:
-        await cur.executemany(_SAVE, [
-            {"id": i, "f": funnel, "anon": ANONYMIZED, "model": model, "v": list(v)}
-            for i, v in vectors])
+        await cur.executemany(_SAVE, rows)
+
+
+async def dimension(conn: psycopg.AsyncConnection[Any], vs: VectorSupport, model: str
+                    ) -> int | None:
+    """The dimension of ``model``'s stored embeddings (None when it has none)."""
+    row = await (await conn.execute(sql.SQL(
+        "SELECT {dims} FROM {e} e WHERE e.model = %(model)s LIMIT 1").format(
+            dims=_dims(vs), e=_E), {"model": model})).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
 
 
 def _similarity(vs: VectorSupport) -> sql.Composable:

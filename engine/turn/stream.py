@@ -1,9 +1,10 @@
 """What the customer is shown of a reply while the model writes it.
 
 A turn asked to stream (:meth:`engine.turn.engine.Engine.handle` with ``stream=``)
-passes a :class:`ReplyStream` to its model calls. Each time the answer grows, the
-``reply`` read from it so far (:func:`engine.boundary.partial.partial_reply`) is
-compared with what was shown, and the listener gets one event:
+passes a :class:`ReplyStream` to its model calls. Each piece of the answer is read
+once (:class:`engine.boundary.partial.PartialReply`); what it adds to the ``reply`` is
+compared with what was shown (only the new part: the cost is linear in the answer),
+and the listener gets one event:
 
 - ``("delta", text)``: ``text`` follows what was shown;
 - ``("replace", text)``: ``text`` replaces all that was shown: the answer was
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..boundary.partial import partial_reply
+from ..boundary.partial import PartialReply
 
 __all__ = ["Listener", "ReplyStream"]
 
@@ -39,23 +40,33 @@ class ReplyStream:
         self._listener: Listener | None = listener
         self.shown = ""
         self._void = False  # the shown text belongs to a rejected answer
+        self._reply = PartialReply()
+        self._owns = False  # this attempt's reply is what is shown (it replaced or outgrew it)
+        self._caught = 0  # of a retry writing what was shown: how far it has matched it
+        self._begun = False  # this attempt's reply has shown a character
 
-    def text(self, answer: str) -> None:
-        """The model's answer so far (``on_text`` of the model request)."""
-        # Without its leading spaces, as the reply is saved (engine.turn.save).
-        reply = (partial_reply(answer) or "").lstrip()
-        if reply:  # an empty reply so far shows nothing (a repair's first bytes)
-            self._show(reply, final=False)
+    def text(self, piece: str) -> None:
+        """The next piece of the model's answer (``on_text`` of the model request);
+        ``""``: an attempt begins, and what an earlier one wrote is read no further."""
+        if not piece:
+            self._reply, self._owns, self._caught = PartialReply(), False, 0
+            self._begun = False
+            return
+        added = self._reply.feed(piece)
+        if added and not self._begun:
+            # Without its leading spaces, as the reply is saved (engine.turn.save).
+            added = added.lstrip()
+            self._begun = bool(added)
+        if added:  # an empty reply so far shows nothing (a repair's first bytes)
+            self._grow(added)
 
     def rejected(self) -> None:
         """The answer whose reply was shown was rejected: the next reply replaces it."""
         self._void = bool(self.shown)
+        self._owns = False
 
     def finish(self, reply: str) -> None:
         """The reply saved with the turn: make what was shown exactly it."""
-        self._show(reply, final=True)
-
-    def _show(self, reply: str, *, final: bool) -> None:
         if self._void:
             self._void = False
             self._replace(reply)
@@ -63,9 +74,31 @@ class ReplyStream:
             if len(reply) > len(self.shown):
                 extra, self.shown = reply[len(self.shown):], reply
                 self._emit("delta", extra)
-        elif final or not self.shown.startswith(reply):
-            # Not a retry still catching up with what it wrote before: another reply.
+        else:
             self._replace(reply)
+
+    def _grow(self, added: str) -> None:
+        if self._void:
+            self._void, self._owns = False, True
+            self._replace(self._reply.text.lstrip())
+        elif self._owns:
+            self.shown += added
+            self._emit("delta", added)
+        else:
+            # A retry may write again what an earlier attempt showed: nothing new until
+            # it goes past it; a reply that differs replaces what was shown.
+            start, room = self._caught, len(self.shown) - self._caught
+            if self.shown[start:start + len(added)] == added[:room]:
+                if len(added) <= room:
+                    self._caught += len(added)
+                    return
+                self._owns = True
+                extra = added[room:]
+                self.shown += extra
+                self._emit("delta", extra)
+            else:
+                self._owns = True
+                self._replace(self._reply.text.lstrip())
 
     def _replace(self, reply: str) -> None:
         self.shown = reply
