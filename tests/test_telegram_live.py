@@ -89,8 +89,9 @@ def test_the_reply_streams_into_one_message_and_ends_as_the_validated_reply(
 
 def test_edits_come_at_most_once_a_second_and_the_final_is_delivered_once(
         db_url: str, sql: Any) -> None:
-    reply = "Sphynx skin is delicate: " + "wash it gently, once a week, and moisturize. " * 4
-    model = ScriptedModel.from_data({"chunk_delay": 0.05, "default": {"reply": reply}})
+    said = "Sphynx skin is delicate: " + "wash it gently, once a week, and moisturize. " * 4
+    model = ScriptedModel.from_data({"chunk_delay": 0.05, "default": {"reply": said}})
+    reply = said.strip()  # the text sent is the reply stripped once (engine.turn.save)
     fake = FakeTelegram().start()
     try:
         app = create_app(config(db_url, fake.url, model=model, telegram={
