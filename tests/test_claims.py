@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import ROOT, puramur_data
 
 from engine.funnel.actions import TurnScratch
 from engine.funnel.compiled import CompiledFunnel, load_funnel
 from engine.funnel.state import defaults
 from engine.turn.advance import Mover, start_position
-from tests.conftest import ROOT, puramur_data
 
 DATA = Path(__file__).with_name("data") / "claims_labelled.yaml"
 CASES: list[dict[str, Any]] = yaml.safe_load(DATA.read_text("utf-8"))["cases"]

@@ -105,7 +105,7 @@ def test_a_whole_sale_saved_from_the_studio_replays_without_name_or_phone(
 
 def test_a_phone_and_an_address_become_placeholders_on_both_sides(tmp_path: Path) -> None:
     spec = load_funnel(copy_puramur(tmp_path)).spec
-    scenario = {"scenario": "s", "funnel": "../../puramur.yaml", "turns": [
+    scenario: dict[str, Any] = {"scenario": "s", "funnel": "../../puramur.yaml", "turns": [
         {"customer": f"{NAME}, 066 123 45 67, вул. {STREET} 22",
          "llm": {"reply": "Thanks!", "updates": {"customer": {
              "name": NAME, "phone": "+380661234567",
@@ -126,7 +126,7 @@ def test_free_text_is_replaced_whole_and_its_common_words_stay(tmp_path: Path) -
     hand-off's `confirm:` phrases read in the customer's words, stay everywhere else."""
     spec = load_funnel(copy_puramur(tmp_path)).spec
     detail = f"too expensive for {NAME}'s budget"
-    scenario = {"scenario": "s", "funnel": "../../puramur.yaml", "turns": [
+    scenario: dict[str, Any] = {"scenario": "s", "funnel": "../../puramur.yaml", "turns": [
         {"customer": f"Hmm, {detail}. Call me, I want a manager",
          "llm": {"reply": "I will call a manager.", "actions": [
              {"type": "record_objection", "objection": "price", "detail": detail},

@@ -239,8 +239,8 @@ async def test_openai_gets_strict_true_and_a_forced_null_answer_is_applied(
     """The request carries ``strict: true`` and the strict form; the answer a strict model
     gives (every property, nulls for the rest) is applied as if they were absent."""
     text = "Hi, I have a cat"
-    output = {"reply": "Hello! A cat, lovely. What breed?", "language": "en",
-              "updates": {"pet": {"type": "cat"}}}
+    output: dict[str, Any] = {"reply": "Hello! A cat, lovely. What breed?", "language": "en",
+                              "updates": {"pet": {"type": "cat"}}}
     openai = strict.forms(FUNNEL.stages["greeting"].schema).openai
     assert openai is not None
     forced = _forced(output, openai)

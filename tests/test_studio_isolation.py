@@ -44,7 +44,7 @@ from engine.studio.server import LOOPBACK_HOSTS
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR = "I want to talk to an operator"
-SAY = {"Hi!": {"reply": "Hello! Cat or dog?", "language": "en"},
+SAY: dict[str, dict[str, Any]] = {"Hi!": {"reply": "Hello! Cat or dog?", "language": "en"},
        "A Sphynx, her skin is dry": {"reply": "Sphynx skin needs care.", "updates": {
            "pet": {"type": "cat", "breed": "Sphynx", "problems": ["dry_skin"]}}},
        OPERATOR: {"reply": "Connecting you with a manager.",
@@ -368,10 +368,10 @@ def test_report_list_and_replay_leave_the_playground_out_unless_asked(
     assert reasons == {"explicit_request": 1}  # real-a's; studio-1's is the playground's
     assert report["trends"]["sessions"] == 2
     assert sum(r["sessions"] for r in report["active_by_stage"]["rows"]) == 1  # real-b
-    for flags, sessions in (((), 2), (("--include-playground",), 4)):
+    for flags, count in (((), 2), (("--include-playground",), 4)):
         done = run_funnel("report", str(funnel), "--db", db_url, "--format", "json", *flags)
         assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["stage_funnel"]["sessions"] == sessions
+        assert json.loads(done.stdout)["stage_funnel"]["sessions"] == count
 
     def replayed(**options: Any) -> set[str]:
         return {s.session_id for s in read_population(db_url, "puramur", **options).sessions}
