@@ -9,15 +9,14 @@ the notices tell the model, and a streamed reply ends with the text that was sen
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from conftest import PURAMUR
 from fake_providers import FakeProvider
 from test_litellm_path import close_litellm_clients, loopback_only  # noqa: F401
-from test_providers import KEYS, open_engine
-from test_streaming import Events
+from test_providers import open_engine
+from test_streaming import Events, keys  # noqa: F401  (autouse: the providers' keys)
 
 from engine.llm.models import ScriptedModel
 from engine.turn.engine import Engine
@@ -154,21 +153,8 @@ async def test_a_stage_can_turn_the_check_off(tmp_path: Any, db_url: str) -> Non
 
 # -- the real litellm HTTP path, streamed ------------------------------------------------
 
-@pytest.fixture
-def keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from engine.llm import strategy, stream
-
-    for name, value in KEYS.items():
-        monkeypatch.setenv(name, value)
-    strategy.forget()
-    stream.forget()
-    yield
-    strategy.forget()
-    stream.forget()
-
-
 async def test_a_streamed_reply_with_a_false_price_is_replaced_over_http(
-        db_url: str, sql: Any, keys: None) -> None:
+        db_url: str, sql: Any) -> None:
     with FakeProvider("openai") as fake:
         engine = await open_engine(PURAMUR, db_url, "openai/gpt-4o-mini", fake.api_base)
         try:

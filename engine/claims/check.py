@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from ..format.catalog import Catalog, Product
-from ..format.claims import BUILTIN_PROMISES, ClaimsSpec, Promotion
+from ..format.claims import BUILTIN_PROMISES, ClaimsSpec, Promotion, decimal
 from ..format.spec import FunnelSpec
 from ..sandbox.expressions import compile_condition
 from ..sandbox.patterns import compile_linear
@@ -69,13 +69,9 @@ def _money(value: Decimal) -> str:
 
 
 def _decimal(value: Any) -> Decimal | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = Decimal(str(value))
-    except InvalidOperation:
-        return None
-    return number.quantize(_CENT) if number.is_finite() else None
+    """A figure of the state or the catalog, to the cent (None: not a finite number)."""
+    number = decimal(value)
+    return number.quantize(_CENT) if number is not None else None
 
 
 @dataclass(frozen=True)

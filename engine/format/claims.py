@@ -32,7 +32,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 __all__ = ["BUILTIN_PROMISES", "ClaimsSpec", "CustomClaim", "Promotion", "claims_spec",
-           "promotions"]
+           "decimal", "promotions"]
 
 # The promises the engine knows how to find in a reply, in uk, ru, en and pl
 # (engine.claims.promises): each needs a state condition that backs it.
@@ -119,7 +119,8 @@ def claims_spec(raw: Any, base: ClaimsSpec | None = None) -> ClaimsSpec:
     )
 
 
-def _decimal(value: Any) -> Decimal | None:
+def decimal(value: Any) -> Decimal | None:
+    """``value`` as a finite Decimal (a YAML number or a numeric string), else None."""
     if value is None or isinstance(value, bool):
         return None
     try:
@@ -137,8 +138,8 @@ def promotions(raw: Any) -> tuple[Promotion, ...]:
             continue
         when = item.get("when")
         out.append(Promotion(
-            name=str(item.get("name", "")), percent=_decimal(item.get("percent")),
-            amount=_decimal(item.get("amount")),
+            name=str(item.get("name", "")), percent=decimal(item.get("percent")),
+            amount=decimal(item.get("amount")),
             code=str(item["code"]) if item.get("code") is not None else None,
             skus=tuple(str(s) for s in item.get("skus") or ()),
             when=None if when is None else str(when)))
