@@ -706,5 +706,17 @@ def test_widget_in_headless_chromium(db_url: str, tmp_path: Path,
 
             wait.until(lambda d: len(users(d)) == 2)
             assert users(driver) == ["Hi!", "I have a Sphynx cat, her skin is very dry"]
+
+            # The widget's own words follow the page's language: a Ukrainian page's
+            # customer reads why a message was refused in Ukrainian (docs/language.md).
+            driver.execute_script(
+                "document.documentElement.lang = 'uk';"
+                "const box = document.querySelector('.fw-input');"
+                f"box.value = 'x'.repeat({MAX_MESSAGE_CHARS + 1});"
+                "box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', bubbles: true}));")
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".fw-notice"))
+            notice = driver.execute_script(
+                "return document.querySelector('.fw-notice').textContent")
+            assert notice == "Повідомлення задовге. Будь ласка, розділіть його."
         finally:
             driver.quit()

@@ -4,7 +4,8 @@
  *
  * Optional attributes: data-api (service URL; default: where this script comes from),
  * data-title, data-subtitle, data-greeting (a first bubble shown locally),
- * data-placeholder, data-color (accent, any CSS colour), data-open="true".
+ * data-placeholder, data-color (accent, any CSS colour), data-open="true", data-lang
+ * (uk, ru, en or pl: the widget's own words; default: the page's <html lang>).
  * The service issues the session: the widget keeps the signed token it gets
  * in localStorage and sends it as a bearer token; it never names a session.
  * window.FunnelWidget.open() / .close() let the page drive it.
@@ -22,7 +23,54 @@
   var api = attr("api", new URL(script.src, location.href).origin).replace(/\/+$/, "");
   var base = api + "/v1/funnels/" + encodeURIComponent(funnel);
   var storeKey = "funnel-widget:" + api + ":" + funnel;
-  var title = attr("title", "Chat with us");
+  // The widget's own words, in the languages the engine's texts ship in (docs/language.md):
+  // the script's data-lang, else the page's <html lang>, else the browser's; English
+  // for any other. Read when a text is shown, so a page that changes its language is
+  // followed. What the page sets (data-title, ...) is the page's own.
+  var WORDS = {
+    en: { title: "Chat with us", subtitle: "Online \u00b7 replies in seconds",
+          placeholder: "Type a message\u2026", open: "Open chat: ", close: "Close chat",
+          message: "Message", send: "Send",
+          offline: "Can't connect right now. Please try again in a moment.",
+          busy: "We're a little busy. Please send that again in {s} s.",
+          busySoon: "We're a little busy. Please send that again shortly.",
+          long: "That message is too long. Please split it.",
+          failed: "Sorry, that didn't go through. Please try again.",
+          lost: "Connection lost. Please try again." },
+    uk: { title: "Напишіть нам", subtitle: "Онлайн \u00b7 відповідаємо за секунди",
+          placeholder: "Напишіть повідомлення\u2026", open: "Відкрити чат: ",
+          close: "Закрити чат", message: "Повідомлення", send: "Надіслати",
+          offline: "Зараз не вдається з'єднатися. Спробуйте ще раз за мить.",
+          busy: "Зараз трохи завантажено. Надішліть це ще раз за {s} с.",
+          busySoon: "Зараз трохи завантажено. Надішліть це ще раз трохи згодом.",
+          long: "Повідомлення задовге. Будь ласка, розділіть його.",
+          failed: "Вибачте, не вдалося надіслати. Спробуйте ще раз.",
+          lost: "З'єднання втрачено. Спробуйте ще раз." },
+    ru: { title: "Напишите нам", subtitle: "Онлайн \u00b7 отвечаем за секунды",
+          placeholder: "Напишите сообщение\u2026", open: "Открыть чат: ",
+          close: "Закрыть чат", message: "Сообщение", send: "Отправить",
+          offline: "Сейчас не удаётся подключиться. Попробуйте ещё раз через минуту.",
+          busy: "Сейчас мы немного загружены. Отправьте это ещё раз через {s} с.",
+          busySoon: "Сейчас мы немного загружены. Отправьте это ещё раз чуть позже.",
+          long: "Сообщение слишком длинное. Пожалуйста, разделите его.",
+          failed: "Извините, не удалось отправить. Попробуйте ещё раз.",
+          lost: "Соединение потеряно. Попробуйте ещё раз." },
+    pl: { title: "Napisz do nas", subtitle: "Online \u00b7 odpowiadamy w kilka sekund",
+          placeholder: "Napisz wiadomość\u2026", open: "Otwórz czat: ",
+          close: "Zamknij czat", message: "Wiadomość", send: "Wyślij",
+          offline: "Nie można teraz nawiązać połączenia. Spróbuj ponownie za chwilę.",
+          busy: "Mamy teraz dużo pracy. Wyślij to ponownie za {s} s.",
+          busySoon: "Mamy teraz dużo pracy. Wyślij to ponownie za moment.",
+          long: "Ta wiadomość jest za długa. Podziel ją, proszę.",
+          failed: "Przepraszamy, nie udało się wysłać. Spróbuj ponownie.",
+          lost: "Utracono połączenie. Spróbuj ponownie." }
+  };
+  function say(key) {
+    var lang = (attr("lang", "") || document.documentElement.lang || navigator.language || "en")
+      .slice(0, 2).toLowerCase();
+    return (WORDS[lang] || WORDS.en)[key];
+  }
+  var title = attr("title", say("title"));
 
   if (!document.querySelector("link[data-funnel-widget]")) {
     var link = document.createElement("link");
@@ -47,7 +95,7 @@
   if (accent) root.style.setProperty("--fw-accent", accent);
   var launcher = el("button", "fw-launcher");
   launcher.type = "button";
-  launcher.setAttribute("aria-label", "Open chat: " + title);
+  launcher.setAttribute("aria-label", say("open") + title);
   launcher.innerHTML = ICON_CHAT;
   var panel = el("div", "fw-panel");
   panel.setAttribute("role", "dialog");
@@ -57,10 +105,10 @@
   var avatar = el("div", "fw-avatar", title.trim().charAt(0).toUpperCase() || "?");
   var heading = el("div", "fw-heading");
   heading.appendChild(el("div", "fw-title", title));
-  heading.appendChild(el("div", "fw-subtitle", attr("subtitle", "Online · replies in seconds")));
+  heading.appendChild(el("div", "fw-subtitle", attr("subtitle", say("subtitle"))));
   var close = el("button", "fw-close", "\u00d7");
   close.type = "button";
-  close.setAttribute("aria-label", "Close chat");
+  close.setAttribute("aria-label", say("close"));
   header.appendChild(avatar); header.appendChild(heading); header.appendChild(close);
   var log = el("div", "fw-log");
   log.setAttribute("role", "log");
@@ -69,11 +117,11 @@
   var input = el("textarea", "fw-input");
   input.rows = 1;
   input.maxLength = 8000;
-  input.placeholder = attr("placeholder", "Type a message\u2026");
-  input.setAttribute("aria-label", "Message");
+  input.placeholder = attr("placeholder", say("placeholder"));
+  input.setAttribute("aria-label", say("message"));
   var send = el("button", "fw-send");
   send.type = "submit";
-  send.setAttribute("aria-label", "Send");
+  send.setAttribute("aria-label", say("send"));
   send.innerHTML = ICON_SEND;
   form.appendChild(input); form.appendChild(send);
   panel.appendChild(header); panel.appendChild(log); panel.appendChild(form);
@@ -132,7 +180,7 @@
             bubble(m.role === "user" ? "user" : "bot", m.content);
           });
         })
-        .catch(function () { ready = null; notice("Can't connect right now. Please try again in a moment."); });
+        .catch(function () { ready = null; notice(say("offline")); });
     }
     return ready;
   }
@@ -188,15 +236,15 @@
       }
       var wait = r.headers.get("Retry-After");
       if (r.status === 429 || r.status === 503) {
-        notice("We're a little busy. Please send that again" + (wait ? " in " + wait + " s." : " shortly."));
+        notice(wait && /^[0-9]{1,5}$/.test(wait) ? say("busy").replace("{s}", wait) : say("busySoon"));
       } else if (r.status === 413) {
-        notice("That message is too long. Please split it.");
+        notice(say("long"));
       } else {
-        notice("Sorry, that didn't go through. Please try again.");
+        notice(say("failed"));
       }
       if (!input.value) input.value = text;
     }).catch(function () {
-      notice("Connection lost. Please try again.");
+      notice(say("lost"));
       if (!input.value) input.value = text;
     }).then(function () {
       if (typing.parentNode) typing.parentNode.removeChild(typing);
