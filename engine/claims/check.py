@@ -179,22 +179,25 @@ class ClaimChecker:
         cart = self._cart(state)
         named_anywhere = [p for m in mentions if m for p in m.products]
         presented = self._presented(state) if not named_anywhere else []
+        found_in = [amounts(s) for s in parts]
+        promotions = self._active(context)  # read once a check: the turn's state is set
+        # The state's money figures, once a check, and only for a reply that quotes money.
+        figures = self._figures(state, claims.figures, promotions) if claims.prices and any(
+            not a.percent for found in found_in for a in found) else {}
         out: list[Refusal] = []
         cache: dict[str, bool] = {}
         previous: list[Product] = []
-        for sentence, mention in zip(parts, mentions, strict=True):
+        for sentence, mention, found in zip(parts, mentions, found_in, strict=True):
             here = mention.products or mention.generic if mention else []
             if mention and claims.products:
                 out += [Refusal("product", q, why) for q, why in mention.invented]
             nearby = here or previous
             if here:
                 previous = here
-            found = amounts(sentence)
             if claims.prices:
-                out += self._prices(sentence, found, nearby, cart, presented, state,
-                                    claims.figures)
+                out += self._prices(sentence, found, nearby, cart, presented, state, figures)
             if claims.discounts:
-                out += self._discounts(sentence, found, [*nearby, *cart], context, cache)
+                out += self._discounts(sentence, found, [*nearby, *cart], promotions)
             out += self._promises(sentence, found, nearby, stage, context, cache)
         return out
 
@@ -219,9 +222,10 @@ class ClaimChecker:
                 out.append(p)
         return out
 
-    def _figures(self, state: Mapping[str, Any], fields: Iterable[str]
-                 ) -> dict[Decimal, str]:
-        """The money figures the state holds, with what each is."""
+    def _figures(self, state: Mapping[str, Any], fields: Iterable[str],
+                 promotions: list[Promotion]) -> dict[Decimal, str]:
+        """The money figures the state holds, with what each is (``promotions``: those in
+        force)."""
         out: dict[Decimal, str] = {}
         cart = self.spec.cart
         total = _decimal(state.get(cart.total)) if cart and cart.total else None
@@ -245,7 +249,7 @@ class ClaimChecker:
                     out.setdefault((price * qty).quantize(_CENT),
                                    f"{_money(qty)} x {line.get('name')} is "
                                    f"{_money(price * qty)}")
-        for promotion, _ in self.promotions:
+        for promotion in promotions:
             if promotion.amount is not None:
                 out.setdefault(promotion.amount.quantize(_CENT),
                                f"{promotion.name} gives {_money(promotion.amount)}")
@@ -265,11 +269,10 @@ class ClaimChecker:
 
     def _prices(self, sentence: Sentence, found: list[Amount], nearby: list[Product],
                 cart: list[Product], presented: list[Product], state: Mapping[str, Any],
-                fields: Iterable[str]) -> list[Refusal]:
+                figures: Mapping[Decimal, str]) -> list[Refusal]:
         money = [a for a in found if not a.percent]
         if not money:
             return []
-        figures = self._figures(state, fields)
         backing = {price: p for p in (*presented, *cart, *nearby)
                    for price in self._product_prices(p)}
         out = []
@@ -302,11 +305,18 @@ class ClaimChecker:
                 "prices of the products you name")
 
     def _active(self, context: Mapping[str, Any]) -> list[Promotion]:
-        return [p for p, when in self.promotions if when is None or when(context)]
+        """The promotions in force (a condition that cannot be read: not in force)."""
+        out = []
+        for promotion, when in self.promotions:
+            try:
+                if when is None or when(context):
+                    out.append(promotion)
+            except Exception:
+                continue
+        return out
 
     def _discounts(self, sentence: Sentence, found: list[Amount], products: list[Product],
-                   context: Mapping[str, Any], cache: dict[str, bool]) -> list[Refusal]:
-        promotions = self._active(context)
+                   promotions: list[Promotion]) -> list[Refusal]:
         declared = {p.percent.quantize(_CENT) for p in promotions if p.percent is not None}
         declared |= {d for p in products
                      if (d := _decimal(p.attributes.get("discount"))) is not None}
