@@ -28,6 +28,7 @@ import pytest
 import yaml
 from service_support import FakeTelegram, TcpProxy, running, stop, wait_ready
 from starlette.testclient import TestClient
+from studio_support import chromium as _chromium  # skipped, or failed on CI
 
 from engine.boundary.customer import MAX_MESSAGE_CHARS
 from engine.errors import ConfigError
@@ -622,18 +623,6 @@ def test_schemathesis_finds_no_problem(db_url: str, telegram: FakeTelegram,
 
 
 # -- the widget in a real browser -----------------------------------------------------
-
-
-def _chromium() -> tuple[str, str]:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not (browser and driver):
-        message = ("chromium and chromium-driver are needed: "
-                   "apt-get install -y chromium chromium-driver")
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return browser, driver
 
 
 @pytest.mark.slow
