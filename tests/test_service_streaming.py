@@ -180,7 +180,7 @@ def test_a_refusal_before_the_stream_is_plain_json(served: tuple[str, FakeOpenAI
 @pytest.mark.slow
 def test_the_widget_shows_the_reply_as_it_arrives(db_url: str, tmp_path: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_service import _chromium
+    from studio_support import chromium as _chromium
 
     browser, driver_path = _chromium()
     from selenium import webdriver
