@@ -139,10 +139,26 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("test", help="play conversation scenarios against funnels and check them")
     t.add_argument("paths", nargs="+", metavar="PATH",
                    help="scenario files or folders (YAML files with a top-level `scenario:`)")
-    t.add_argument("--format", choices=["text", "junit", "github"], default="text")
+    t.add_argument("--format", choices=["text", "junit", "github", "json"], default="text")
     t.add_argument("--out", default=None, metavar="FILE",
                    help="write the --format report to FILE (stdout gets the text report)")
+    t.add_argument("--coverage", action="store_true", help="report the stages, exits, actions, "
+                   "fallbacks, gates, caps, idle returns and hand-off reasons the scenarios "
+                   "exercised, and those they did not (docs/evidence.md#coverage)")
+    t.add_argument("--fail-under", default=None, metavar="NAME=PCT,...",
+                   help="exit 1 when a coverage share is below, e.g. stages=100,exits=90 "
+                   "(implies --coverage)")
+    t.add_argument("--snapshots", action="store_true", help="fail when a stage's prompt or "
+                   "contract differs from its stored snapshot (docs/evidence.md#snapshots)")
     db_opts(t)
+
+    sn = sub.add_parser("snapshot", help="store each stage's prompt and contract at the "
+                        "funnel's fixture states (FUNNEL/snapshots/)")
+    sn.add_argument("funnel", metavar="FUNNEL")
+    sn.add_argument("--update", action="store_true",
+                    help="overwrite the stored snapshots with what the funnel renders now")
+    sn.add_argument("--format", choices=["text", "json", "github"], default="text")
+    db_opts(sn)
 
     rc = sub.add_parser("record", help="turn a session's conversation into a scenario (its "
                         "messages, the model outputs received, expectations from what happened)")
@@ -344,6 +360,7 @@ _COMMANDS = {
     "forget": ("privacy", "cmd_forget"),
     "export": ("privacy", "cmd_export"),
     "test": ("scenario", "cmd_test"),
+    "snapshot": ("scenario", "cmd_snapshot"),
     "record": ("record", "cmd_record"),
     "serve": ("serve", "cmd_serve"),
     "studio": ("studio", "cmd_studio"),

@@ -33,9 +33,10 @@ def github(results: Sequence[ScenarioResult]) -> str:
     return "\n".join([*lines, summary(results)]) + "\n"
 
 
-def junit(results: Sequence[ScenarioResult]) -> str:
+def junit(results: Sequence[ScenarioResult], extra: Sequence[ET.Element] = ()) -> str:
     """JUnit XML: one testsuite, one testcase per scenario; expectation failures are
-    ``<failure>``, scenarios that could not run ``<error>``."""
+    ``<failure>``, scenarios that could not run ``<error>``; then the ``extra`` suites
+    (coverage, snapshots)."""
     failures = sum(not r.passed and not r.errored for r in results)
     errors = sum(r.errored for r in results)
     seconds = f"{sum(r.seconds for r in results):.3f}"
@@ -54,6 +55,7 @@ def junit(results: Sequence[ScenarioResult]) -> str:
                                                 "type": "ScenarioError" if r.errored
                                                 else "ScenarioFailure"})
             element.text = "\n".join(f.format() for f in r.failures)
+    root.extend(extra)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 

@@ -29,6 +29,7 @@ from ..store.connect import temporary_schema
 from ..turn.engine import Engine
 from ..turn.prompts import full_view
 from .check import check
+from .coverage import from_result
 from .load import DEFAULT_CLOCK, Failure, Scenario, Turn, check_against
 
 CHANNEL = "scenario"  # the channel turns arrive on (the hand-off's `channel` field)
@@ -42,6 +43,11 @@ class ScenarioResult:
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
     turns: int = 0  # turns played
+    # The funnel it ran on, each turn's observation (engine.scenarios.coverage) and the
+    # first model request of each turn (the prompt and contract, engine.scenarios.snapshot).
+    funnel: CompiledFunnel | None = None
+    observed: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[tuple[int, ModelRequest]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -62,15 +68,18 @@ class ScenarioModel:
     def __init__(self) -> None:
         self.script: ScriptedModel | None = None
         self.prompt: str | None = None
+        self.request: ModelRequest | None = None
 
     def play(self, llm: Any) -> None:
         self.script = ScriptedModel.from_data({"default": llm})
         self.script.name = self.name
         self.prompt = None
+        self.request = None
 
     async def complete(self, request: ModelRequest) -> Completion:
         if request.attempt == 0 and request.messages:
             self.prompt = "\n".join(m["content"] for m in prompt_messages(request.messages))
+            self.request = request
         if self.script is None:
             raise ModelError("the scenario gives no `llm` output for this turn")
         return await self.script.complete(request)
@@ -146,6 +155,7 @@ class Runner:
         self.notifications = Notifications()
         self.engines: dict[Path, Engine | str] = {}
         self.sessions = 0
+        self.result: ScenarioResult | None = None  # the scenario being played
 
     async def engine(self, scenario: Scenario) -> Engine | str:
         """The funnel's engine (opened once per run), or why it cannot be opened."""
@@ -172,6 +182,8 @@ class Runner:
         if isinstance(engine, str):
             result.failures.append(scenario.error(scenario.funnel_line, engine))
             return result
+        result.funnel = engine.funnel
+        self.result = result
         result.failures += check_against(scenario, engine.funnel)
         if result.failures:
             return result
@@ -207,6 +219,10 @@ class Runner:
         self.notifications.sent.clear()
         result = await engine.handle(session, turn.customer, channel=CHANNEL)
         await engine.drain()  # a background summary lands before the next turn, every run
+        if self.result is not None:
+            self.result.observed.append(from_result(engine.funnel, result))
+            if self.model.request is not None:
+                self.result.requests.append((turn.number, self.model.request))
         row = await engine.state(session) if "state" in turn.expect else None
         found = check(turn.expect, result, row, self.model.prompt,
                       bool(self.notifications.sent))
