@@ -227,6 +227,12 @@ def _parser() -> argparse.ArgumentParser:
                     "(docs/experiments.md)")
     rp.add_argument("--include-playground", action="store_true",
                     help="count the studio's playground sessions too (left out by default)")
+    rp.add_argument("--coverage", action="store_true", help="what real sessions exercised of "
+                    "the declared machine, beside the funnel's scenarios: what traffic "
+                    "exercised that no scenario does (docs/evidence.md#coverage)")
+    rp.add_argument("--scenarios", nargs="+", default=(), metavar="PATH",
+                    help="with --coverage: the scenarios to compare with (default: the "
+                    "funnel's folder)")
     db_opts(rp)
     rl = sub.add_parser("replay", help="replay recorded sessions against an edited funnel: "
                         "what the edit changes, session by session and in all")

@@ -19,6 +19,11 @@ from ..report.variants import (
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.coverage:  # imported here: it plays scenarios, which a plain report never does
+        from ..scenarios.traffic import run_report_coverage
+
+        return run_report_coverage(args.funnel, args.db, args.since, args.format, args.out,
+                                   args.scenarios, args.include_playground)
     funnel = load_funnel(args.funnel)
     if args.by == "variant":
         report = asyncio.run(build_variant_report(
