@@ -119,10 +119,10 @@ def items(funnel: CompiledFunnel) -> list[Item]:
     if spec.memory.idle_return_after is not None:
         out.append(Item("idle", "funnel", "returned", _line(funnel, "memory", "idle_return_after"),
                         ("idle", None)))
-    for action in spec.actions.values():
-        if action.builtin == "request_handoff":
-            for i, r in enumerate(action.options.get("reasons") or ()):
-                reason(str(r), _line(funnel, "actions", action.name, "reasons", i, key=False))
+    for declared in spec.actions.values():
+        if declared.builtin == "request_handoff":
+            for i, r in enumerate(declared.options.get("reasons") or ()):
+                reason(str(r), _line(funnel, "actions", declared.name, "reasons", i, key=False))
     for name, line in reasons.items():
         out.append(Item("handoffs", name, "handed off", line, ("handoff", name)))
     return out

@@ -15,12 +15,12 @@ from .coverage import CATEGORIES, Item, percentages
 
 # How an uncovered item reads: "exit discovery -> presentation never held".
 _NEVER = {"held": "never held", "not held": "never evaluated without holding",
-          "accepted": "never accepted", "refused": "never refused", "entered": "never entered",
-          "sent": "fallback never sent", "held a move": "gate never held a move",
-          "returned": "idle return never taken", "handed off": "hand-off reason never given"}
-_WHAT = {"stages": "stage", "exits": "exit", "actions": "action", "fallbacks": "stage",
-         "gates": "stage", "caps": "iteration cap of", "idle": "idle return of",
-         "handoffs": "hand-off reason"}
+          "accepted": "never accepted", "refused": "never refused"}
+_PHRASE = {"stages": "stage {name} never entered",
+           "fallbacks": "fallback of stage {name} never sent",
+           "gates": "approval gate of stage {name} never held a move",
+           "idle": "idle return ({name}) never taken",
+           "handoffs": "hand-off reason {name} never given"}
 
 
 @dataclass
@@ -52,8 +52,12 @@ def shown_path(path: Path | str) -> str:
 def message(item: Item) -> str:
     """``exit objection_handling -> presentation never held``."""
     if item.category == "caps":
-        return f"iteration cap of {item.name} ({item.outcome.split()[-1]} turns) never reached"
-    return f"{_WHAT[item.category]} {item.name} {_NEVER.get(item.outcome, 'never ' + item.outcome)}"
+        return f"iteration cap of stage {item.name} ({item.outcome.split()[-1]} turns) never " \
+            "reached"
+    if item.category in _PHRASE:
+        return _PHRASE[item.category].format(name=item.name)
+    what = "exit" if item.category == "exits" else "action"
+    return f"{what} {item.name} {_NEVER[item.outcome]}"
 
 
 def judge(report: Sequence[FunnelCoverage], thresholds: Mapping[str, float]) -> list[str]:

@@ -16,6 +16,7 @@ naming the file and line.
 from __future__ import annotations
 
 from pathlib import Path
+
 from ..errors import ConfigError, did_you_mean
 from ..format import _yaml
 from ..funnel.compiled import CompiledFunnel

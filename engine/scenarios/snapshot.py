@@ -214,9 +214,9 @@ def cause(funnel: CompiledFunnel, stage: str, stored: str, want: str) -> tuple[s
     except OSError:
         return None
     for text in changed:
-        line = template_line(source, text)
-        if line:
-            return _shown(template), line
+        found = template_line(source, text)
+        if found:
+            return _shown(template), found
     return None
 
 

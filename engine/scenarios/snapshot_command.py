@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from . import snapshot as snap
-from .coverage_report import data, prop
+from .coverage_report import data, prop, shown_path
 from .fixtures import fixtures_file, load_fixtures
 from .load import discover, load_scenario
 from .run import LoadedScenario, ScenarioResult, run_all
@@ -120,7 +120,7 @@ def run_snapshot(funnel_path: str, db: str | None, update: bool, fmt: str) -> in
     if update:
         written = snap.write(funnel, entries)
         print(f"funnel snapshot: {len(written)} file(s) written or removed in "
-              f"{snap.shown_path(snap.folder(funnel))}" if written
+              f"{shown_path(snap.folder(funnel))}" if written
               else "funnel snapshot: the snapshots are up to date")
         return 0
     differences = snap.compare(funnel, entries)
@@ -129,7 +129,7 @@ def run_snapshot(funnel_path: str, db: str | None, update: bool, fmt: str) -> in
         snap.write(funnel, entries, only={d.stage for d in missing})
         differences = [d for d in differences if d.status != "missing"]
         print(f"funnel snapshot: {len(missing)} new file(s) written in "
-              f"{snap.shown_path(snap.folder(funnel))}", file=sys.stderr)
+              f"{shown_path(snap.folder(funnel))}", file=sys.stderr)
     files_count = {funnel.spec.name: len(funnel.spec.stages)}
     sys.stdout.write({"json": lambda: json.dumps(as_json(differences, files_count), indent=2,
                                                  sort_keys=True) + "\n",
