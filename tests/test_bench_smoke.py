@@ -43,6 +43,7 @@ RUNS: dict[str, list[str]] = {
     "api_overhead": ["--conversations", "1", "--rounds", "1"],
     "claims": ["--rounds", "1", "--sessions", "1"],
     "concurrency": ["--turns", "1", "--levels", "1", "--sleep", "0.01"],
+    "coverage": ["--db", "{db}", "--rounds", "1"],
     "erase_one": ["--db", "{db}", "--sessions", "200", "--samples", "2"],
     "experiment": ["--sizes", "10", "--concurrency", "2"],
     "fault_suite": ["--smoke"],

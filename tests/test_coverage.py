@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT, run_funnel
 from projects import copy_puramur
 
+from engine.funnel.compiled import load_funnel
 from engine.scenarios.coverage import Item, measure, percentages
 from engine.scenarios.coverage_report import FunnelCoverage, as_json, text
 from engine.scenarios.fixtures import load_fixtures
@@ -174,8 +175,6 @@ def test_a_fixtures_file_renders_its_state_and_a_mismatch_is_rc_2(
     try:
         bad = run_funnel("snapshot", str(project))
         path.write_text(path.read_text("utf-8").replace("      colour: red\n", ""), "utf-8")
-        from engine.funnel.compiled import load_funnel
-
         funnel = load_funnel(project)
         fixtures = load_fixtures(path, funnel)
     finally:

@@ -16,12 +16,11 @@ from ..report.variants import (
     render_variant_json,
     render_variant_table,
 )
+from ..scenarios.traffic import run_report_coverage
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if args.coverage:  # imported here: it plays scenarios, which a plain report never does
-        from ..scenarios.traffic import run_report_coverage
-
+    if args.coverage:
         return run_report_coverage(args.funnel, args.db, args.since, args.format, args.out,
                                    args.scenarios, args.include_playground)
     funnel = load_funnel(args.funnel)
