@@ -16,6 +16,8 @@ from conftest import ROOT, run_funnel
 from projects import copy_puramur
 
 from engine.funnel.compiled import load_funnel
+from engine.scenarios.command import funnel_folder
+from engine.scenarios.command import write_reports as write_report
 from engine.scenarios.coverage import Item, measure, percentages
 from engine.scenarios.coverage_report import FunnelCoverage, as_json, text
 from engine.scenarios.fixtures import load_fixtures
@@ -87,7 +89,11 @@ def test_an_untaken_exit_is_reported_with_its_line_and_fails_under(
                for a in github)
 
 
-def test_a_scenario_that_takes_the_exit_covers_it(played: list[ScenarioResult]) -> None:
+def test_a_scenario_that_takes_the_exit_covers_it(played: list[ScenarioResult], project: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # `funnel test FUNNEL.yaml` plays the scenarios of the funnel's folder.
+    assert funnel_folder(str(project)) == str(project.with_suffix(""))
+    assert funnel_folder(scenario(project, "alternative.yaml")).endswith("alternative.yaml")
     [alternative] = [r for r in played if r.file.endswith("alternative.yaml")]
     funnel = alternative.funnel
     assert funnel is not None
@@ -96,6 +102,14 @@ def test_a_scenario_that_takes_the_exit_covers_it(played: list[ScenarioResult]) 
              if i["name"] == "objection_handling -> presentation"]
     # Held on turn 2; not held on turn 1, when the session entered objection handling.
     assert {i["outcome"]: i["hits"] for i in taken} == {"held": 1, "not held": 1}
+
+    # `--format json`: the scenarios and the coverage in one document.
+    report = FunnelCoverage("puramur", "f", covered(played))
+    write_report("json", None, played, [report], [], {}, False)
+    document = json.loads(capsys.readouterr().out)
+    assert document["tests"]["failed"] == 0 and document["tests"]["passed"] == len(played)
+    assert document["coverage"]["funnels"][0]["categories"]["exits"] == {
+        "covered": 19, "total": 19, "percent": 100.0}
 
     # Over the whole suite every exit holds and fails to hold somewhere: exits=100 passes.
     assert find(covered(played), "objection_handling -> presentation: held").hits == 1

@@ -57,7 +57,7 @@ def run_command(paths: Sequence[str], db: str | None, fmt: str, out: str | None,
     report = [_coverage(f, rs) for f, rs in _by_funnel(results).items()] if coverage else []
     below = cov.judge(report, thresholds)
     differences, stage_files = snap.check(ran) if snapshots else ([], {})
-    _write(fmt, out, results, report, differences, stage_files, snapshots)
+    write_reports(fmt, out, results, report, differences, stage_files, snapshots)
     failed = any(not r.passed for r in results) or below or differences
     return 1 if failed else 0
 
@@ -104,7 +104,7 @@ def _coverage(_path: Path, results: Sequence[ScenarioResult]) -> cov.FunnelCover
                               sessions=len(results), turns=sum(len(r.observed) for r in results))
 
 
-def _write(fmt: str, out: str | None, results: Sequence[ScenarioResult],
+def write_reports(fmt: str, out: str | None, results: Sequence[ScenarioResult],
            report: Sequence[cov.FunnelCoverage], differences: Sequence[Any],
            stage_files: dict[str, int], snapshots: bool) -> None:
     """Without ``out`` the report goes to stdout (JUnit's summary to stderr); with it, the
