@@ -23,7 +23,7 @@ from engine.scenarios.coverage_report import FunnelCoverage, as_json, text
 from engine.scenarios.fixtures import load_fixtures
 from engine.scenarios.load import discover, load_scenario
 from engine.scenarios.run import Runner, ScenarioResult, run_all
-from engine.scenarios.snapshot import entries
+from engine.scenarios.snapshot import compare, entries, write
 from engine.scenarios.snapshot_command import check
 from engine.store import open_store
 from engine.store.connect import temporary_schema
@@ -149,10 +149,20 @@ def test_coverage_junit_and_a_bad_fail_under_name(project: Path, server_dsn: str
     assert "unknown name 'exitz' (did you mean 'exits'?)" in bad.stderr
 
 
-def test_the_committed_snapshots_match(played: list[ScenarioResult]) -> None:
+def test_the_committed_snapshots_match(played: list[ScenarioResult], project: Path) -> None:
     differences, files = check(played)
     assert [d.diff for d in differences] == []
     assert files == {"puramur": 7}
+    funnel = played[0].funnel
+    assert funnel is not None
+    found = entries(funnel, played)
+    assert compare(funnel, found) == []  # every source ran: nothing stored is left over
+
+    stale = project.with_suffix("") / "snapshots" / "quotation.txt"  # a stage since removed
+    stale.write_text("# gone\n", "utf-8")
+    assert [(d.stage, d.status) for d in compare(funnel, found)] == [("quotation", "stale")]
+    assert write(funnel, found) == [str(stale)]  # --update removes it, changes nothing else
+    assert not stale.exists() and compare(funnel, found) == []
 
 
 def test_a_whitespace_change_in_a_template_fails_with_a_diff(project: Path,
