@@ -23,7 +23,7 @@ from engine.scenarios.coverage_report import FunnelCoverage, as_json, text
 from engine.scenarios.fixtures import load_fixtures
 from engine.scenarios.load import discover, load_scenario
 from engine.scenarios.run import Runner, ScenarioResult, run_all
-from engine.scenarios.snapshot import compare, entries, write
+from engine.scenarios.snapshot import cause, compare, entries, render_stage, write
 from engine.scenarios.snapshot_command import check
 from engine.store import open_store
 from engine.store.connect import temporary_schema
@@ -163,6 +163,13 @@ def test_the_committed_snapshots_match(played: list[ScenarioResult], project: Pa
     assert [(d.stage, d.status) for d in compare(funnel, found)] == [("quotation", "stale")]
     assert write(funnel, found) == [str(stale)]  # --update removes it, changes nothing else
     assert not stale.exists() and compare(funnel, found) == []
+
+    # A contract change is put on the stage's line in the funnel file.
+    now = render_stage(funnel, "greeting", found)
+    before = now.replace('"maxLength": 1500', '"maxLength": 1400')
+    assert before != now
+    stage_line = project.read_text("utf-8").splitlines().index("  greeting:") + 1
+    assert cause(funnel, "greeting", before, now) == (str(project), stage_line)
 
 
 def test_a_whitespace_change_in_a_template_fails_with_a_diff(project: Path,

@@ -208,15 +208,17 @@ def cause(funnel: CompiledFunnel, stage: str, stored: str, want: str) -> tuple[s
             contract_text(funnel, stage) not in stored:
         line = funnel.spec.stages[stage].line
         return (_shown(funnel.spec.path), line) if line else None
-    template = funnel.spec.stages[stage].prompt
-    try:
-        source = template.read_text("utf-8").splitlines()
-    except OSError:
-        return None
-    for text in changed:
-        found = template_line(source, text)
-        if found:
-            return _shown(template), found
+    own = funnel.spec.stages[stage].prompt
+    # The stage's template first, then the others beside it (the ones it includes).
+    for template in [own, *sorted(p for p in own.parent.glob("*.j2") if p != own)]:
+        try:
+            source = template.read_text("utf-8").splitlines()
+        except OSError:
+            continue
+        for text in changed:
+            found = template_line(source, text)
+            if found:
+                return _shown(template), found
     return None
 
 
