@@ -20,16 +20,19 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import run_funnel
 from projects import copy_puramur
 from replay_population import record
 from service_support import running
 from studio_support import headless_chromium
 
 from engine.cli import main
+from engine.funnel.compiled import load_funnel
+from engine.store import open_store
 from engine.store.connect import temporary_schema
 from engine.studio import Studio, create_studio_app
 from engine.studio.server import LOOPBACK_HOSTS
-from engine.studio.whatif import WhatIfSettings
+from engine.studio.whatif import WhatIf, WhatIfSettings
 
 pytestmark = [pytest.mark.postgres]
 
@@ -60,11 +63,11 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def save(url: str, funnel: Path, threshold: int) -> int:
-    """Edit the exit's threshold (a new version: the sessions keep theirs) and wait until
-    the studio took the save; its generation."""
+    """Edit the exit's threshold (``version:`` kept, as a product owner trying an edit
+    does) and wait until the studio took the save; its generation."""
     source = funnel.read_text("utf-8")
     before = httpx.get(f"{url}/api/status").json()["puramur"]["generation"]
-    text = funnel.read_text("utf-8").replace("version: 1\n", "version: 2\n")
+    text = source
     for n in (60, 55, 50, 45):
         text = text.replace(f"when: discovery_completeness >= {n}",
                             f"when: discovery_completeness >= {threshold}")
@@ -151,3 +154,32 @@ def test_a_second_save_cancels_the_running_what_if(studio, page) -> None:
     assert now["earlier"][0] == {**now["earlier"][0], "id": first["id"], "status": "cancelled"}
     note = wait(lambda: page.find_elements("css selector", '[data-testid="what-if-cancelled"]'))
     assert "cancelled" in note[0].text
+
+
+def test_the_what_if_replays_the_most_recent_sessions_up_to_its_cap(studio) -> None:
+    _url, db, funnel = studio
+
+    async def capped() -> dict[str, Any]:
+        store = await open_store(db)
+        try:
+            what = WhatIf(store, WhatIfSettings(max_sessions=4, settle=0.0))
+            what.start(load_funnel(funnel))
+            while (run := what.status("puramur")["run"])["status"] == "running":
+                await asyncio.sleep(0.02)
+            await what.close()
+            return run
+        finally:
+            await store.close()
+
+    run = asyncio.run(capped())
+    assert run["status"] == "done" and run["counts"]["sessions"] == 4
+    assert run["scope"] == "the 4 most recent of the 17 sessions with a turn in the last 7 day(s)"
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--what-if-max", "-1", "0 or more sessions"), ("--what-if-days", "0", "more than 0"),
+    ("--what-if-days", "week", "a number of days")])
+def test_a_bad_what_if_setting_is_one_line_and_rc_2(option, value, says) -> None:
+    result = run_funnel("studio", "funnels/puramur.yaml", option, value)
+    assert result.returncode == 2 and says in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

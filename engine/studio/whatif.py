@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -73,6 +74,7 @@ class Run:
     error: str | None = None
     result: dict[str, Any] | None = None
     task: asyncio.Task[None] | None = None
+    worker: asyncio.Future[Replay] | None = None  # the replay's thread, once it started
 
     def as_json(self) -> dict[str, Any]:
         out = {"id": self.id, "funnel": self.funnel, "version": self.version,
@@ -127,6 +129,12 @@ class WhatIf:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # A cancelled replay's thread ends after its chunk: wait, so its folders go too.
+        for runs in self.runs.values():
+            for r in runs:
+                if r.worker is not None:
+                    with contextlib.suppress(Exception):
+                        await r.worker
 
     async def _run(self, run: Run, funnel: CompiledFunnel) -> None:
         try:
@@ -158,7 +166,19 @@ class WhatIf:
 
     async def _replay(self, run: Run, funnel: CompiledFunnel, url: str,
                       population: Population) -> Replay:
-        """`funnel replay`'s entry point, a chunk of sessions per worker-thread call."""
+        """:meth:`_replay_here` in a worker thread; a cancel stops it after its chunk."""
+        stop = threading.Event()
+        run.worker = asyncio.ensure_future(asyncio.to_thread(
+            self._replay_here, run, funnel, url, population, stop))
+        try:
+            return await asyncio.shield(run.worker)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+
+    def _replay_here(self, run: Run, funnel: CompiledFunnel, url: str, population: Population,
+                     stop: threading.Event) -> Replay:
+        """`funnel replay`'s entry point, a chunk of sessions at a time until ``stop``."""
         resolve, loaded, where = base_from(lambda v: read_bundle(url, funnel.name, v),
                                            funnel.name, None)
         bases: dict[int, CompiledFunnel | str] = {}
@@ -172,25 +192,18 @@ class WhatIf:
         whole = Replay(spec.name, str(spec.path), [], stages=list(spec.stages),
                        handoff_stage=spec.handoff.stage if spec.handoff else None)
         size = max(1, self.settings.chunk)
-        pending: asyncio.Future[Replay] | None = None
         try:
             for at in range(0, len(population.sessions), size):
-                part = Population(population.sessions[at:at + size])
-                pending = asyncio.ensure_future(asyncio.to_thread(replay, funnel, part, base))
-                played = await asyncio.shield(pending)
-                pending = None
+                if stop.is_set():
+                    break
+                played = replay(funnel, Population(population.sessions[at:at + size]), base)
                 whole.diffs += played.diffs
                 whole.stages += [s for s in played.stages if s not in whole.stages]
                 run.done = len(whole.diffs)
         finally:
-            def drop(_: object = None) -> None:
-                for version in loaded:
-                    if version.folder is not None:
-                        version.folder.cleanup()
-            if pending is not None and not pending.done():
-                pending.add_done_callback(drop)  # the chunk in hand still reads them
-            else:
-                drop()
+            for version in loaded:  # the bundles' folders, written by base_from
+                if version.folder is not None:
+                    version.folder.cleanup()
         whole.versions = dict(where)
         return whole
 
