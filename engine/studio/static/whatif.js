@@ -57,7 +57,7 @@
           el("span", {text: " turn " + (s.turn || "?") + (s.stage ? " in " + s.stage : "") + ": " + s.what +
             (s.status === "needs_model" ? " (needs the model from turn " + s.needs_model_from_turn + ")" : "")})));
         const more = run.counts.changed > run.changed.length ? " (the first " + run.changed.length + ")" : "";
-        kids.push(el("details", {open: run.changed.length <= 8}, el("summary", {text: "the changed sessions, each at its first difference" + more}), list));
+        kids.push(el("details", {open: true}, el("summary", {text: "the changed sessions, each at its first difference" + more}), list));
       }
     }
     box.replaceChildren(...kids);
