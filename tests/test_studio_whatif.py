@@ -45,7 +45,7 @@ def studio(server_dsn: str, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[str, str, Path]]:
     """(the studio's address, its database, the funnel file it watches)."""
     with temporary_schema(server_dsn, prefix="funnel_whatif") as db:
-        asyncio.run(record(db, n=14, seed=11))
+        asyncio.run(record(db, n=10, seed=11))
         funnel = copy_puramur(tmp_path_factory.mktemp("whatif"))
         assert THRESHOLD in funnel.read_text("utf-8")
 
@@ -173,7 +173,7 @@ def test_the_what_if_replays_the_most_recent_sessions_up_to_its_cap(studio) -> N
 
     run = asyncio.run(capped())
     assert run["status"] == "done" and run["counts"]["sessions"] == 4
-    assert run["scope"] == "the 4 most recent of the 17 sessions with a turn in the last 7 day(s)"
+    assert run["scope"] == "the 4 most recent of the 13 sessions with a turn in the last 7 day(s)"
 
 
 @pytest.mark.parametrize(("option", "value", "says"), [

@@ -34,7 +34,7 @@
   function draw(data) {
     const box = $("what-if");
     const run = data.run;
-    box.hidden = false;
+    box.hidden = !run && !data.settings.max_sessions;  // `--what-if-max 0`: no what-if
     box.dataset.status = run ? run.status : "none";
     const kids = [el("div", {"data-testid": "what-if-status", "data-status": run ? run.status : "none", "data-run": run ? String(run.id) : "", class: "what-if-status " + (run ? run.status : ""),
       text: status(run, data.settings)})];
