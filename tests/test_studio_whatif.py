@@ -6,13 +6,16 @@ turns with the scripted model) and the studio on a copy of the funnel; an exit t
 is changed in the file and the save taken. The page's count, its needs-the-model share
 and its changed sessions are those of `funnel replay --format json` on the same
 database; a changed session's link opens it at its first differing turn; a second save
-while a what-if runs cancels it (``cancelled`` in ``/api/whatif`` and on the page).
+while a what-if runs cancels it (``cancelled`` in ``/api/whatif`` and on the page), and
+stops a replay in progress after the chunk in hand; the cap takes the most recent
+sessions; bad ``--what-if-*`` values are one line and rc 2.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +30,7 @@ from service_support import running
 from studio_support import headless_chromium
 
 from engine.cli import main
+from engine.evidence.replay import replay
 from engine.funnel.compiled import load_funnel
 from engine.store import open_store
 from engine.store.connect import temporary_schema
@@ -183,3 +187,40 @@ def test_a_bad_what_if_setting_is_one_line_and_rc_2(option, value, says) -> None
     result = run_funnel("studio", "funnels/puramur.yaml", option, value)
     assert result.returncode == 2 and says in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_save_stops_a_replay_in_progress_after_its_chunk(studio, monkeypatch) -> None:
+    _url, db, funnel = studio
+    entered, release = threading.Event(), threading.Event()
+
+    def held(*args: Any, **kwargs: Any) -> Any:  # the first chunk waits for the second save
+        entered.set()
+        release.wait(30)
+        return replay(*args, **kwargs)
+
+    monkeypatch.setattr("engine.studio.whatif.replay", held)
+
+    async def two_saves() -> tuple[Any, dict[str, Any]]:
+        store = await open_store(db)
+        try:
+            what = WhatIf(store, WhatIfSettings(settle=0.0, chunk=2))
+            compiled = load_funnel(funnel)
+            what.start(compiled)
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+            first = what.runs["puramur"][0]
+            assert (first.status, first.phase) == ("running", "replaying")
+            what.start(compiled)
+            release.set()
+            while what.status("puramur")["run"]["status"] == "running":
+                await asyncio.sleep(0.02)
+            await what.close()
+            assert first.worker is not None and first.worker.done()
+            return first, what.status("puramur")["run"]
+        finally:
+            await store.close()
+
+    first, second = asyncio.run(two_saves())
+    assert first.status == "cancelled" and first.result is None
+    assert first.done == 2  # the chunk in hand, no other
+    assert second["status"] == "done" and second["counts"]["sessions"] == 13
