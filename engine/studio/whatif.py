@@ -122,6 +122,7 @@ class WhatIf:
                              "started_at": r.started_at} for r in runs[1:]]}
 
     async def close(self) -> None:
+        """Cancel the running what-ifs and wait for their threads (the studio closes)."""
         tasks = [r.task for runs in self.runs.values() for r in runs
                  if r.task is not None and not r.task.done()]
         for task in tasks:
