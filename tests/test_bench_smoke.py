@@ -76,6 +76,7 @@ RUNS: dict[str, list[str]] = {
     "validate_speed": ["--smoke"],
     "versions": ["--smoke"],
     "wal_breakdown": ["--sessions", "1", "--turns", "2"],
+    "what_if": ["--sessions", "6", "--engine", "2"],
 }
 # Modules the scripts import, and where they run.
 MODULES = {"_db": "every script's database", "floor": "turn_instructions' floor child",

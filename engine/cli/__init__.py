@@ -212,6 +212,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="the page's first model choice: human (\"I am the model\", the default), "
                          "scripted:PATH or a litellm model string")
     so.add_argument("--api-base", default=None, metavar="URL")
+    so.add_argument("--what-if-days", type=_days, default=7.0, metavar="DAYS",
+                    help="each clean save replays the sessions with a turn in the last DAYS "
+                    "on the edit (default 7; docs/studio.md, What-if)")
+    so.add_argument("--what-if-max", type=_count, default=200, metavar="N",
+                    help="the what-if replays the N most recent of them at most (default "
+                    "200; 0: no what-if)")
     db_opts(so)
 
     rp = sub.add_parser("report", help="funnel analytics: stages, drop-off, time, products, "
@@ -315,6 +321,27 @@ def _period(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError("the period must be longer than zero")
     return seconds
+
+
+def _days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of days, such as 7 or 0.5; got {text!r}"
+                                         ) from None
+    if not 0 < days <= 3650:
+        raise argparse.ArgumentTypeError(f"from more than 0 to 3650 days; got {text}")
+    return days
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number of sessions; got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"0 or more sessions; got {text}")
+    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:

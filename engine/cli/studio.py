@@ -23,5 +23,6 @@ def cmd_studio(args: argparse.Namespace) -> int:
               "pip install 'funnel-engine[serve]' outside a checkout)", file=sys.stderr)
         return 2
     serve_studio(list(args.funnels), db=args.db, model=args.model, api_base=args.api_base,
-                 host=args.host, port=args.port)
+                 host=args.host, port=args.port, what_if_days=args.what_if_days,
+                 what_if_max=args.what_if_max)
     return 0

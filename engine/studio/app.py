@@ -45,7 +45,8 @@ __all__ = ["STATIC", "create_studio_app"]
 
 log = logging.getLogger("funnel.studio")
 STATIC = Path(__file__).resolve().parent / "static"
-ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript"}
+ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
+          "whatif.js": "text/javascript"}
 MAX_BODY = 512 * 1024
 COOKIE = "funnel_studio"
 B = TypeVar("B", bound=BaseModel)
@@ -259,6 +260,14 @@ async def run_scenarios(request: Request) -> Response:
     return _json(await (await _opened(request)).run_scenarios(body.funnel))
 
 
+async def what_if(request: Request) -> Response:
+    """The latest save's what-if (engine.studio.whatif) and the ones it cancelled."""
+    studio = (await _opened(request))
+    name = _q(request, "funnel") or next(iter(studio.engines))
+    studio.engine(name)  # an unknown funnel is named in the error
+    return _json(studio.whatif.status(name))
+
+
 def _presented(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
@@ -325,7 +334,7 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
     routes = [Route("/", page), Route("/static/{name}", asset), Route("/report", _guarded(report)),
               *(Route(f"/api/{path}", _guarded(fn)) for path, fn in (
                   ("funnels", funnels), ("status", status), ("session", session),
-                  ("transcript", transcript), ("sessions", sessions))),
+                  ("transcript", transcript), ("sessions", sessions), ("whatif", what_if))),
               *(Route(f"/api/{path}", _guarded(fn), methods=["POST"]) for path, fn in (
                   ("turn", turn), ("rewind", rewind), ("scenario", scenario),
                   ("scenarios/run", run_scenarios)))]

@@ -43,6 +43,7 @@ from . import sql, views
 from .graph import svg
 from .model import HUMAN, StudioModel
 from .watch import POLL, Watched
+from .whatif import WhatIf, WhatIfSettings
 
 __all__ = ["CHANNEL", "Studio"]
 
@@ -64,12 +65,15 @@ class Studio:
         self._owns_store = owns_store
         self._watcher: asyncio.Task[None] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
+        self.whatif = WhatIf(store)
 
     @classmethod
     async def open(cls, paths: list[str | Path], *, db: str | None = None,
                    model: str | None = None, api_base: str | None = None,
-                   store: Store | None = None) -> Studio:
-        """Load the funnels (each must validate), open the store, start watching.
+                   store: Store | None = None, what_if: WhatIfSettings | None = None
+                   ) -> Studio:
+        """Load the funnels (each must validate), open the store, start watching; each
+        clean save starts a what-if (``what_if``: how much it replays).
 
         Raises:
             FunnelInvalid: a funnel has errors (a studio starts on good versions).
@@ -81,13 +85,15 @@ class Studio:
         owns = store is None
         store = store or await open_store(db)
         studio = cls(store, studio_model, owns_store=owns)
+        studio.whatif = WhatIf(store, what_if)
         try:
             for path in paths:
                 funnel = load_funnel(path)
                 engine = await Engine.open(funnel, store=store, model=studio_model,
                                            summarizer=ExtractiveSummarizer(), playground=True)
                 studio.engines[funnel.name] = engine
-                studio.watched[funnel.name] = Watched(Path(path), funnel, engine.deploy)
+                studio.watched[funnel.name] = Watched(Path(path), funnel, engine.deploy,
+                                                      saved=studio.whatif.start)
         except BaseException:
             await studio.close()
             raise
@@ -99,6 +105,7 @@ class Studio:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        await self.whatif.close()
         for engine in self.engines.values():
             await engine.close()
         if self._owns_store:

@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..store.embedded import stop_started
 from .app import create_studio_app
 from .playground import Studio
+from .whatif import WhatIfSettings
 
 __all__ = ["LOOPBACK_HOSTS", "is_loopback", "serve_studio"]
 
@@ -32,8 +33,9 @@ def is_loopback(host: str) -> bool:
 
 def serve_studio(funnels: list[str], *, db: str | None = None, model: str | None = None,
                  api_base: str | None = None, host: str = "127.0.0.1", port: int = 8700,
-                 key: str | None = None) -> None:
-    """Run the studio until interrupted.
+                 key: str | None = None, what_if_days: float = 7.0,
+                 what_if_max: int = 200) -> None:
+    """Run the studio until interrupted (``what_if_*``: engine.studio.whatif's settings).
 
     Raises:
         ConfigError: bound to a non-loopback address without a key, or a funnel missing.
@@ -47,7 +49,8 @@ def serve_studio(funnels: list[str], *, db: str | None = None, model: str | None
         if not Path(path).is_file():
             raise ConfigError(f"no funnel file at {path}")
     async def opened() -> Studio:
-        return await Studio.open(list(funnels), db=db, model=model, api_base=api_base)
+        return await Studio.open(list(funnels), db=db, model=model, api_base=api_base,
+                                 what_if=WhatIfSettings(what_if_days, what_if_max))
 
     hosts = (LOOPBACK_HOSTS | {host}) if loopback and not key else None
     app = create_studio_app(opened, key=key, hosts=hosts)

@@ -40,6 +40,7 @@ class Watched:
     path: Path
     funnel: CompiledFunnel
     deploy: Callable[[CompiledFunnel], Any]  # an awaitable: the engine's deploy
+    saved: Callable[[CompiledFunnel], None] | None = None  # each clean save (the what-if)
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     problem: str | None = None  # a clean file that could not be taken (a schema change)
     generation: int = 0
@@ -92,6 +93,8 @@ class Watched:
                 self.loaded_at = time.time()
                 self._files = watched_files(funnel.spec)  # a new template folder, a new file
                 self._seen = snapshot(self._files)
+                if self.saved is not None:
+                    self.saved(funnel)
         self.generation += 1
 
     def status(self) -> dict[str, Any]:
