@@ -40,12 +40,14 @@ from ..report import build_report, render_html
 from . import sql
 from .bodies import RewindBody, ScenarioBody, TurnBody
 from .playground import Studio
+from .scenarios import ScenarioExists
 
 __all__ = ["STATIC", "create_studio_app"]
 
 log = logging.getLogger("funnel.studio")
 STATIC = Path(__file__).resolve().parent / "static"
-ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript"}
+ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
+          "scenarios.js": "text/javascript", "simulate.js": "text/javascript"}
 MAX_BODY = 512 * 1024
 COOKIE = "funnel_studio"
 B = TypeVar("B", bound=BaseModel)
@@ -251,7 +253,12 @@ async def scenario(request: Request) -> Response:
     body = await _body(request, ScenarioBody)
     if not body.session:
         raise InvalidInput("`session`: the playground session to save")
-    return _json(await (await _opened(request)).save_scenario(body.funnel, body.session, body.name))
+    try:
+        return _json(await (await _opened(request)).save_scenario(
+            body.funnel, body.session, body.name, overwrite=body.overwrite))
+    except ScenarioExists as exc:  # the page asks before overwriting
+        return _json({"error": {"code": "exists", "message": str(exc)},
+                      "file": str(exc.file)}, 409)
 
 
 async def run_scenarios(request: Request) -> Response:
@@ -329,6 +336,9 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
               *(Route(f"/api/{path}", _guarded(fn), methods=["POST"]) for path, fn in (
                   ("turn", turn), ("rewind", rewind), ("scenario", scenario),
                   ("scenarios/run", run_scenarios)))]
+    from .evidence_api import ROUTES as EVIDENCE  # it uses this module's helpers
+
+    routes += EVIDENCE
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
