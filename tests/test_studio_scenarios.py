@@ -216,3 +216,30 @@ def test_simulate_shows_progress_and_the_table_and_writes_no_session(
                                 "WHERE session_id LIKE 'sim-%'").fetchone()
     assert sessions == (0,)
     page.no_console_errors()
+
+
+def test_re_recording_rewrites_only_the_expectations_that_changed() -> None:
+    """Without a database: a flow ``state:`` is rewritten on its one line, an expectation
+    dropped loses its line, a new one comes after the block, everything else stays (the
+    turns are edited from the last up, so a line count changed below moves nothing)."""
+    import difflib
+
+    from engine.scenarios.load import load_scenario
+    from engine.scenarios.rerecord import rewritten
+
+    path = ROOT / "funnels" / "puramur" / "scenarios" / "objections.yaml"
+    scenario, problems = load_scenario(path)
+    assert scenario is not None, problems
+    expects = [dict(t.expect) for t in scenario.turns]
+    expects[0]["state"] = {**expects[0]["state"], "stage_iteration": 1}
+    del expects[1]["prompt_contains"]
+    expects[1]["reply"] = "It is free of parabens."
+    old = path.read_text("utf-8")
+    new = rewritten(old, scenario, expects)
+    changed = [ln for ln in difflib.unified_diff(old.splitlines(), new.splitlines(), n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    assert changed == [
+        "-      state: {objections_raised.0.objection: price, stage_iteration: 0}",
+        "+      state: {objections_raised.0.objection: price, stage_iteration: 1}",
+        '-      prompt_contains: "(round 1)"',
+        "+      reply: It is free of parabens."]

@@ -30,18 +30,23 @@ from .check import _MISSING, _lookup, check
 from .load import Scenario, check_against, load_scenario
 from .run import CHANNEL, Runner
 
-__all__ = ["Rerecorded", "rerecord"]
+__all__ = ["Rerecorded", "rerecord", "rewritten"]
 
 
 @dataclass
 class Rerecorded:
     """A scenario file as it is (``old``) and with its failing expectations re-recorded
-    (``new``); ``changes``: each expectation changed (turn, key, was, now)."""
+    (``new``); ``changes``: each expectation changed (turn, key, was, now); ``failing``:
+    the re-recorded expectations checked on the same play, those that still fail (none
+    unless the file could not say what the engine did)."""
 
     file: Path
     old: str
     new: str
     changes: list[dict[str, Any]] = field(default_factory=list)
+    failing: list[str] = field(default_factory=list)
+    name: str = ""  # the scenario's
+    turns: int = 0
 
     def diff(self) -> str:
         """The unified diff from ``old`` to ``new``."""
@@ -63,9 +68,10 @@ def rerecord(path: Path, db: str | None) -> Rerecorded:
         raise InvalidInput(f"{path.name} cannot be re-recorded: {problems[0].format()}")
     old = path.read_text("utf-8")
     with temporary_schema(db, prefix="funnel_tmp_accept") as url:
-        expects = asyncio.run(_observe(url, scenario))
-    out = Rerecorded(path, old, old)
-    for index, (turn, new) in enumerate(zip(scenario.turns, expects, strict=True)):
+        expects, failing = asyncio.run(_observe(url, scenario))
+    out = Rerecorded(path, old, old, failing=failing, name=scenario.name,
+                     turns=len(scenario.turns))
+    for turn, new in zip(scenario.turns, expects, strict=True):
         before, after = _flat(turn.expect), _flat(new)
         for key in dict.fromkeys([*before, *after]):
             was, now = before.get(key, _MISSING), after.get(key, _MISSING)
@@ -73,9 +79,21 @@ def rerecord(path: Path, db: str | None) -> Rerecorded:
                 out.changes.append({"turn": turn.number, "key": key,
                                     "was": None if was is _MISSING else was,
                                     "now": None if now is _MISSING else now})
-        if new != turn.expect:
-            out.new = _rewrite(out.new, scenario, index, new)
+    out.new = rewritten(old, scenario, expects)
     return out
+
+
+def rewritten(text: str, scenario: Scenario, expects: list[dict[str, Any]]) -> str:
+    """``text`` (the scenario's file as loaded) with each turn's ``expect`` made the one
+    in ``expects``: only the lines of the expectations that differ change (a block
+    ``state:`` path by path; one written in flow style, on its one line), an expectation
+    gone loses its lines, a new one is added after the block; comments stay."""
+    # From the last turn up: an edit moves the lines below it only, and the positions
+    # read from the file stay right for the turns above.
+    for index in reversed(range(len(scenario.turns))):
+        if expects[index] != scenario.turns[index].expect:
+            text = _rewrite(text, scenario, index, expects[index])
+    return text
 
 
 def _flat(expect: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,8 +103,9 @@ def _flat(expect: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def _observe(url: str, scenario: Scenario) -> list[dict[str, Any]]:
-    """Each turn's expectations, those that failed replaced by what the engine did."""
+async def _observe(url: str, scenario: Scenario) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each turn's expectations, those that failed replaced by what the engine did; and
+    those of the new ones that fail still, on the same play (``turn N: message``)."""
     store = await open_store(url)
     try:
         runner = Runner(store, secrets.token_hex(6))
@@ -101,7 +120,7 @@ async def _observe(url: str, scenario: Scenario) -> list[dict[str, Any]]:
         runner.clock.now = scenario.clock
         if scenario.start is not None:
             await runner.seed(engine, session, scenario.start)
-        out = []
+        out, failing = [], []
         for turn in scenario.turns:
             if turn.at is not None:
                 runner.clock.now = turn.at
@@ -118,8 +137,11 @@ async def _observe(url: str, scenario: Scenario) -> list[dict[str, Any]]:
             row = await engine.state(session)
             prompt, notified = runner.model.prompt, bool(runner.notifications.sent)
             failed = {key for key, _ in check(turn.expect, result, row, prompt, notified)}
-            out.append(_expected(turn.expect, failed, result, row, prompt, notified))
-        return out
+            new = _expected(turn.expect, failed, result, row, prompt, notified)
+            out.append(new)
+            failing += [f"turn {turn.number}: {message}"
+                        for _, message in check(new, result, row, prompt, notified)]
+        return out, failing
     finally:
         await store.close()
 

@@ -149,11 +149,17 @@ def _inside(spec: FunnelSpec, file: str) -> Path:
     return path
 
 
+# Diffs shown and not yet accepted: (file, digest of the text shown) -> the re-recording.
+_SHOWN: dict[tuple[Path, str], Rerecorded] = {}
+_SHOWN_MAX = 32
+
+
 async def accept(spec: FunnelSpec, store: Store, file: str, confirm: str | None = None
                  ) -> dict[str, Any]:
     """Re-record the failing expectations of ``file`` (engine.scenarios.rerecord): without
     ``confirm``, the diff and the file's digest, nothing written; with ``confirm`` (the
-    digest shown), the file re-recorded, unless it changed since.
+    digest shown), the file re-recorded as shown, unless it changed since, and played
+    again (``result``, as :func:`run_folder` lists it).
 
     Raises:
         InvalidInput: not a file of the funnel's scenarios folder, one that cannot be
@@ -161,15 +167,27 @@ async def accept(spec: FunnelSpec, store: Store, file: str, confirm: str | None 
     """
     path = _inside(spec, file)
     url = getattr(store, "url", None)
-    found: Rerecorded = await asyncio.to_thread(rerecord, path, url)
-    digest = _digest(found.old)
     if confirm is None:
+        found: Rerecorded = await asyncio.to_thread(rerecord, path, url)
+        digest = _digest(found.old)
+        while len(_SHOWN) >= _SHOWN_MAX:
+            del _SHOWN[next(iter(_SHOWN))]
+        _SHOWN[(path, digest)] = found
         return {"file": str(path), "diff": found.diff(), "changes": found.changes,
                 "digest": digest, "written": False}
-    if confirm != digest:
+    if _digest(path.read_text("utf-8")) != confirm:
         raise InvalidInput(f"{path.name} changed since its diff was shown; look at the diff "
                            "again before accepting")
+    shown = _SHOWN.pop((path, confirm), None)
+    found = shown if shown is not None else await asyncio.to_thread(rerecord, path, url)
     if found.new != found.old:
         _write(path, found.new)
+    # The new expectations were checked on the play they come from (a scenario plays
+    # the same every time: scripted outputs, its own clock): no second play is needed.
+    result = {"file": str(path), "name": found.name, "passed": not found.failing,
+              "errored": False, "turns": found.turns, "failures": [
+                  {"line": 0, "turn": None, "message": m, "kind": "fail", "expectation": "",
+                   "customer": None} for m in found.failing]}
     return {"file": str(path), "diff": found.diff(), "changes": found.changes,
-            "digest": _digest(found.new), "written": found.new != found.old}
+            "digest": _digest(found.new), "written": found.new != found.old,
+            "result": result}

@@ -113,8 +113,11 @@
   async function acceptIt(r, digest) {
     const res = await api("scenarios/accept", {funnel: funnel(), file: r.file, confirm: digest});
     if (!res.ok) { diffBox.replaceChildren(el("div", {class: "no", text: message(res)})); return; }
-    await runAll();
-    status.textContent = "accepted " + r.name + " (" + res.data.file + "); " + status.textContent;
+    diffBox.hidden = true;
+    const now = res.data.result;
+    const old = [...list.children].find(e => e.dataset.name === r.name);
+    if (old) old.replaceWith(item(now)); else list.append(item(now));
+    status.textContent = "accepted " + r.name + " (" + res.data.file + "): it " + (now.passed ? "passes" : "still fails") + " now";
   }
 
   // -- Save as scenario: a name, and a question before overwriting ----------------------
