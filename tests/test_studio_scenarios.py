@@ -243,3 +243,17 @@ def test_re_recording_rewrites_only_the_expectations_that_changed() -> None:
         "+      state: {objections_raised.0.objection: price, stage_iteration: 1}",
         '-      prompt_contains: "(round 1)"',
         "+      reply: It is free of parabens."]
+
+
+def test_the_scenarios_folder_is_the_one_funnel_test_runs(tmp_path: Path) -> None:
+    """`funnel new`'s layout (NAME/funnel.yaml, NAME/scenarios/) and the shipped one
+    (funnels/puramur.yaml, funnels/puramur/scenarios/): never NAME/NAME/scenarios."""
+    from engine.authoring.scaffold import scaffold
+    from engine.funnel.compiled import load_funnel
+    from engine.studio.scenarios import folder_of
+
+    scaffold("shop", tmp_path / "shop")
+    assert folder_of(load_funnel(tmp_path / "shop" / "funnel.yaml").spec) == \
+        tmp_path / "shop" / "scenarios"
+    shipped = ROOT / "funnels" / "puramur.yaml"
+    assert folder_of(load_funnel(shipped).spec) == ROOT / "funnels" / "puramur" / "scenarios"

@@ -90,7 +90,7 @@
   }
   function diffView(text) {
     const pre = el("pre", {"data-testid": "scenario-diff", class: "diff"});
-    for (const line of text.split("\n")) {
+    for (const line of text.replace(/\n$/, "").split("\n")) {
       const cls = line.startsWith("+") && !line.startsWith("+++") ? "add" : line.startsWith("-") && !line.startsWith("---") ? "del" : null;
       pre.append(el("span", {class: cls, text: line + "\n"}));
     }

@@ -95,6 +95,7 @@
 
   window.FunnelStudioTab("tab-simulate", "Simulate", "tab-simulate", main);
   main.addEventListener("shown", () => { options(); poll(); });
+  $("funnel").addEventListener("change", () => { if (!main.hidden) options(); });
   model.addEventListener("change", () => { other.hidden = model.value !== "other"; });
   run.addEventListener("click", start);
   cancel.addEventListener("click", async () => { const res = await api("simulate/cancel", {funnel: $("funnel").value}); if (res.ok) draw(res.data.run); poll(); });
