@@ -182,11 +182,17 @@ def test_save_as_scenario_names_the_file_and_asks_before_overwriting(
 
 def test_simulate_shows_progress_and_the_table_and_writes_no_session(
         driver: Any, served: tuple[str, str]) -> None:
+    from selenium.webdriver.support.ui import Select
+
     url, db = served
     page = Page(driver, url)
     page.tid("tab-simulate").click()
     page.until(lambda: "personas.yaml" in page.text("simulate-personas"))
-    assert page.tid("simulate-model").get_attribute("value").endswith("funnel_model.yaml")
+    scripts = page.js("return [...document.querySelectorAll('#simulate-model option')]"
+                      ".map(o => o.value)")
+    model = next(s for s in scripts if s.endswith("funnel_model.yaml"))
+    assert any(s.endswith("demo.yaml") for s in scripts)  # the funnel's scripts, both
+    Select(page.tid("simulate-model")).select_by_value(model)
     page.tid("simulate-run").click()
     page.until(lambda: page.tid("simulate-progress").get_attribute("data-state") == "done")
     assert "8 of 8 conversations" in page.text("simulate-progress")

@@ -37,7 +37,7 @@ log = logging.getLogger("funnel.studio")
 MAX_FILES = 400  # YAML files looked at for personas and scripts (a funnel's folder)
 _PERSONAS = re.compile(r"^personas\s*:", re.MULTILINE)
 _SCRIPT = re.compile(r"^(match|default|turns)\s*:", re.MULTILINE)
-_NOT_SCRIPT = re.compile(r"^(scenario|funnel|personas|customer)\s*:", re.MULTILINE)
+_NOT_SCRIPT = re.compile(r"^(scenario|funnel|personas)\s*:", re.MULTILINE)
 
 
 class Busy(FunnelError):
@@ -45,21 +45,30 @@ class Busy(FunnelError):
 
 
 def _yaml_files(spec: FunnelSpec) -> list[Path]:
+    """The YAML files beside the funnel file and, three levels deep at most, in the
+    folder of its name; hidden ones skipped, :data:`MAX_FILES` at most (a funnel at the
+    top of a big project is not walked whole)."""
     parent, stem = spec.path.parent, spec.path.stem
     found: list[Path] = []
-    for root in dict.fromkeys([parent, parent / stem]):
-        if not root.is_dir():
-            continue
-        depth = 1 if root == parent else 3
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root).parts
-            if len(rel) > depth or any(p.startswith(".") for p in rel):
+
+    def walk(folder: Path, depth: int) -> None:
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError:
+            return
+        for path in entries:
+            if len(found) >= MAX_FILES or path.name.startswith("."):
                 continue
-            if path.suffix in (".yaml", ".yml") and path.is_file() and path != spec.path:
+            if path.is_dir():
+                if depth > 1:
+                    walk(path, depth - 1)
+            elif path.suffix in (".yaml", ".yml") and path != spec.path:
                 found.append(path)
-            if len(found) >= MAX_FILES:
-                return found
-    return list(dict.fromkeys(found))
+
+    walk(parent, 1)
+    if (parent / stem).is_dir():
+        walk(parent / stem, 3)
+    return found
 
 
 def choices(spec: FunnelSpec) -> dict[str, Any]:
