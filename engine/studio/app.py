@@ -39,6 +39,8 @@ from ..format.settings import parse_duration
 from ..report import build_report, render_html
 from . import sql
 from .bodies import RewindBody, ScenarioBody, TurnBody
+from .evidence_api import ROUTES as EVIDENCE
+from .evidence_api import Handler as PluggedHandler
 from .playground import Studio
 from .scenarios import ScenarioExists
 
@@ -266,6 +268,17 @@ async def run_scenarios(request: Request) -> Response:
     return _json(await (await _opened(request)).run_scenarios(body.funnel))
 
 
+def _plugged(model: type[BaseModel] | None, fn: PluggedHandler) -> Handler:
+    """A route of another module (engine.studio.evidence_api): its body checked (a GET
+    gets the query's parameters), its answer sent as JSON with its status."""
+
+    async def run(request: Request) -> Response:
+        given: Any = dict(request.query_params) if model is None else await _body(request, model)
+        code, data = await fn(await _opened(request), given)
+        return _json(data, code)
+    return _guarded(run)
+
+
 def _presented(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
@@ -336,9 +349,8 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
               *(Route(f"/api/{path}", _guarded(fn), methods=["POST"]) for path, fn in (
                   ("turn", turn), ("rewind", rewind), ("scenario", scenario),
                   ("scenarios/run", run_scenarios)))]
-    from .evidence_api import ROUTES as EVIDENCE  # it uses this module's helpers
-
-    routes += EVIDENCE
+    routes += [Route(f"/api/{path}", _plugged(model, fn), methods=[method])
+               for path, method, model, fn in EVIDENCE]
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

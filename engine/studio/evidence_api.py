@@ -10,20 +10,20 @@ scripted models; ``POST /api/simulate`` starts a run (409 while one runs), ``GET
 from __future__ import annotations
 
 import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
-from pydantic import Field
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from pydantic import BaseModel, Field
 
-from .app import _body, _error, _guarded, _json, _opened, _q
 from .bodies import _Body
 from .playground import Studio
 from .scenarios import accept as accept_scenario
 from .simulation import Busy, Simulator, choices
 
-__all__ = ["ROUTES"]
+__all__ = ["ROUTES", "Handler"]
 
+# A route's work: the studio and the body (a GET: the query's parameters) -> (status, JSON).
+Handler = Callable[[Studio, Any], Awaitable[tuple[int, Any]]]
 _SIMULATORS: weakref.WeakKeyDictionary[Studio, Simulator] = weakref.WeakKeyDictionary()
 
 
@@ -46,7 +46,7 @@ class SimulateBody(_Body):
     seed: int = Field(default=1, ge=0, le=2**31)
 
 
-class _FunnelBody(_Body):
+class FunnelBody(_Body):
     funnel: str = Field(min_length=1, max_length=200)
 
 
@@ -58,39 +58,35 @@ def _simulator(studio: Studio) -> Simulator:
     return found
 
 
-async def accept(request: Request) -> Response:
-    body = await _body(request, AcceptBody)
-    studio = await _opened(request)
-    return _json(await accept_scenario(studio.engine(body.funnel).spec, studio.store,
-                                       body.file, body.confirm))
+async def accept(studio: Studio, body: AcceptBody) -> tuple[int, Any]:
+    return 200, await accept_scenario(studio.engine(body.funnel).spec, studio.store,
+                                      body.file, body.confirm)
 
 
-async def options(request: Request) -> Response:
-    studio = await _opened(request)
-    return _json(choices(studio.engine(_q(request, "funnel") or "").spec))
+async def options(studio: Studio, query: Mapping[str, str]) -> tuple[int, Any]:
+    return 200, choices(studio.engine(query.get("funnel", "")).spec)
 
 
-async def start(request: Request) -> Response:
-    body = await _body(request, SimulateBody)
-    studio = await _opened(request)
+async def start(studio: Studio, body: SimulateBody) -> tuple[int, Any]:
     try:
-        return _json(_simulator(studio).start(studio.funnel(body.funnel), personas=body.personas,
-                                              model=body.model, n=body.n, seed=body.seed))
+        return 200, _simulator(studio).start(studio.funnel(body.funnel), personas=body.personas,
+                                             model=body.model, n=body.n, seed=body.seed)
     except Busy as exc:
-        return _error(409, "busy", str(exc))
+        return 409, {"error": {"code": "busy", "message": str(exc)}}
 
 
-async def status(request: Request) -> Response:
-    return _json({"run": _simulator(await _opened(request)).status()})
+async def status(studio: Studio, query: Mapping[str, str]) -> tuple[int, Any]:
+    return 200, {"run": _simulator(studio).status()}
 
 
-async def cancel(request: Request) -> Response:
-    await _body(request, _FunnelBody)
-    return _json({"run": _simulator(await _opened(request)).cancel()})
+async def cancel(studio: Studio, body: FunnelBody) -> tuple[int, Any]:
+    return 200, {"run": _simulator(studio).cancel()}
 
 
-ROUTES = [Route("/api/scenarios/accept", _guarded(accept), methods=["POST"]),
-          Route("/api/simulate/options", _guarded(options)),
-          Route("/api/simulate", _guarded(status), methods=["GET"]),
-          Route("/api/simulate", _guarded(start), methods=["POST"]),
-          Route("/api/simulate/cancel", _guarded(cancel), methods=["POST"])]
+# (path under /api/, method, the body's model or None for a GET, the handler)
+ROUTES: list[tuple[str, str, type[BaseModel] | None, Handler]] = [
+    ("scenarios/accept", "POST", AcceptBody, accept),
+    ("simulate/options", "GET", None, options),
+    ("simulate", "GET", None, status),
+    ("simulate", "POST", SimulateBody, start),
+    ("simulate/cancel", "POST", FunnelBody, cancel)]
