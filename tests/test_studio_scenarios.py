@@ -134,6 +134,14 @@ def test_run_all_shows_a_failure_and_accepting_it_passes_funnel_test(
     assert not page.js("return document.querySelector('[data-testid=scenario-item]"
                        "[data-passed=false]')")
 
+    # Only the funnel's own scenarios are accepted; a diff that is no longer the file's is not.
+    outside = httpx.post(url + "/api/scenarios/accept", json={"funnel": "puramur",
+                                                              "file": str(project)})
+    assert outside.status_code == 400 and "not a scenario file" in outside.text
+    stale = httpx.post(url + "/api/scenarios/accept", json={
+        "funnel": "puramur", "file": str(happy), "confirm": "0" * 16})
+    assert stale.status_code == 400 and "changed since its diff was shown" in stale.text
+
     # `funnel test` from the terminal passes the accepted scenario.
     capsys.readouterr()
     assert main(["test", str(happy), "--db", db]) == 0, capsys.readouterr()
@@ -181,7 +189,7 @@ def test_save_as_scenario_names_the_file_and_asks_before_overwriting(
 
 
 def test_simulate_shows_progress_and_the_table_and_writes_no_session(
-        driver: Any, served: tuple[str, str]) -> None:
+        driver: Any, served: tuple[str, str], project: Path, tmp_path: Path) -> None:
     from selenium.webdriver.support.ui import Select
 
     url, db = served
@@ -204,6 +212,17 @@ def test_simulate_shows_progress_and_the_table_and_writes_no_session(
     assert handoff.startswith("100%")  # the scripted Sphynx owner always reaches the hand-off
     if SHOTS:
         driver.save_screenshot(str(Path(SHOTS) / "simulate.png"))
+
+    # The studio reads the funnel's own project only (tmp_path is outside it).
+    for name in ("personas.yaml", "funnel_model.yaml"):
+        shutil.copy(ROOT / "tests" / "evidence" / name, tmp_path)
+    inside = {"personas": str(project.parent / "puramur" / "personas.yaml"), "model": model}
+    for field, value in (("personas", str(tmp_path / "personas.yaml")),
+                         ("model", f"scripted:{tmp_path / 'funnel_model.yaml'}")):
+        body = {"funnel": "puramur", **inside, field: value}
+        refused = httpx.post(url + "/api/simulate", json=body)
+        assert refused.status_code == 400, (field, refused.text)
+        assert "outside funnel 'puramur''s project" in refused.text
 
     # One at a time, and cancellable: a long run is stopped from the page.
     page.tid("simulate-n").clear()
