@@ -53,7 +53,8 @@ class FunnelBody(_Body):
 def _simulator(studio: Studio) -> Simulator:
     found = _SIMULATORS.get(studio)
     if found is None:
-        found = _SIMULATORS[studio] = Simulator(getattr(studio.store, "url", None))
+        found = _SIMULATORS[studio] = Simulator(getattr(studio.store, "url", None),
+                                                api_base=studio.model.api_base)
         studio.closing.append(found.close)
     return found
 

@@ -135,8 +135,8 @@ def _table(run: Simulation) -> list[dict[str, Any]]:
 class Simulator:
     """The studio's one simulation at a time: :meth:`start`, :meth:`status`, :meth:`cancel`."""
 
-    def __init__(self, db: str | None) -> None:
-        self.db = db
+    def __init__(self, db: str | None, api_base: str | None = None) -> None:
+        self.db, self.api_base = db, api_base
         self.run: _Run | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -160,7 +160,7 @@ class Simulator:
                                    f"'{funnel.name}''s project or hidden; the studio reads "
                                    "the files of the funnel's own project only")
         loaded = load_personas(personas)
-        built = make_model(model or funnel.spec.model.name)
+        built = make_model(model or funnel.spec.model.name, api_base=self.api_base)
         run = self.run = _Run(funnel.name, model, personas, n, seed, list(funnel.spec.stages))
 
         def progress(done: int, conversation: Conversation) -> None:
