@@ -84,7 +84,8 @@
     if (!res.ok) { status.textContent = message(res); return; }
     const rs = res.data.results;
     const failed = rs.filter(r => !r.passed).length;
-    status.textContent = rs.length + " scenario(s) in " + res.data.folder + ": " + (rs.length - failed) + " passed, " + failed + " failed";
+    status.textContent = rs.length ? rs.length + " scenario(s) in " + res.data.folder + ": " + (rs.length - failed) + " passed, " + failed + " failed"
+      : "no scenario in " + res.data.folder + " yet: Save as scenario writes there";
     status.dataset.folder = res.data.folder;
     list.replaceChildren(...rs.map(item));
   }

@@ -86,6 +86,7 @@
     other.hidden = true;
   }
   async function start() {
+    if (!personas.value) { note.textContent = "no personas file in the funnel's folder: put a personas.yaml beside the funnel (docs/evidence.md)"; note.className = "no"; return; }
     const chosen = model.value === "other" ? other.value.trim() : model.value;
     const res = await api("simulate", {funnel: $("funnel").value, personas: personas.value, model: chosen,
       n: parseInt(n.value, 10) || 8, seed: parseInt(seed.value, 10) || 0});
