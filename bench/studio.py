@@ -89,7 +89,9 @@ def chromium(profile: Path) -> Any:
 
 
 def page_weight() -> None:
-    files = ["studio.html", "studio.js", "form.js", "studio.css"]
+    from engine.studio.app import ASSETS  # every file the page may load
+
+    files = ["studio.html", *ASSETS]
     raw = sum((STATIC / f).stat().st_size for f in files)
     packed = sum(len(gzip.compress((STATIC / f).read_bytes())) for f in files)
     print(f"page weight: {raw} bytes ({packed} gzipped) of HTML+JS+CSS in {len(files)} files, "

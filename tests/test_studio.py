@@ -143,8 +143,9 @@ def test_studio_in_headless_chromium(driver: Any, db_url: str, tmp_path: Path) -
         # Save as a scenario, which `funnel test` passes; and run the scenarios from the page.
         session = text_of("session-id")
         tid("save-scenario").click()
+        tid("scenario-save-confirm").click()  # the name proposed: the session's id
         wait.until(lambda _: "saved 4 turn(s)" in text_of("scenario-result"))
-        saved = funnel.parent / "puramur" / "scenarios" / f"studio-{session}.yaml"
+        saved = funnel.parent / "puramur" / "scenarios" / f"{session}.yaml"
         assert saved.is_file()
         run = subprocess.run([sys.executable, "-m", "engine.cli", "test", str(saved),
                               "--db", db_url], capture_output=True, text=True, timeout=300)

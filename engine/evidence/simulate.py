@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -34,7 +34,7 @@ from ..store.connect import temporary_schema
 from ..turn.engine import Engine
 from .personas import Persona
 
-__all__ = ["MAX_CONVERSATIONS", "Conversation", "Simulation", "simulate"]
+__all__ = ["MAX_CONVERSATIONS", "Conversation", "Simulation", "SimulationCancelled", "simulate"]
 
 # A run keeps every conversation in memory and in its temporary schema: 10,000 is
 # hours with a remote model and a few hundred MB; more is several runs (--seed).
@@ -45,6 +45,15 @@ CUSTOMER_SCHEMA = {"type": "object", "additionalProperties": False, "required": 
                    "properties": {"message": {"type": "string", "minLength": 1,
                                               "maxLength": 1000},
                                   "leave": {"type": "boolean"}}}
+
+
+class SimulationCancelled(Exception):
+    """Raised by a run whose ``cancelled`` said so (the studio's Cancel): its temporary
+    schema is dropped like any other run's."""
+
+
+# Called after each conversation with how many are done and the last one.
+Progress = Callable[[int, "Conversation"], None]
 
 
 @dataclass
@@ -193,12 +202,17 @@ def _unfenced(text: str) -> str:
 
 def simulate(funnel: CompiledFunnel, personas: Sequence[Persona], model: Model, *,
              n: int, seed: int, db: str | None, customer: Model | None = None,
-             variant: str | None = None) -> Simulation:
+             variant: str | None = None, progress: Progress | None = None,
+             cancelled: Callable[[], bool] | None = None) -> Simulation:
     """Run ``n`` simulated conversations on a temporary schema of ``db``.
+
+    ``progress`` is told of each conversation as it ends; ``cancelled`` is asked before
+    each turn, and a True stops the run (:class:`SimulationCancelled`).
 
     Raises:
         InvalidInput: ``n`` is not from 1 to :data:`MAX_CONVERSATIONS`.
         FunnelError: a persona has no script and no customer model is given.
+        SimulationCancelled: ``cancelled`` said so.
     """
     if not 1 <= n <= MAX_CONVERSATIONS:
         raise InvalidInput(f"from 1 to {MAX_CONVERSATIONS:,} simulated conversations; got {n}")
@@ -214,13 +228,20 @@ def simulate(funnel: CompiledFunnel, personas: Sequence[Persona], model: Model, 
                      list(funnel.spec.stages))
     with temporary_schema(db, prefix="funnel_tmp_simulate") as url:
         run.conversations = asyncio.run(_run(url, funnel, model, customer, pool, n, seed,
-                                             variant))
+                                             variant, _Hooks(progress, cancelled)))
     return run
 
 
+@dataclass
+class _Hooks:
+    progress: Progress | None = None
+    cancelled: Callable[[], bool] | None = None
+
+
 async def _run(url: str, funnel: CompiledFunnel, model: Model, customer: Model | None,
-               pool: list[Persona], n: int, seed: int, variant: str | None
-               ) -> list[Conversation]:
+               pool: list[Persona], n: int, seed: int, variant: str | None,
+               hooks: _Hooks | None = None) -> list[Conversation]:
+    hooks = hooks or _Hooks()
     store = await open_store(url)
     out: list[Conversation] = []
     try:
@@ -232,7 +253,10 @@ async def _run(url: str, funnel: CompiledFunnel, model: Model, customer: Model |
                 sid = f"sim-{seed}-{i}-{persona.name}"
                 if variant is not None:
                     engine.variants.force(sid, variant)
-                out.append(await _conversation(engine, persona, customer, sid))
+                out.append(await _conversation(engine, persona, customer, sid,
+                                               hooks.cancelled))
+                if hooks.progress is not None:
+                    hooks.progress(len(out), out[-1])
             await engine.drain()
         finally:
             await engine.close()
@@ -245,12 +269,15 @@ async def _run(url: str, funnel: CompiledFunnel, model: Model, customer: Model |
 
 
 async def _conversation(engine: Engine, persona: Persona, customer: Model | None,
-                        sid: str) -> Conversation:
+                        sid: str, cancelled: Callable[[], bool] | None = None
+                        ) -> Conversation:
     conv = Conversation(persona.name, sid)
     player = _Customer(persona, customer, engine.funnel, sid)
     reply: str | None = None
     spec = engine.spec
     while True:
+        if cancelled is not None and cancelled():
+            raise SimulationCancelled(f"cancelled during conversation {sid}")
         text, why = await player.next(reply)
         if text is None:
             conv.ended = why

@@ -7,8 +7,9 @@ plays them on the real engine in a temporary PostgreSQL schema; `check`
 compares each turn with its ``expect``; `report` prints the results;
 `command` is `funnel test` itself; `record` turns a session's turn records into a
 scenario, and `placeholders` takes the personal data the funnel declares out of it
-(the studio's "Save as scenario"). The format is documented in
-docs/scenarios.md. Nothing here imports litellm.
+(the studio's "Save as scenario"); `rerecord` re-records a scenario's failing
+expectations from what the engine does now, in place (the studio's "accept"). The
+format is documented in docs/scenarios.md. Nothing here imports litellm.
 
 May import: `engine.turn` and everything below it.
 """

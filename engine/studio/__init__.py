@@ -11,11 +11,14 @@ their transcripts. docs/studio.md is the guide.
 - `model`: :class:`StudioModel`, the model of the studio's engine;
 - `views`: the panels, from what a turn already returns; `graph`: the stage graph as SVG;
 - `watch`: the files watched and validated; `sql`: the sessions list, transcript pages;
+- `scenarios`: the funnel's scenarios folder: run all, accept after the diff, save;
+- `simulation`: the Simulate tab's one run at a time (`funnel simulate`, cancellable);
+- `evidence_api`: their routes, plugged into the app by a table;
 - `app`: the Starlette app; `bodies`: its request bodies (pydantic); `server`: uvicorn;
 - `static/`: the page (plain HTML, CSS, JavaScript: no build step, nothing vendored).
 
-May import: `engine.scenarios`, `engine.turn` and everything below them; never the
-service or the CLI (the service mounts it).
+May import: `engine.scenarios`, `engine.evidence`, `engine.turn` and everything below
+them; never the service or the CLI (the service mounts it).
 """
 
 from .app import create_studio_app

@@ -39,14 +39,18 @@ from ..format.settings import parse_duration
 from ..report import build_report, render_html
 from . import sql
 from .bodies import RewindBody, ScenarioBody, TurnBody
+from .evidence_api import ROUTES as EVIDENCE
+from .evidence_api import Handler as PluggedHandler
 from .playground import Studio
+from .scenarios import ScenarioExists
 
 __all__ = ["STATIC", "create_studio_app"]
 
 log = logging.getLogger("funnel.studio")
 STATIC = Path(__file__).resolve().parent / "static"
 ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
-          "whatif.js": "text/javascript"}
+          "whatif.js": "text/javascript",
+          "scenarios.js": "text/javascript", "simulate.js": "text/javascript"}
 MAX_BODY = 512 * 1024
 COOKIE = "funnel_studio"
 B = TypeVar("B", bound=BaseModel)
@@ -252,7 +256,12 @@ async def scenario(request: Request) -> Response:
     body = await _body(request, ScenarioBody)
     if not body.session:
         raise InvalidInput("`session`: the playground session to save")
-    return _json(await (await _opened(request)).save_scenario(body.funnel, body.session, body.name))
+    try:
+        return _json(await (await _opened(request)).save_scenario(
+            body.funnel, body.session, body.name, overwrite=body.overwrite))
+    except ScenarioExists as exc:  # the page asks before overwriting
+        return _json({"error": {"code": "exists", "message": str(exc)},
+                      "file": str(exc.file)}, 409)
 
 
 async def run_scenarios(request: Request) -> Response:
@@ -266,6 +275,17 @@ async def what_if(request: Request) -> Response:
     name = _q(request, "funnel") or next(iter(studio.engines))
     studio.engine(name)  # an unknown funnel is named in the error
     return _json(studio.whatif.status(name))
+
+
+def _plugged(model: type[BaseModel] | None, fn: PluggedHandler) -> Handler:
+    """A route of another module (engine.studio.evidence_api): its body checked (a GET
+    gets the query's parameters), its answer sent as JSON with its status."""
+
+    async def run(request: Request) -> Response:
+        given: Any = dict(request.query_params) if model is None else await _body(request, model)
+        code, data = await fn(await _opened(request), given)
+        return _json(data, code)
+    return _guarded(run)
 
 
 def _presented(request: Request) -> str | None:
@@ -338,6 +358,8 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
               *(Route(f"/api/{path}", _guarded(fn), methods=["POST"]) for path, fn in (
                   ("turn", turn), ("rewind", rewind), ("scenario", scenario),
                   ("scenarios/run", run_scenarios)))]
+    routes += [Route(f"/api/{path}", _plugged(model, fn), methods=[method])
+               for path, method, model, fn in EVIDENCE]
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -45,8 +45,10 @@ class RewindBody(_Body):
 
 
 class ScenarioBody(_Body):
-    """Save ``session`` as a scenario file named ``name`` (``studio-<session>`` if none)."""
+    """Save ``session`` as a scenario file named ``name`` (the session id if none);
+    an existing file only with ``overwrite`` (else 409, and the page asks)."""
 
     funnel: str = Field(min_length=1, max_length=200)
     session: str | None = Field(default=None, pattern=_SESSION)
     name: str | None = Field(default=None, min_length=1, max_length=100)
+    overwrite: bool = False

@@ -23,7 +23,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,10 @@ from ..format.paths import funnel_roots, is_confined
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..llm.models import ScriptEntry
 from ..memory.summary import ExtractiveSummarizer
-from ..scenarios.load import discover, load_scenario
-from ..scenarios.placeholders import without_personal
-from ..scenarios.record import recorded_scenario, scenario_yaml
-from ..scenarios.run import run_all
 from ..store import Store, open_store, playground
 from ..turn.engine import Engine, TurnResult
 from ..turn.output import parse_output
-from . import sql, views
+from . import scenarios, sql, views
 from .graph import svg
 from .model import HUMAN, StudioModel
 from .watch import POLL, Watched
@@ -66,6 +62,8 @@ class Studio:
         self._watcher: asyncio.Task[None] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self.whatif = WhatIf(store)
+        # What else ends with the studio (a running simulation, engine.studio.simulation).
+        self.closing: list[Callable[[], Awaitable[None]]] = []
 
     @classmethod
     async def open(cls, paths: list[str | Path], *, db: str | None = None,
@@ -101,6 +99,8 @@ class Studio:
         return studio
 
     async def close(self) -> None:
+        for hook in self.closing:
+            await hook()
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -335,55 +335,23 @@ class Studio:
         view.update(branched_from={"session": session, "turn": upto}, diverged=diverged)
         return view
 
-    async def save_scenario(self, name: str, session: str, file_name: str | None = None
-                            ) -> dict[str, Any]:
-        """Write the session as a scenario (what ``funnel record`` writes) into the
-        funnel's scenarios folder, ``<funnel folder>/<funnel>/scenarios/``, with the
-        personal data the funnel declares replaced by placeholders: the file is out of
-        retention's reach (engine.scenarios.placeholders, docs/studio.md).
+    async def save_scenario(self, name: str, session: str, file_name: str | None = None,
+                            *, overwrite: bool = False) -> dict[str, Any]:
+        """Write the session as a scenario into the funnel's scenarios folder
+        (engine.studio.scenarios.save: the personal data the funnel declares replaced by
+        placeholders, docs/studio.md); an existing file only with ``overwrite``.
 
         Raises:
             InvalidInput: nothing to save, or a file name that is not a plain name.
+            ScenarioExists: the file is there and ``overwrite`` is not set.
         """
-        engine = self.engine(name)
-        spec = engine.spec
-        folder = spec.path.parent / spec.name / "scenarios"
-        stem = (file_name or f"studio-{session}").removesuffix(".yaml")
-        if not stem or any(c not in _NAME for c in stem) or stem.startswith("."):
-            raise InvalidInput(f"a scenario file name is letters, digits, `-`, `_` and `.`; "
-                               f"got {stem!r}")
-        records = await engine.store.turn_records(spec, session, limit=1000)
-        target = folder / f"{stem}.yaml"
-        funnel_ref = Path("..", "..", spec.path.name).as_posix()
-        scenario, replaced = without_personal(
-            spec, recorded_scenario(spec, session, records, funnel_ref),
-            [await engine.state(session) or {}])
-        scenario["scenario"] = stem
-        note = (f"# {replaced} personal word(s) and number(s) the funnel declares are "
-                "placeholders (RedactedN, 555...): docs/studio.md.\n" if replaced else "")
-        text = ("# yaml-language-server: $schema=../../../schemas/scenario.schema.json\n"
-                f"# Saved from the studio's playground (session {session}).\n" + note
-                + scenario_yaml(scenario))
-        folder.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, "utf-8")
-        return {"file": str(target), "yaml": text, "turns": len(records),
-                "placeholders": replaced}
+        return await scenarios.save(self.engine(name), session, file_name,
+                                    overwrite=overwrite)
 
     async def run_scenarios(self, name: str) -> dict[str, Any]:
         """Play the funnel's scenarios (``funnel test`` on its scenarios folder), in a
-        temporary schema of the studio's database, in a thread (it runs its own loop)."""
-        spec = self.engine(name).spec
-        folder = spec.path.parent / spec.name / "scenarios"
-        files, _missing = discover([folder]) if folder.is_dir() else ([], [])
-        url = getattr(self.store, "url", None)
-        results = await asyncio.to_thread(run_all, [(f, *load_scenario(f)) for f in files], url)
-        return {"results": [{"file": r.file, "name": r.name, "passed": r.passed,
-                             "turns": r.turns, "failures": [
-                                 {"line": f.line, "turn": f.turn, "message": f.message}
-                                 for f in r.failures]} for r in results]}
-
-
-_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+        temporary schema of the studio's database."""
+        return await scenarios.run_folder(self.engine(name).spec, self.store)
 
 
 def _targets(engine: Engine) -> str:

@@ -309,20 +309,7 @@
     $("raw").value = ""; $("input").value = "";
     branched(res.data);
   }
-  async function saveScenario() {
-    const res = await api("scenario", {funnel: S.funnel, session: S.session});
-    if (!res.ok) return failed(res);
-    const out = $("scenario-out"); out.hidden = false;
-    out.textContent = "saved " + res.data.turns + " turn(s) to " + res.data.file;
-  }
-  async function runScenarios() {
-    const out = $("scenario-out"); out.hidden = false; out.textContent = "running the scenarios…";
-    const res = await api("scenarios/run", {funnel: S.funnel});
-    if (!res.ok) { out.textContent = ""; return failed(res); }
-    out.replaceChildren(...res.data.results.map(r => el("div", {class: r.passed ? "yes" : "no", "data-testid": "scenario-run"},
-      el("strong", {text: (r.passed ? "PASS " : "FAIL ") + r.name}), el("span", {text: " " + r.file}),
-      ...r.failures.map(f => el("div", {text: "line " + f.line + (f.turn ? ", turn " + f.turn : "") + ": " + f.message})))));
-  }
+  // "Save as scenario" and "Run scenarios": scenarios.js.
 
   // -- live edits -----------------------------------------------------------------------
   function drawDiagnostics(st) {
@@ -417,8 +404,6 @@
     $("submit").addEventListener("click", () => send(true));
     $("input").addEventListener("keydown", e => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(false); } });
     $("new-session").addEventListener("click", () => openSession(newId()));
-    $("save").addEventListener("click", saveScenario);
-    $("run").addEventListener("click", runScenarios);
     $("earlier").addEventListener("click", earlier);
     $("tab-play").addEventListener("click", () => tab("play"));
     $("tab-sessions").addEventListener("click", () => tab("sessions"));
