@@ -264,6 +264,12 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--fail-under", action="append", default=[], metavar="METRIC=VALUE",
                     help="exit 1 when the run's metric is below VALUE, e.g. handoff_rate=0.4 "
                     "(repeatable)")
+    sm.add_argument("--max-degenerate", default="20%", metavar="SHARE",
+                    help="a run where more of the customer messages are degenerate (empty, "
+                    "placeholders, echoes, the brief) is invalid and gives no rates "
+                    "(default 20%%)")
+    sm.add_argument("--gate", action="store_true",
+                    help="exit 1 when the run is invalid (CI)")
     db_opts(sm)
 
     kn = sub.add_parser("knowledge", help="the funnel's knowledge base: reindex it, or search "

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import InvalidInput
 from ..evidence import render
 from ..evidence.continuation import continue_sessions
+from ..evidence.degenerate import parse_share
 from ..evidence.gates import Verdict, check_floor, parse_floor, parse_gate
 from ..evidence.personas import load_personas
 from ..evidence.records import read_bundle, read_population
@@ -120,6 +121,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except InvalidInput as exc:
         print(f"funnel simulate: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        max_degenerate = parse_share(args.max_degenerate)
+    except ValueError:
+        print(f"funnel simulate: error: --max-degenerate {args.max_degenerate!r}: expected a "
+              "share such as 20% or 0.2", file=sys.stderr)
+        return 2
     earlier = None
     if args.compare:
         try:
@@ -128,9 +135,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise InvalidInput(f"--compare {args.compare}: not a `funnel simulate --format "
                                f"json` output ({exc})") from None
     run = simulate(funnel, personas, model, n=args.n, seed=args.seed, db=args.db,
-                   customer=customer, variant=args.variant)
+                   customer=customer, variant=args.variant, max_degenerate=max_degenerate)
     metrics = run.metrics()
-    verdicts = [check_floor(m, v, metrics) for m, v in floors]
+    verdicts = [check_floor(m, v, metrics) if run.valid else
+                Verdict(f"{m}={v:g}", True, "nothing: the run is invalid") for m, v in floors]
     against_ = against(run, earlier) if isinstance(earlier, dict) else []
     if args.format == "json":
         text = render.simulation_json(run, against_, verdicts)
@@ -142,7 +150,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text, "utf-8")
     else:
         sys.stdout.write(text)
-    return 1 if any(v.failed for v in verdicts) else 0
+    return 1 if any(v.failed for v in verdicts) or (args.gate and not run.valid) else 0
 
 
 # The metrics a simulated run gates on, besides reach.<stage>.
