@@ -110,7 +110,7 @@ def test_conversations_that_never_started_are_left_out_of_the_rates(server_dsn) 
     model = make_model(FUNNEL_MODEL)
     assert isinstance(model, ScriptedModel)
     run = simulate(funnel, load_personas(PERSONAS), model, n=5, seed=3, db=server_dsn,
-                   customer=_SomeFail())  # type: ignore[arg-type]
+                   customer=_SomeFail())
     vague = [c for c in run.conversations if c.persona == "vague"]
     assert vague and all(not c.started and c.turns == 0 for c in vague)
     started = len(run.conversations) - len(vague)
