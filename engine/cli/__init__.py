@@ -243,8 +243,18 @@ def _parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("simulate", help="walk the funnel with simulated customers (personas) "
                         "on a temporary schema, scored by the funnel's outcomes")
     sm.add_argument("funnel", metavar="FUNNEL")
-    sm.add_argument("--personas", required=True, metavar="FILE", help="the personas (YAML; "
+    sm.add_argument("--personas", default=None, metavar="FILE", help="the personas (YAML; "
                     "docs/evidence.md)")
+    sm.add_argument("--personas-from-db", action="store_true",
+                    help="mine weighted personas from the recorded sessions of --since "
+                    "instead (anonymized; docs/evidence.md)")
+    sm.add_argument("--since", default=30 * 86400.0, type=_period, metavar="PERIOD",
+                    help="--personas-from-db: the sessions with a message in this period "
+                    "(default 30d)")
+    sm.add_argument("--k", type=int, default=8, metavar="N",
+                    help="--personas-from-db: at most N personas (default 8)")
+    sm.add_argument("--write", default=None, metavar="FILE",
+                    help="--personas-from-db: write the personas file and stop")
     sm.add_argument("-n", type=int, default=20, metavar="N",
                     help="conversations, 1 to 10,000 (default 20)")
     sm.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),

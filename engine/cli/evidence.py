@@ -12,6 +12,7 @@ from ..evidence import render
 from ..evidence.continuation import continue_sessions
 from ..evidence.degenerate import parse_share
 from ..evidence.gates import Verdict, check_floor, parse_floor, parse_gate
+from ..evidence.mining import mine, write_personas
 from ..evidence.personas import load_personas
 from ..evidence.records import read_bundle, read_population
 from ..evidence.replay import Replay, base_from, replay
@@ -110,8 +111,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"funnel simulate: error: argument -n: from 1 to {MAX_CONVERSATIONS:,} "
               f"conversations; got {args.n} (run several seeds for more)", file=sys.stderr)
         return 2
+    if (args.personas is None) == (not args.personas_from_db):
+        print("funnel simulate: error: give --personas FILE or --personas-from-db (one of "
+              "the two)", file=sys.stderr)
+        return 2
     funnel = load_funnel(args.funnel)
-    personas = load_personas(args.personas)
+    if args.personas_from_db:
+        try:
+            mined = mine(args.db, funnel.spec, since=args.since, k=args.k)
+        except InvalidInput as exc:
+            print(f"funnel simulate: error: {exc}", file=sys.stderr)
+            return 2
+        if args.write:
+            write_personas(mined, args.write)
+            sys.stdout.write(json.dumps(mined.as_json(), indent=2, ensure_ascii=False) + "\n"
+                             if args.format == "json" else mined.as_text()
+                             + f"wrote {args.write}\n")
+            return 0
+        personas = mined.personas
+    else:
+        personas = load_personas(args.personas)
     model = make_model(args.model or funnel.spec.model.name, api_base=args.api_base)
     customer = make_model(args.customer_model, api_base=args.customer_api_base) \
         if args.customer_model else None
