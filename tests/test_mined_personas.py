@@ -26,8 +26,9 @@ EVIDENCE = Path(__file__).with_name("evidence")
 PERSONAS = EVIDENCE / "personas.yaml"
 MODEL = f"scripted:{EVIDENCE / 'mined_model.yaml'}"
 # persona -> (sessions, messages of its script said; None: all of them)
-MIX = {"sphynx_owner": [(3, None), (2, 3)], "price_sensitive": [(2, None)],
-       "wants_manager": [(2, None)], "vague": [(2, None), (1, 1)]}
+MIX: dict[str, list[tuple[int, int | None]]] = {
+    "sphynx_owner": [(3, None), (2, 3)], "price_sensitive": [(2, None)],
+    "wants_manager": [(2, None)], "vague": [(2, None), (1, 1)]}
 
 
 async def _record(url: str) -> dict[str, list[str]]:
