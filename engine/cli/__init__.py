@@ -211,6 +211,13 @@ def _parser() -> argparse.ArgumentParser:
                     "(docs/experiments.md)")
     rp.add_argument("--include-playground", action="store_true",
                     help="count the studio's playground sessions too (left out by default)")
+    rp.add_argument("--advise", action="store_true",
+                    help="advise on each numeric threshold of the exit conditions: who stopped "
+                    "just below it, how those above converted, the value the data suggests "
+                    "and what replaying it changes (docs/evidence.md)")
+    rp.add_argument("--advise-sessions", type=int, default=500, metavar="N",
+                    help="--advise: replay the suggestion over the N most recent sessions "
+                    "(default 500; 0: no replay)")
     db_opts(rp)
     rl = sub.add_parser("replay", help="replay recorded sessions against an edited funnel: "
                         "what the edit changes, session by session and in all")
