@@ -34,10 +34,13 @@ def advice_text(advice: Sequence[Advice], facts: Mapping[str, Any]) -> str:
         lines.append(f"{t.stage} -> {t.to}  `{t.when}`  (line {t.line}): {t.text}")
         lines.append(f"  entered {t.stage}: {a.entered:,}; took the exit: {a.passed:,}; "
                      f"stayed in {t.stage}: {a.stayed:,}, of them {a.just_below:,} just "
-                     f"{'below' if t.up else 'above'} it ({_n(a.band[0])} to {_n(a.band[1])})")
+                     f"{'below' if t.up else 'above'} it ({_n(a.band[0])} to {_n(a.band[1])})"
+                     + ("" if a.entered else f" (no session entered {t.stage})"))
         if a.by_score:
             lines.append(f"  conversion of those that took the exit, by {t.field}:")
-            lines += [f"    {_n(b['from']):>6} to {_n(b['to']):<6} {_pct(b)}" for b in a.by_score]
+            lines += [f"    {_n(b['from']):>6} to <{_n(b['to']):<6} {_pct(b)}" if t.up else
+                      f"    >{_n(b['from']):>6} to {_n(b['to']):<6} {_pct(b)}"
+                      for b in a.by_score]
         lines.append(f"  advice: {a.advice}")
         r = a.replay
         if r is not None:
