@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
+from psycopg import sql
 from replay_population import PURAMUR
 
 from engine.funnel.compiled import load_funnel
@@ -38,10 +39,11 @@ def synthetic(url: str, n: int, *, then: int = 40, best: int = 50, low: float = 
     """Write ``n`` sessions (ids ``syn-<i>``) into the database at ``url``."""
     table = asyncio.run(_migrate(url))
     rng = random.Random(seed)
-    now = datetime.now(timezone.utc)
-    with psycopg.connect(url) as conn, conn.cursor() as cur, cur.copy(
-            f'COPY "{table}" (session_id, stage, stage_history, discovery_completeness, '
-            "handoff_triggered_at, handoff_reason, turns, last_message_at) FROM STDIN") as copy:
+    now = datetime.now(UTC)
+    with psycopg.connect(url) as conn, conn.cursor() as cur, cur.copy(sql.SQL(
+            "COPY {} (session_id, stage, stage_history, discovery_completeness, "
+            "handoff_triggered_at, handoff_reason, turns, last_message_at) FROM STDIN").format(
+                sql.Identifier(table))) as copy:
         for i in range(n):
             score = rng.randint(0, 100)
             path = ["greeting", "discovery"]

@@ -213,7 +213,7 @@ def _advise(t: Threshold, rows: dict[str, dict[str, Row]], rng: random.Random) -
     cells = [(float(r.score if t.up else -r.score), r.converted) for r in passed
              if r.score is not None]
     a.by_score = _bands(cells, t.up)
-    split = _split(cells)
+    split = _split(_tally(cells))
     if split is None:
         a.advice = ("keep: too few sessions took the exit to read a step" if len(cells) <
                     2 * MIN_GROUP else "keep: the sessions that took the exit convert alike "
@@ -223,10 +223,15 @@ def _advise(t: Threshold, rows: dict[str, dict[str, Row]], rng: random.Random) -
     if high["rate"] <= low["rate"]:
         a.advice = "keep: higher scores do not convert better"
         return a
+    tally = _tally(cells)
     boots = []
     for _ in range(BOOTSTRAP):
-        sample = rng.choices(cells, k=len(cells))
-        found = _split(sample, need_gap=False)
+        # The Poisson bootstrap: each (score, outcome) count drawn anew around itself (a
+        # resample of the sessions, without drawing each of them).
+        sample = {score: [_poisson(rng, n - k), _poisson(rng, k)] for score, (n, k)
+                  in tally.items()}
+        found = _split({s: [a + b, b] for s, (a, b) in sample.items() if a + b},
+                       need_gap=False)
         if found is not None:
             boots.append(found[0])
     boots.sort()
@@ -264,19 +269,40 @@ def _bands(cells: Sequence[tuple[float, bool]], up: bool) -> list[dict[str, Any]
     return out
 
 
-def _split(cells: Sequence[tuple[float, bool]], need_gap: bool = True
-           ) -> tuple[float, dict[str, Any], dict[str, Any]] | None:
-    """The score that splits ``cells`` into the two groups (below it, from it) whose two
-    conversion rates fit them best (the most likely step), with each group's count, rate
-    and Wilson interval; None when no split leaves :data:`MIN_GROUP` on each side, or
-    (``need_gap``) when the two intervals overlap."""
+def _tally(cells: Sequence[tuple[float, bool]]) -> dict[float, list[int]]:
+    """score -> [sessions, converted]."""
     counts: dict[float, list[int]] = {}
-    for s, c in cells:
-        entry = counts.setdefault(s, [0, 0])
+    for score, converted in cells:
+        entry = counts.setdefault(score, [0, 0])
         entry[0] += 1
-        entry[1] += int(c)
+        entry[1] += int(converted)
+    return counts
+
+
+def _poisson(rng: random.Random, mean: int) -> int:
+    """A Poisson draw (Knuth's below 30, the normal approximation above)."""
+    if mean <= 0:
+        return 0
+    if mean > 30:
+        return max(0, round(rng.gauss(mean, math.sqrt(mean))))
+    limit, k, p = math.exp(-mean), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def _split(counts: dict[float, list[int]], need_gap: bool = True
+           ) -> tuple[float, dict[str, Any], dict[str, Any]] | None:
+    """The score that splits the sessions (``score -> [sessions, converted]``) into the
+    two groups (below it, from it) whose two conversion rates fit them best (the most
+    likely step), with each group's count, rate and Wilson interval; None when no split
+    leaves :data:`MIN_GROUP` on each side, or (``need_gap``) when the two intervals
+    overlap."""
     scores = sorted(counts)
-    n_all, k_all = len(cells), sum(int(c) for _, c in cells)
+    n_all = sum(c[0] for c in counts.values())
+    k_all = sum(c[1] for c in counts.values())
     best: tuple[float, float, int, int] | None = None
     n_low = k_low = 0
     for prev, score in zip(scores, scores[1:], strict=False):
