@@ -55,9 +55,13 @@ def multiply(url: str, table: str, copies: int) -> None:
                 "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
                 "AND table_schema = current_schema() ORDER BY ordinal_position",
                 (name,)).fetchall() if r[0] != "id"]
+            # A copy's last message is g minutes before its original's: the most recent
+            # sessions (what the advisor replays) are every original and its first copies.
             picked = [sql.SQL("t.{} || '~' || g").format(sql.Identifier(c))
-                      if c in ("session_id", key) else sql.SQL("t.{}").format(sql.Identifier(c))
-                      for c in cols]
+                      if c in ("session_id", key) else
+                      sql.SQL("t.{} - g * interval '1 minute'").format(sql.Identifier(c))
+                      if name == table and c == "last_message_at" else
+                      sql.SQL("t.{}").format(sql.Identifier(c)) for c in cols]
             conn.execute(sql.SQL("INSERT INTO {t} ({cols}) SELECT {picked} FROM {t} t, "
                                  "generate_series(1, %s) g").format(
                 t=sql.Identifier(name), cols=sql.SQL(", ").join(map(sql.Identifier, cols)),

@@ -15,6 +15,7 @@ import pytest
 from replay_population import PURAMUR
 
 from engine.cli import main
+from engine.evidence.mining import Profile, cluster
 from engine.evidence.personas import load_personas
 from engine.funnel.compiled import load_funnel
 from engine.llm.models import make_model
@@ -108,3 +109,23 @@ def test_mining_an_empty_database_is_a_one_line_error(server_dsn, capsys) -> Non
     assert "no recorded session of funnel 'puramur'" in err
     code, _, err = _run(capsys, "--model", MODEL)
     assert code == 2 and "--personas FILE or --personas-from-db" in err
+
+
+def test_past_k_the_smallest_cluster_joins_its_nearest() -> None:
+    def p(sid: str, path: str, objections: tuple[str, ...] = (), language: str = "en"
+          ) -> Profile:
+        return Profile(sid, tuple(path.split()), objections, language, (), 4)
+
+    full = "greeting discovery presentation cart_building contact_collection handoff"
+    profiles = [p(f"a{i}", full) for i in range(5)]
+    profiles += [p(f"b{i}", "greeting discovery") for i in range(4)]
+    profiles += [p("c0", "greeting discovery presentation objection_handling", ("price",))]
+    profiles += [p("d0", "greeting discovery", language="uk")]
+    assert [len(c.profiles) for c in cluster(profiles, 8)] == [5, 4, 1, 1]
+    two = cluster(profiles, 2)
+    assert [len(c.profiles) for c in two] == [6, 5]
+    # The Ukrainian browser joins the other browsers, and so does the objector, who never
+    # reached the cart: by the stages reached, nearer the browsers than the buyers.
+    assert {x.session_id for x in two[0].profiles} == {"b0", "b1", "b2", "b3", "d0", "c0"}
+    assert two[0].key == (("greeting", "discovery"), (), "en")
+    assert {x.session_id for x in two[1].profiles} == {f"a{i}" for i in range(5)}
