@@ -26,11 +26,12 @@ PERSONAS = EVIDENCE / "personas.yaml"
 FUNNEL_MODEL = f"scripted:{EVIDENCE / 'funnel_model.yaml'}"
 
 
-def _simulate(capsys: Any, dsn: str, customer: str, *extra: str) -> tuple[int, str]:
+def _simulate(capsys: Any, dsn: str, customer: str, *extra: str, n: int = 2
+              ) -> tuple[int, str]:
     capsys.readouterr()
     code = main(["simulate", str(PURAMUR), "--personas", str(PERSONAS), "--model",
                  FUNNEL_MODEL, "--customer-model", f"scripted:{EVIDENCE / customer}",
-                 "-n", "3", "--seed", "3", "--db", dsn, *extra])
+                 "-n", str(n), "--seed", "3", "--db", dsn, *extra])
     return code, capsys.readouterr().out
 
 
@@ -51,7 +52,7 @@ def test_what_makes_a_message_no_customers() -> None:
 
 def test_an_echoing_customer_model_makes_the_run_invalid(server_dsn, capsys) -> None:
     run = simulate(load_funnel(PURAMUR), load_personas(PERSONAS), make_model(FUNNEL_MODEL),
-                   n=3, seed=3, db=server_dsn,
+                   n=2, seed=3, db=server_dsn,
                    customer=make_model(f"scripted:{EVIDENCE / 'customer_echo.yaml'}"))
     data = json.loads(render.simulation_json(run))
     assert data["valid"] is False and data["rates"] is None
@@ -66,7 +67,7 @@ def test_an_echoing_customer_model_makes_the_run_invalid(server_dsn, capsys) -> 
     assert run.valid and "%]" in render.simulation_text(run)
     # The command: invalid under --gate is exit 1, and an error annotation.
     code, out = _simulate(capsys, server_dsn, "customer_echo.yaml", "--gate", "--format",
-                          "github")
+                          "github", n=1)
     assert code == 1 and out.startswith("::error title=funnel simulate%3A invalid run::")
     capsys.readouterr()
     assert main(["simulate", str(PURAMUR), "--personas", str(PERSONAS), "--model",
@@ -81,7 +82,7 @@ def test_a_customer_model_that_fails_before_speaking_starts_nothing(server_dsn, 
                           "--gate")
     run = json.loads(out)
     assert code == 1 and run["valid"] is False and run["rates"] is None
-    assert run["never_started"] == 3 and all(not c["started"] for c in run["conversations"])
+    assert run["never_started"] == 2 and all(not c["started"] for c in run["conversations"])
     assert "no conversation started" in run["invalid"]
 
 
