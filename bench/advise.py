@@ -62,10 +62,14 @@ def multiply(url: str, table: str, copies: int) -> None:
                       sql.SQL("t.{} - g * interval '1 minute'").format(sql.Identifier(c))
                       if name == table and c == "last_message_at" else
                       sql.SQL("t.{}").format(sql.Identifier(c)) for c in cols]
-            conn.execute(sql.SQL("INSERT INTO {t} ({cols}) SELECT {picked} FROM {t} t, "
-                                 "generate_series(1, %s) g").format(
+            # In id order: a copied session's turns and messages keep their order.
+            conn.execute(sql.SQL("INSERT INTO {t} ({cols}) SELECT {picked} FROM (SELECT * "
+                                 "FROM {t} ORDER BY {order}) t, generate_series(1, %s) g "
+                                 "ORDER BY g, {order}").format(
                 t=sql.Identifier(name), cols=sql.SQL(", ").join(map(sql.Identifier, cols)),
-                picked=sql.SQL(", ").join(picked)), (copies,))
+                picked=sql.SQL(", ").join(picked),
+                order=sql.Identifier("session_id" if name == table else
+                                     "order_id" if key else "id")), (copies,))
         conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
 
 
