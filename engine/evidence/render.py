@@ -352,7 +352,9 @@ def simulation_text(run: Simulation, earlier: Sequence[Mapping[str, Any]] = (),
     lines += [f"  {c.session_id}: {c.turns} turns, ended in {c.stage} ({c.ended}); cart "
               f"{c.cart_total}, completeness {c.completeness}, hand-off "
               f"{_yes(c.handoff)}{' (' + str(c.handoff_reason) + ')' if c.handoff else ''}, "
-              f"{c.fallbacks} fallback(s), {c.repairs} repair(s)" for c in run.conversations]
+              f"{c.fallbacks} fallback(s), {c.repairs} repair(s)"
+              + (f", {sum(c.degenerate.values())} degenerate message(s)" if c.degenerate else "")
+              + ("; never started" if not c.started else "") for c in run.conversations]
     if verdicts:
         lines += ["", "Gates:", *(f"  {v.line()}" for v in verdicts)]
     return "\n".join(lines) + "\n"
