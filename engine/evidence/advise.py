@@ -38,9 +38,8 @@ from ..experiments.stats import wilson
 from ..format.names import CONVERSIONS, PLAYGROUND
 from ..funnel.compiled import CompiledFunnel
 from ..store.playground import real_session
-from ..versions.bundle import Bundle, bundle_of, compile_bundle
-from .records import _connect, _has, read_bundle, read_population
-from .replay import replay
+from .advise_replay import replay_threshold
+from .records import _connect, _has, read_population
 
 __all__ = ["Advice", "Threshold", "advise", "thresholds"]
 
@@ -154,8 +153,8 @@ def advise(funnel: CompiledFunnel, db: str | None, *, since: float | None = None
         for a in out:
             value = a.suggested if a.suggested is not None else _tried(a, rows)
             if value is not None:
-                a.replay = _replay(funnel, db, a.threshold, value, population, len(recent),
-                                   replay_cap)
+                a.replay = replay_threshold(funnel, db, a.threshold, value, population,
+                                            len(recent), replay_cap)
                 a.replay["without_turns"] = len(ids) - len(population.sessions)
         replayed = time.perf_counter() - t0
     return out, {"funnel": funnel.name, "sessions": len(recent), "since_seconds": since,
@@ -348,63 +347,6 @@ def _tried(a: Advice, rows: dict[str, dict[str, Row]]) -> float | None:
     if not a.stayed or all(t.passes(s, value) for s in scores):
         return None
     return value
-
-
-def _replay(funnel: CompiledFunnel, db: str | None, t: Threshold, value: float,
-            population: Any, recorded: int, replay_cap: int) -> dict[str, Any]:
-    """The funnel with ``t`` set to ``value`` (a temporary copy of its files), replayed."""
-    new = f"{t.field} {t.op} {_num(value)}"
-    out: dict[str, Any] = {"condition": new, "sessions": len(population.sessions),
-                           "of": recorded, "capped": replay_cap < recorded}
-    if not population.sessions:  # nothing recorded to replay (and no detector to warm)
-        out.update({k: 0 for k in ("same", "different", "needs_model", "not_reproduced",
-                                   "skipped", "changed")})
-        out["reach"] = {}
-        return out
-    bundle = bundle_of(funnel.spec)
-    edited = _substitute(bundle, funnel, t, new)
-    if edited is None:
-        out["error"] = (f"`{t.text}` is not on line {t.line} of the funnel file or the lines "
-                        "after it; edit it by hand and run `funnel replay`")
-        return out
-    loaded = compile_bundle(edited)
-    versions: list[Any] = []
-
-    def base(version: int) -> CompiledFunnel | str:
-        found = read_bundle(db, funnel.name, version)
-        if found is None:
-            return funnel
-        v = compile_bundle(Bundle(funnel.name, version, found[1], found[2], found[0]))
-        versions.append(v)
-        return v.funnel
-
-    try:
-        result = replay(loaded.funnel, population, base)
-    finally:
-        for v in [loaded, *versions]:
-            if v.folder is not None:
-                v.folder.cleanup()
-    counts = result.counts()
-    out.update(counts)
-    out["reach"] = {name[6:]: list(ba) for name, ba in result.metrics().items()
-                    if name.startswith("reach.")}
-    return out
-
-
-def _substitute(bundle: Bundle, funnel: CompiledFunnel, t: Threshold, new: str
-                ) -> Bundle | None:
-    """The bundle with the threshold's text replaced on its exit's lines (its `- to:`
-    line and the three after it) of the funnel file."""
-    text = bundle.files[bundle.entry]
-    lines = text.split("\n")
-    pattern = re.compile(rf"(?<![\w.]){re.escape(t.field)}\s*{re.escape(t.op)}\s*"
-                         rf"{re.escape(_num(t.value))}(?![\w.])")
-    for i in range(max(0, t.line - 1), min(len(lines), t.line + 3)):
-        if pattern.search(lines[i]):
-            lines[i] = pattern.sub(new, lines[i], count=1)
-            files = {**bundle.files, bundle.entry: "\n".join(lines)}
-            return Bundle(bundle.name, bundle.version, bundle.entry, files, "")
-    return None
 
 
 def _num(value: float) -> str:
