@@ -239,6 +239,13 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--scenarios", nargs="+", default=(), metavar="PATH",
                     help="with --coverage: the scenarios to compare with (default: the "
                     "funnel's folder)")
+    rp.add_argument("--advise", action="store_true",
+                    help="advise on each numeric threshold of the exit conditions: who stopped "
+                    "just below it, how those above converted, the value the data suggests "
+                    "and what replaying it changes (docs/evidence.md)")
+    rp.add_argument("--advise-sessions", type=int, default=500, metavar="N",
+                    help="--advise: replay the suggestion over the N most recent sessions "
+                    "(default 500; 0: no replay)")
     db_opts(rp)
     rl = sub.add_parser("replay", help="replay recorded sessions against an edited funnel: "
                         "what the edit changes, session by session and in all")
@@ -271,8 +278,18 @@ def _parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("simulate", help="walk the funnel with simulated customers (personas) "
                         "on a temporary schema, scored by the funnel's outcomes")
     sm.add_argument("funnel", metavar="FUNNEL")
-    sm.add_argument("--personas", required=True, metavar="FILE", help="the personas (YAML; "
+    sm.add_argument("--personas", default=None, metavar="FILE", help="the personas (YAML; "
                     "docs/evidence.md)")
+    sm.add_argument("--personas-from-db", action="store_true",
+                    help="mine weighted personas from the recorded sessions of --since "
+                    "instead (anonymized; docs/evidence.md)")
+    sm.add_argument("--since", default=30 * 86400.0, type=_period, metavar="PERIOD",
+                    help="--personas-from-db: the sessions with a message in this period "
+                    "(default 30d)")
+    sm.add_argument("--k", type=int, default=8, metavar="N",
+                    help="--personas-from-db: at most N personas (default 8)")
+    sm.add_argument("--write", default=None, metavar="FILE",
+                    help="--personas-from-db: write the personas file and stop")
     sm.add_argument("-n", type=int, default=20, metavar="N",
                     help="conversations, 1 to 10,000 (default 20)")
     sm.add_argument("--model", default=os.environ.get("FUNNEL_MODEL"),
@@ -292,6 +309,12 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--fail-under", action="append", default=[], metavar="METRIC=VALUE",
                     help="exit 1 when the run's metric is below VALUE, e.g. handoff_rate=0.4 "
                     "(repeatable)")
+    sm.add_argument("--max-degenerate", default="20%", metavar="SHARE",
+                    help="a run where more of the customer messages are degenerate (empty, "
+                    "placeholders, echoes, the brief) is invalid and gives no rates "
+                    "(default 20%%)")
+    sm.add_argument("--gate", action="store_true",
+                    help="exit 1 when the run is invalid (CI)")
     db_opts(sm)
 
     kn = sub.add_parser("knowledge", help="the funnel's knowledge base: reindex it, or search "

@@ -10,7 +10,9 @@ from pathlib import Path
 from ..errors import InvalidInput
 from ..evidence import render
 from ..evidence.continuation import continue_sessions
+from ..evidence.degenerate import parse_share
 from ..evidence.gates import Verdict, check_floor, parse_floor, parse_gate
+from ..evidence.mining import mine, write_personas
 from ..evidence.personas import load_personas
 from ..evidence.records import read_bundle, read_population
 from ..evidence.replay import Replay, base_from, replay
@@ -109,8 +111,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"funnel simulate: error: argument -n: from 1 to {MAX_CONVERSATIONS:,} "
               f"conversations; got {args.n} (run several seeds for more)", file=sys.stderr)
         return 2
+    if (args.personas is None) == (not args.personas_from_db):
+        print("funnel simulate: error: give --personas FILE or --personas-from-db (one of "
+              "the two)", file=sys.stderr)
+        return 2
     funnel = load_funnel(args.funnel)
-    personas = load_personas(args.personas)
+    if args.personas_from_db:
+        try:
+            mined = mine(args.db, funnel.spec, since=args.since, k=args.k)
+        except InvalidInput as exc:
+            print(f"funnel simulate: error: {exc}", file=sys.stderr)
+            return 2
+        if args.write:
+            write_personas(mined, args.write)
+            sys.stdout.write(json.dumps(mined.as_json(), indent=2, ensure_ascii=False) + "\n"
+                             if args.format == "json" else mined.as_text()
+                             + f"wrote {args.write}\n")
+            return 0
+        personas = mined.personas
+    else:
+        personas = load_personas(args.personas)
     model = make_model(args.model or funnel.spec.model.name, api_base=args.api_base)
     customer = make_model(args.customer_model, api_base=args.customer_api_base) \
         if args.customer_model else None
@@ -120,6 +140,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except InvalidInput as exc:
         print(f"funnel simulate: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        max_degenerate = parse_share(args.max_degenerate)
+    except ValueError:
+        print(f"funnel simulate: error: --max-degenerate {args.max_degenerate!r}: expected a "
+              "share such as 20% or 0.2", file=sys.stderr)
+        return 2
     earlier = None
     if args.compare:
         try:
@@ -128,9 +154,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise InvalidInput(f"--compare {args.compare}: not a `funnel simulate --format "
                                f"json` output ({exc})") from None
     run = simulate(funnel, personas, model, n=args.n, seed=args.seed, db=args.db,
-                   customer=customer, variant=args.variant)
+                   customer=customer, variant=args.variant, max_degenerate=max_degenerate)
     metrics = run.metrics()
-    verdicts = [check_floor(m, v, metrics) for m, v in floors]
+    verdicts = [check_floor(m, v, metrics) if run.valid else
+                Verdict(f"{m}={v:g}", True, "nothing: the run is invalid") for m, v in floors]
     against_ = against(run, earlier) if isinstance(earlier, dict) else []
     if args.format == "json":
         text = render.simulation_json(run, against_, verdicts)
@@ -142,7 +169,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text, "utf-8")
     else:
         sys.stdout.write(text)
-    return 1 if any(v.failed for v in verdicts) else 0
+    return 1 if any(v.failed for v in verdicts) or (args.gate and not run.valid) else 0
 
 
 # The metrics a simulated run gates on, besides reach.<stage>.

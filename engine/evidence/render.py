@@ -326,8 +326,9 @@ def simulation_text(run: Simulation, earlier: Sequence[Mapping[str, Any]] = (),
     """`funnel simulate`'s report: rates with their intervals, overall and per persona,
     beside an earlier run's when given, then every conversation."""
     lines = [f"funnel simulate: {run.funnel}, {len(run.conversations)} conversations, model "
-             f"{run.model}, customers {run.customer}, seed {run.seed}", ""]
-    rates = run.rates()
+             f"{run.model}, customers {run.customer}, seed {run.seed}",
+             *_measured(run), ""]
+    rates = run.rates() if run.valid else {}
     for group, row in rates.items():
         lines.append(f"{'All' if group == 'all' else 'Persona ' + group} "
                      f"({row['handoff_rate']['n']} conversations):")
@@ -337,6 +338,7 @@ def simulation_text(run: Simulation, earlier: Sequence[Mapping[str, Any]] = (),
             lines.append(f"  {_label(name):28} {r['k']:>4}/{r['n']:<4} {r['rate'] * 100:5.1f}%"
                          f"  [{r['low'] * 100:.1f}%, {r['high'] * 100:.1f}%]")
     m = run.metrics()
+    lines += [] if run.valid else [f"INVALID: {run.invalid_reason()}; no rates are given"]
     lines += ["", f"Per conversation: {m['turns']:.1f} turns, cart {m['cart_total']:.2f}, "
               f"{m['tokens']:.0f} tokens, cost {m['cost']:.4f}; fallbacks "
               f"{m['fallback_rate'] * 100:.1f}% and repairs {m['repair_rate'] * 100:.1f}% of "
@@ -350,7 +352,9 @@ def simulation_text(run: Simulation, earlier: Sequence[Mapping[str, Any]] = (),
     lines += [f"  {c.session_id}: {c.turns} turns, ended in {c.stage} ({c.ended}); cart "
               f"{c.cart_total}, completeness {c.completeness}, hand-off "
               f"{_yes(c.handoff)}{' (' + str(c.handoff_reason) + ')' if c.handoff else ''}, "
-              f"{c.fallbacks} fallback(s), {c.repairs} repair(s)" for c in run.conversations]
+              f"{c.fallbacks} fallback(s), {c.repairs} repair(s)"
+              + (f", {sum(c.degenerate.values())} degenerate message(s)" if c.degenerate else "")
+              + ("; never started" if not c.started else "") for c in run.conversations]
     if verdicts:
         lines += ["", "Gates:", *(f"  {v.line()}" for v in verdicts)]
     return "\n".join(lines) + "\n"
@@ -368,8 +372,22 @@ def simulation_json(run: Simulation, earlier: Sequence[Mapping[str, Any]] = (),
 def simulation_github(run: Simulation, verdicts: Sequence[Verdict] = ()) -> str:
     m = run.metrics()
     summary = (f"{len(run.conversations)} simulated conversations: hand-off rate "
-               f"{m['handoff_rate'] * 100:.1f}%, {m['turns']:.1f} turns each")
-    out = [f"::notice title={_prop('funnel simulate')}::{_escape(summary)}"]
+               f"{m['handoff_rate'] * 100:.1f}%, {m['turns']:.1f} turns each; "
+               + "; ".join(_measured(run)))
+    out = [f"::notice title={_prop('funnel simulate')}::{_escape(summary)}"
+           if run.valid else f"::error title={_prop('funnel simulate: invalid run')}::"
+           f"{_escape(str(run.invalid_reason()))}; {_escape('; '.join(_measured(run)))}"]
     out += [f"::{'error' if v.failed else 'notice'} title={_prop('funnel simulate gate')}::"
             f"{_escape(v.line())}" for v in verdicts]
     return "\n".join(out) + "\n"
+
+
+def _measured(run: Simulation) -> list[str]:
+    """What the run measured: the conversations that started, the degenerate messages."""
+    d = run.degenerate()
+    kinds = ", ".join(f"{k} {n}" for k, n in d["kinds"].items())
+    return [f"{len(run.measured)} conversation(s) started, {run.never_started} never started "
+            "(left out of the rates)",
+            f"{d['messages']} of {d['sent']} customer messages degenerate "
+            f"({d['share'] * 100:.1f}%, at most {d['max'] * 100:g}% for a valid run"
+            + (f": {kinds})" if kinds else ")")]

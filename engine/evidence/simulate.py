@@ -7,6 +7,10 @@ simulated sessions never reach the real report, the experiments or the retention
 counts, and their hand-offs notify no one. Each conversation is scored by the funnel's
 own outcomes (:class:`Conversation`); the run gives rates per stage and per persona
 with Wilson 95% intervals (:class:`Simulation`), compared with an earlier run's JSON.
+Conversations that never started (the customer model failed before a first message)
+are counted apart and left out of the rates; the customer messages that are no
+customer's (:mod:`engine.evidence.degenerate`) are counted, and a run where their
+share is above ``max_degenerate`` is invalid: it gives no rates.
 """
 
 from __future__ import annotations
@@ -32,13 +36,19 @@ from ..memory.summary import ExtractiveSummarizer
 from ..store import open_store
 from ..store.connect import temporary_schema
 from ..turn.engine import Engine
+from .degenerate import degenerate
 from .personas import Persona
 
-__all__ = ["MAX_CONVERSATIONS", "Conversation", "Simulation", "SimulationCancelled", "simulate"]
+__all__ = ["MAX_CONVERSATIONS", "MAX_DEGENERATE", "Conversation", "Simulation",
+           "SimulationCancelled", "simulate"]
 
 # A run keeps every conversation in memory and in its temporary schema: 10,000 is
 # hours with a remote model and a few hundred MB; more is several runs (--seed).
 MAX_CONVERSATIONS = 10_000
+
+# The share of degenerate customer messages above which a run measures its customer
+# model, not the funnel (`--max-degenerate`).
+MAX_DEGENERATE = 0.2
 
 CHANNEL = "simulate"
 CUSTOMER_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["message"],
@@ -74,6 +84,8 @@ class Conversation:
     fallbacks: int = 0
     repairs: int = 0
     ended: str = ""  # why it ended: the script, patience, the customer left, a final stage
+    started: bool = True  # False: the customer never sent a first message
+    degenerate: dict[str, int] = field(default_factory=dict)  # kind -> customer messages
 
 
 @dataclass
@@ -86,10 +98,52 @@ class Simulation:
     seed: int
     stages: list[str]
     conversations: list[Conversation] = field(default_factory=list)
+    max_degenerate: float = MAX_DEGENERATE
+
+    @property
+    def measured(self) -> list[Conversation]:
+        """The conversations that started: the rates' population."""
+        return [c for c in self.conversations if c.started]
+
+    @property
+    def never_started(self) -> int:
+        return sum(not c.started for c in self.conversations)
+
+    def degenerate(self) -> dict[str, Any]:
+        """The degenerate customer messages: by kind, in all, their share of the
+        messages sent, and the run's limit."""
+        kinds: dict[str, int] = {}
+        for c in self.conversations:
+            for kind, k in c.degenerate.items():
+                kinds[kind] = kinds.get(kind, 0) + k
+        sent = sum(c.turns for c in self.conversations)
+        bad = sum(kinds.values())
+        return {"kinds": dict(sorted(kinds.items())), "messages": bad, "sent": sent,
+                "share": bad / sent if sent else 0.0, "max": self.max_degenerate}
+
+    @property
+    def valid(self) -> bool:
+        """Whether the run measures the funnel: some conversation started, and at most
+        ``max_degenerate`` of the customer messages are degenerate."""
+        return bool(self.measured) and self.degenerate()["share"] <= self.max_degenerate
+
+    def invalid_reason(self) -> str | None:
+        if not self.measured:
+            return (f"no conversation started ({self.never_started} of "
+                    f"{len(self.conversations)}: the customer model failed before a first "
+                    "message)")
+        d = self.degenerate()
+        if d["share"] > self.max_degenerate:
+            kinds = ", ".join(f"{k} {n}" for k, n in d["kinds"].items())
+            return (f"{d['messages']} of {d['sent']} customer messages are degenerate "
+                    f"({d['share'] * 100:.1f}% > {self.max_degenerate * 100:g}%: {kinds}); "
+                    "the run measures the customer model, not the funnel")
+        return None
 
     def metrics(self) -> dict[str, float]:
-        """Rates as fractions, averages per conversation."""
-        convs = self.conversations
+        """Rates as fractions, averages per conversation, over the conversations that
+        started."""
+        convs = self.measured
         n = len(convs) or 1
         turns = sum(c.turns for c in convs) or 1
         out = {"handoff_rate": sum(c.handoff for c in convs) / n,
@@ -106,8 +160,8 @@ class Simulation:
     def rates(self) -> dict[str, dict[str, Any]]:
         """``reach.<stage>`` and ``handoff_rate``, overall and per persona, each with its
         count and its Wilson 95% interval."""
-        groups: dict[str, list[Conversation]] = {"all": self.conversations}
-        for c in self.conversations:
+        groups: dict[str, list[Conversation]] = {"all": self.measured}
+        for c in self.measured:
             groups.setdefault(c.persona, []).append(c)
         out: dict[str, dict[str, Any]] = {}
         for group, convs in groups.items():
@@ -122,15 +176,20 @@ class Simulation:
         return out
 
     def as_json(self) -> dict[str, Any]:
+        """The run; an invalid run's ``rates`` are null (``invalid`` says why)."""
         return {"funnel": self.funnel, "model": self.model, "customer": self.customer,
                 "seed": self.seed, "conversations": [asdict(c) for c in self.conversations],
-                "metrics": self.metrics(), "rates": self.rates()}
+                "never_started": self.never_started, "degenerate": self.degenerate(),
+                "valid": self.valid, "invalid": self.invalid_reason(),
+                "metrics": self.metrics(), "rates": self.rates() if self.valid else None}
 
 
 def against(run: Simulation, earlier: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each rate of ``run`` beside an earlier run's (its ``--format json``), with the
     two-proportion z-test's p-value."""
-    out = []
+    out: list[dict[str, Any]] = []
+    if not run.valid:
+        return out
     then = (earlier.get("rates") or {}).get("all") or {}
     for name, now in run.rates()["all"].items():
         old = then.get(name)
@@ -158,6 +217,13 @@ class _Customer:
         self.settings = funnel.stage(funnel.spec.initial).spec.model
         self.chat: list[dict[str, str]] = [{"role": "system", "content": persona.brief()}]
         self.said = 0
+        self.degenerate: dict[str, int] = {}
+
+    def judge(self, message: str, reply: str | None) -> None:
+        """Count ``message`` when it is no customer's (engine.evidence.degenerate)."""
+        kind = degenerate(message, reply, self.chat[0]["content"] if self.model else "")
+        if kind is not None:
+            self.degenerate[kind] = self.degenerate.get(kind, 0) + 1
 
     async def next(self, reply: str | None) -> tuple[str | None, str]:
         """The customer's next message, or None and why they end the conversation."""
@@ -203,7 +269,8 @@ def _unfenced(text: str) -> str:
 def simulate(funnel: CompiledFunnel, personas: Sequence[Persona], model: Model, *,
              n: int, seed: int, db: str | None, customer: Model | None = None,
              variant: str | None = None, progress: Progress | None = None,
-             cancelled: Callable[[], bool] | None = None) -> Simulation:
+             cancelled: Callable[[], bool] | None = None,
+             max_degenerate: float = MAX_DEGENERATE) -> Simulation:
     """Run ``n`` simulated conversations on a temporary schema of ``db``.
 
     ``progress`` is told of each conversation as it ends; ``cancelled`` is asked before
@@ -225,7 +292,7 @@ def simulate(funnel: CompiledFunnel, personas: Sequence[Persona], model: Model, 
     random.Random(seed).shuffle(pool)
     run = Simulation(funnel.name, getattr(model, "name", "model"),
                      getattr(customer, "name", "script") if customer else "script", seed,
-                     list(funnel.spec.stages))
+                     list(funnel.spec.stages), max_degenerate=max_degenerate)
     with temporary_schema(db, prefix="funnel_tmp_simulate") as url:
         run.conversations = asyncio.run(_run(url, funnel, model, customer, pool, n, seed,
                                              variant, _Hooks(progress, cancelled)))
@@ -281,7 +348,9 @@ async def _conversation(engine: Engine, persona: Persona, customer: Model | None
         text, why = await player.next(reply)
         if text is None:
             conv.ended = why
+            conv.started = conv.turns > 0
             break
+        player.judge(text, reply)
         result = await engine.handle(sid, text, channel=CHANNEL)
         reply = result.reply
         conv.turns += 1
@@ -291,6 +360,7 @@ async def _conversation(engine: Engine, persona: Persona, customer: Model | None
         if engine.funnel.stage(result.stage_after).spec.final:
             conv.ended = f"final stage {result.stage_after}"
             break
+    conv.degenerate = dict(sorted(player.degenerate.items()))
     state = await engine.state(sid) or {}
     conv.stage = str(state.get("stage", spec.initial))
     conv.reached = list(dict.fromkeys(h["stage"] for h in state.get("stage_history") or []))
