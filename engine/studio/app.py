@@ -45,7 +45,12 @@ __all__ = ["STATIC", "create_studio_app"]
 
 log = logging.getLogger("funnel.studio")
 STATIC = Path(__file__).resolve().parent / "static"
-ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript"}
+ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
+          "editor.js": "text/javascript"}
+# The editor's library (CodeMirror 5, MIT: static/vendor/codemirror/LICENSE, README.md).
+ASSETS |= {f"vendor/codemirror/{n}": "text/" + ("css" if n.endswith(".css") else "javascript")
+           for n in ("codemirror.js", "codemirror.css", "yaml.js", "jinja2.js", "markdown.js",
+                     "show-hint.js", "show-hint.css", "lint.js", "lint.css")}
 MAX_BODY = 512 * 1024
 COOKIE = "funnel_studio"
 B = TypeVar("B", bound=BaseModel)
@@ -160,7 +165,7 @@ async def page(request: Request) -> Response:
 
 async def asset(request: Request) -> Response:
     name = str(request.path_params["name"])
-    if name not in ASSETS:
+    if name not in ASSETS:  # only the names listed: no path from the request reaches the disk
         return _error(404, "not_found", f"no asset {name!r}")
     return FileResponse(STATIC / name, media_type=ASSETS[name])
 
@@ -322,13 +327,17 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
         hosts: the ``Host`` names accepted (``None``: any); a loopback studio accepts only
             loopback names, so that a rebinding DNS name cannot reach it.
     """
-    routes = [Route("/", page), Route("/static/{name}", asset), Route("/report", _guarded(report)),
+    from .editor_api import routes as editor_routes  # it uses this module's readers
+
+    routes = [Route("/", page), Route("/static/{name:path}", asset),
+              Route("/report", _guarded(report)),
               *(Route(f"/api/{path}", _guarded(fn)) for path, fn in (
                   ("funnels", funnels), ("status", status), ("session", session),
                   ("transcript", transcript), ("sessions", sessions))),
               *(Route(f"/api/{path}", _guarded(fn), methods=["POST"]) for path, fn in (
                   ("turn", turn), ("rewind", rewind), ("scenario", scenario),
-                  ("scenarios/run", run_scenarios)))]
+                  ("scenarios/run", run_scenarios))),
+              *editor_routes(_guarded, _body, _opened, _json)]
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

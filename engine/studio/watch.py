@@ -87,12 +87,25 @@ class Watched:
             except FunnelError as exc:  # a schema change: `funnel migrate` first
                 self.problem = (f"the edit is valid but cannot be taken by the running "
                                 f"session: {exc}")
+                self.diagnostics = []  # the file is clean now: no stale problems beside it
             else:
                 self.funnel, self.problem, self.diagnostics = funnel, None, []
                 self.loaded_at = time.time()
                 self._files = watched_files(funnel.spec)  # a new template folder, a new file
                 self._seen = snapshot(self._files)
         self.generation += 1
+
+    async def reload(self) -> None:
+        """Take the files as they are now, at once, changed or not (after `funnel migrate`
+        from the page, whose table change no file shows)."""
+        self._seen = snapshot(self._files)
+        self.changed_at = time.time()
+        await self._reload()
+
+    def watches(self, path: Path) -> bool:
+        """Whether a save of ``path`` is seen (and validated) by :meth:`poll`."""
+        real = os.path.realpath(path)
+        return any(os.path.realpath(p) == real for p in self._files)
 
     def status(self) -> dict[str, Any]:
         errors = [d for d in self.diagnostics if d.get("severity") == "error"]
