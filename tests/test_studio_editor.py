@@ -96,6 +96,12 @@ def page(studio: tuple[str, Path, str, Any], tmp_path_factory: pytest.TempPathFa
         yield Page(d, studio[0])
 
 
+def shot(page: Page, name: str) -> None:
+    """docs/studio/NAME from the real page, when FUNNEL_STUDIO_SHOTS names that folder."""
+    if os.environ.get("FUNNEL_STUDIO_SHOTS"):
+        page.d.save_screenshot(os.path.join(os.environ["FUNNEL_STUDIO_SHOTS"], name))
+
+
 def column_exists(db: str, table: str, column: str) -> bool:
     import psycopg
 
@@ -135,6 +141,14 @@ def test_a_new_funnel_made_edited_and_migrated_in_the_page(
                    ".map(t => t.dataset.file)")
     assert "prompts/greeting.j2" in tabs and "scenarios/happy_path.yaml" in tabs
 
+    # Hover: a stage's `fallback:` key says what it is, from the JSON Schema.
+    page.edit("const l = cm.getValue().split('\\n').findIndex(t => t.startsWith('    fallback:'));"
+              "const c = cm.charCoords({line: l, ch: 6}, 'window');"
+              "cm.getWrapperElement().dispatchEvent(new MouseEvent('mousemove', "
+              "{clientX: c.left + 1, clientY: (c.top + c.bottom) / 2, bubbles: true}));")
+    tip = page.until("const h = document.getElementById('ed-hover'); return !h.hidden && h.textContent")
+    assert tip.startswith("stages.greeting.fallback") and "The reply sent when" in tip
+
     # Completion from the JSON Schema: a key inside a stage.
     page.edit("const l = cm.getValue().split('\\n').indexOf('  greeting:');"
               "cm.replaceRange('    \\n', {line: l + 1, ch: 0}); cm.setCursor({line: l + 1, ch: 4});"
@@ -154,6 +168,8 @@ def test_a_new_funnel_made_edited_and_migrated_in_the_page(
     assert diags[0]["code"] == "F004" and diags[0]["line"] == str(line), diags
     assert f"funnel.yaml:{line}:" in diags[0]["text"] and "did you mean 'integer'" in diags[0]["text"]
     assert page.js("return document.querySelectorAll('.CodeMirror-lint-mark-error').length") >= 1
+    page.edit(f"cm.scrollIntoView({{line: {line - 1}, ch: 0}}, 120);")
+    shot(page, "editor.png")
 
     # Fixed: the diagnostic clears (no stale one stays).
     page.edit("const t = cm.getValue(); cm.setValue(t.replace('type: integr,', 'type: integer,'));")
@@ -169,8 +185,7 @@ def test_a_new_funnel_made_edited_and_migrated_in_the_page(
     assert page.js("return document.querySelectorAll('[data-testid=diagnostic]').length") == 0
     assert not column_exists(db, "pet_shop_sessions_state", "budget")
     saved_at = made.stat().st_mtime_ns
-    if os.environ.get("FUNNEL_STUDIO_SHOTS"):  # docs/studio/editor.png
-        page.d.save_screenshot(os.path.join(os.environ["FUNNEL_STUDIO_SHOTS"], "editor.png"))
+    shot(page, "migrate.png")
 
     # Migrated: the column exists and the funnel runs the edit, with no other save.
     page.tid("migrate").click()

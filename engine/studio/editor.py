@@ -49,7 +49,7 @@ _KEPT = 64  # opened versions kept to show what changed on disk since
 
 @dataclass(frozen=True)
 class EditorFile:
-    """One file the editor shows: ``id`` (relative to the funnel file's folder), its kind."""
+    """One file the editor shows: ``id`` (its path from the funnel file's folder), its kind."""
 
     id: str
     path: Path
@@ -94,7 +94,10 @@ def editor_files(spec: FunnelSpec) -> list[EditorFile]:
             continue
         if not is_confined(path, roots):  # the compiler confined them; a symlink since
             continue
-        ident = os.path.relpath(path, base) if path.is_relative_to(base) else str(path)
+        # Relative to the funnel file's folder (`../prompts/x.j2` in a repository's layout)
+        # within its project; a FUNNEL_ROOT folder's file by its whole path.
+        inside = Path(os.path.realpath(path)).is_relative_to(roots[0])
+        ident = os.path.relpath(path, base) if inside else str(path)
         out.setdefault(ident, EditorFile(ident, path, kind))
     order = {"funnel": 0, "prompt": 1, "catalog": 2, "schema": 3, "knowledge": 4, "scenario": 5}
     return sorted(out.values(), key=lambda f: (order[f.kind], f.id))

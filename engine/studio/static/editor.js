@@ -38,10 +38,10 @@
           el("span", {id: "ed-state", class: "ed-state", "data-testid": "editor-state"}),
           el("span", {class: "hint", text: "Ctrl-Space completes, Ctrl-S saves; hover a key for its meaning"})),
         el("div", {id: "ed-conflict", class: "ed-conflict", "data-testid": "editor-conflict", hidden: true}),
+        el("div", {id: "migrate-box", class: "migrate-box", "data-testid": "migrate-panel", hidden: true}),
         el("div", {id: "ed-cm", class: "ed-cm"}),
         el("div", {id: "ed-hover", class: "ed-hover", "data-testid": "editor-hover", hidden: true}),
-        el("ul", {id: "ed-diags", class: "ed-diags", "data-testid": "editor-diagnostics"}),
-        el("div", {id: "migrate-box", class: "migrate-box", "data-testid": "migrate-panel", hidden: true})),
+        el("ul", {id: "ed-diags", class: "ed-diags", "data-testid": "editor-diagnostics"})),
       el("aside", {class: "ed-side"},
         el("h3", {text: "New funnel"}),
         el("form", {id: "new-funnel", "data-testid": "new-funnel", class: "ed-form", onsubmit: "return false"},
@@ -219,9 +219,11 @@
     return E.schemas[kind];
   }
   function deref(root, node) {
+    const own = node && node.description;  // a property's own words win over its $ref's
     for (let i = 0; node && node.$ref && i < 20; i++) {
       node = node.$ref.replace(/^#\//, "").split("/").reduce((n, k) => n && n[k], root);
     }
+    if (own && node && node.description !== own) node = Object.assign({}, node, {description: own});
     if (node && !node.properties && (node.anyOf || node.oneOf || node.allOf)) {
       for (const alt of node.anyOf || node.oneOf || node.allOf) { const d = deref(root, alt); if (d && (d.properties || d.items || d.enum)) return d; }
     }
