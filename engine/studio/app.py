@@ -39,6 +39,7 @@ from ..format.settings import parse_duration
 from ..report import build_report, render_html
 from . import sql
 from .bodies import RewindBody, ScenarioBody, TurnBody
+from .editor_api import routes as editor_routes
 from .playground import Studio
 
 __all__ = ["STATIC", "create_studio_app"]
@@ -327,8 +328,6 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
         hosts: the ``Host`` names accepted (``None``: any); a loopback studio accepts only
             loopback names, so that a rebinding DNS name cannot reach it.
     """
-    from .editor_api import routes as editor_routes  # it uses this module's readers
-
     routes = [Route("/", page), Route("/static/{name:path}", asset),
               Route("/report", _guarded(report)),
               *(Route(f"/api/{path}", _guarded(fn)) for path, fn in (
