@@ -7,9 +7,9 @@ and anything else, or a file that resolves outside the funnel's roots
 (:func:`engine.format.paths.confine`), is refused.
 
 - :func:`lint` checks a text not yet saved: the funnel file with the whole validator
-  (:func:`engine.validation.check_text`, the files it names read from disk), the other
-  files for their own syntax (YAML, a Jinja template, JSON); a save then gets the whole
-  validator over every file (the studio's watcher).
+  (:func:`engine.validation.check_text`, the files it names read from disk), a scenario as
+  `funnel test` loads it, the other files for their own syntax (YAML, a Jinja template,
+  JSON); a save then gets the whole validator over every file (the studio's watcher).
 - :func:`save` writes atomically (a temporary file beside it, fsynced, renamed over it)
   and only when the file on disk is still the one the page opened (its SHA-256); else it
   refuses and shows the other change as a diff.
@@ -36,6 +36,7 @@ from ..format.files import watched_files
 from ..format.paths import OutsideFunnel, confine, funnel_roots, is_confined
 from ..format.spec import FunnelSpec
 from ..sandbox.expressions import make_environment
+from ..scenarios.load import load_scenario
 from ..validation import check_text
 
 __all__ = ["EditorFile", "Opened", "editor_files", "lint", "read", "save"]
@@ -226,6 +227,8 @@ def lint(spec: FunnelSpec, ident: str, text: str) -> list[dict[str, Any]]:
     found: list[Diagnostic] = []
     if f.kind == "funnel":
         found = check_text(spec.path, text)[1]
+    elif f.kind == "scenario":
+        found = _scenario(f.path, text)
     elif f.path.suffix in (".yaml", ".yml"):
         try:
             _yaml.load(text)
@@ -251,3 +254,17 @@ def _template(path: Path, text: str) -> list[Diagnostic]:
                            f"template syntax error: {exc.message or 'invalid syntax'}; close "
                            "the tag or expression ({% ... %}, {{ ... }})")]
     return []
+
+
+def _scenario(path: Path, text: str) -> list[Diagnostic]:
+    """A scenario file's text checked as `funnel test` loads it (its format, its turns):
+    written to a hidden file beside it for the loader (its `funnel:` path is relative to it),
+    then removed. Column 1: the loader tells lines."""
+    tmp = path.with_name(f".{path.stem}.{secrets.token_hex(4)}.lint{path.suffix}")
+    try:
+        tmp.write_text(text, "utf-8")
+        failures = load_scenario(tmp)[1]
+    finally:
+        tmp.unlink(missing_ok=True)
+    return [Diagnostic(str(path), f.line, 1, "error", "S001",
+                       f.message.replace(str(tmp), str(path))) for f in failures]
