@@ -269,3 +269,34 @@ def test_a_model_key_stays_in_memory_and_shows_masked(
                    if r.name.split(".")[0] in ("funnel", "uvicorn", "litellm", "LiteLLM")]
     assert studio_logs and not [m for m in studio_logs if KEY[-10:] in m]
     assert page.console_errors() == []
+
+
+def test_the_editor_touches_only_the_funnels_files_and_takes_strict_bodies(
+        studio: tuple[str, Path, str, Any]) -> None:
+    url, project, _db, _app = studio
+    outside = project.parent / "secret.txt"
+    outside.write_text("not the funnel's")
+    (project / "shop" / "prompts" / "evil.j2").symlink_to(outside)
+    with httpx.Client(base_url=url, timeout=30) as h:
+        files = {f["id"] for f in h.get("/api/editor/files", params={"funnel": "shop"}).json()["files"]}
+        assert "funnel.yaml" in files and "prompts/evil.j2" not in files
+        for name in ("../../secret.txt", "prompts/evil.j2", "/etc/passwd", "../pyproject.toml"):
+            r = h.get("/api/editor/file", params={"funnel": "shop", "file": name})
+            assert r.status_code == 400 and "not one of funnel 'shop''s files" in r.text, name
+            r = h.post("/api/editor/save", json={"funnel": "shop", "file": name, "text": "x",
+                                                 "base": "0" * 64})
+            assert r.status_code == 400, name
+        assert outside.read_text() == "not the funnel's"
+        base = h.get("/api/editor/file", params={"funnel": "shop", "file": "funnel.yaml"}).json()
+        r = h.post("/api/editor/save", json={"funnel": "shop", "file": "funnel.yaml",
+                                             "text": base["text"], "base": base["hash"], "x": 1})
+        assert r.status_code == 400 and "x: Extra inputs are not permitted" in r.text
+        r = h.post("/api/editor/lint", content=b"{}", headers={"content-type": "text/plain"})
+        assert r.status_code == 400
+        r = h.post("/api/editor/model-key", json={"model": "human", "key": "k" * 20})
+        assert r.status_code == 400 and "takes no key" in r.text
+        r = h.post("/api/editor/new", json={"name": "a" * 61})
+        assert r.status_code == 400
+        for asset in ("vendor/../app.py", "vendor/codemirror/../../app.py", "..%2Fapp.py"):
+            assert h.get(f"/static/{asset}").status_code == 404, asset
+        assert h.get("/static/vendor/codemirror/codemirror.js").status_code == 200
