@@ -220,6 +220,19 @@ def test_a_save_is_refused_when_the_file_changed_on_disk_and_a_bad_one_keeps_the
     assert prompt.read_text("utf-8").startswith("My line.")
     assert not [p for p in prompt.parent.iterdir() if p.name.startswith(".")]  # no temp left
 
+    # A prompt reading a name the state lacks: the whole validator finds it on the save, and
+    # the prompt's tab lists it (a prompt as typed is checked for its syntax only).
+    page.edit("cm.replaceRange('{{ nosuchfield }}\\n', {line: 1, ch: 0});")
+    page.tid("editor-save").click()
+    page.until("return document.getElementById('ed-state').textContent.includes('last good version')")
+    found = page.until("const d = [...document.querySelectorAll('[data-testid=editor-diagnostic]"
+                       "[data-source=save][data-code=F203]')]; return d.length ? d[0].textContent : null")
+    assert "prompts/greeting.j2:2:" in found and "nosuchfield" in found
+    page.edit("cm.undo();")
+    page.tid("editor-save").click()
+    page.until("return document.getElementById('ed-state').textContent.startsWith('saved and reloaded')")
+    page.until("return !document.querySelector('[data-testid=editor-diagnostic]')")
+
     # An invalid funnel file is saved, its problems shown; the last good version runs on.
     page.open_tab("funnel.yaml")
     page.until(f"return {CM}.getValue().includes('funnel: shop')")

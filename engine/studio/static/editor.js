@@ -115,7 +115,8 @@
     for (const d of list) {
       const where = (d.tab || d.file) + ":" + d.line + ":" + d.col;
       const li = el("li", {class: "ed-diag " + d.severity, "data-testid": "editor-diagnostic", "data-code": d.code, "data-file": d.tab || d.file,
-        "data-line": String(d.line), "data-col": String(d.col)},
+        "data-line": String(d.line), "data-col": String(d.col), "data-source": d.fromSave ? "save" : "typed"},
+        d.fromSave ? el("span", {class: "hint", text: "last save: "}) : null,
         el("code", {class: "where", text: where}), el("strong", {text: " " + d.code + " "}), el("span", {class: "problem", text: d.problem || d.message}),
         d.suggestion ? el("div", {class: "suggestion", text: "→ " + d.suggestion}) : null);
       li.addEventListener("click", () => jump(d));
@@ -130,7 +131,7 @@
     E.cm.setCursor({line: Math.max(0, d.line - 1), ch: Math.max(0, d.col - 1)}); E.cm.focus();
   }
   function annotations(list) {
-    return list.filter(d => !d.tab || d.tab === E.current).map(d => {
+    return list.filter(d => d.tab === E.current).map(d => {
       const line = Math.max(0, d.line - 1), ch = Math.max(0, d.col - 1);
       const text = E.cm.getLine(line) || "";
       const end = Math.max(ch + 1, (text.slice(ch).match(/^[^\s:,}\]]*/) || [""])[0].length + ch);
@@ -145,11 +146,16 @@
     const res = await api("editor/lint", {funnel: E.funnel, file: id, text});
     if (id !== E.current) return [];
     if (!res.ok) { say(message(res), true); return []; }
-    E.files[id].diagnostics = res.data.diagnostics;
     const dt = Math.round(performance.now() - started);
     $("ed-diags").dataset.ms = String(dt);
-    drawDiagnostics(res.data.diagnostics, res.data.diagnostics.length ? null : "no problems in " + id + " (checked in " + dt + " ms)");
-    return annotations(res.data.diagnostics);
+    // The whole validator ran on the funnel file as typed; another file was checked for its
+    // own syntax only, so the last save's problems found in it (or in other files) stay
+    // listed, marked, until the next save.
+    const whole = E.files[id].kind === "funnel";
+    const saved = (E.lastSave || []).filter(d => !(whole && d.tab === id)).map(d => Object.assign({}, d, {fromSave: true}));
+    const all = res.data.diagnostics.concat(saved);
+    drawDiagnostics(all, all.length ? null : "no problems in " + id + " (checked in " + dt + " ms)");
+    return annotations(all);
   }
 
   // -- saving -------------------------------------------------------------------------------
@@ -164,14 +170,13 @@
     $("ed-conflict").hidden = true;
     f.hash = res.data.hash; f.saved = text; markDirty(f);
     const st = res.data.status;
+    E.lastSave = st.diagnostics || [];
+    E.cm.performLint();  // this file as typed, with the save's problems (or none left)
     const errors = (st.diagnostics || []).filter(d => d.severity === "error");
     if (errors.length) {
       say("saved; it has problems, so the last good version keeps running", true);
-      drawDiagnostics(st.diagnostics, null);
-      E.cm.performLint();
     } else if (st.problem) {
       say("saved; the running funnel needs a migration first", true);
-      drawDiagnostics([], null);
       await showMigration();
     } else {
       say("saved and reloaded: version " + st.version);
