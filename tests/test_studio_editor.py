@@ -9,8 +9,10 @@ in no log. No console errors."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -313,3 +315,37 @@ def test_the_editor_touches_only_the_funnels_files_and_takes_strict_bodies(
         for asset in ("vendor/../app.py", "vendor/codemirror/../../app.py", "..%2Fapp.py"):
             assert h.get(f"/static/{asset}").status_code == 404, asset
         assert h.get("/static/vendor/codemirror/codemirror.js").status_code == 200
+
+
+def test_a_migration_from_a_terminal_is_noticed_without_another_save(
+        studio: tuple[str, Path, str, Any]) -> None:
+    url, project, db, _app = studio
+    path = project / "shop" / "funnel.yaml"
+    path.write_text(path.read_text("utf-8").replace(
+        "\nstate:\n", "\nstate:\n  note: {type: string, default: \"\"}\n", 1), "utf-8")
+
+    def status() -> dict[str, Any]:
+        return dict(httpx.get(f"{url}/api/status").json()["shop"])
+
+    deadline = time.monotonic() + WAIT
+    while not status()["problem"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    held = status()
+    assert "missing column(s) note" in held["problem"] and held["diagnostics"] == []
+
+    async def migrate() -> None:  # what `funnel migrate` does, from another store
+        from engine.funnel.compiled import load_funnel
+        from engine.store import open_store
+
+        store = await open_store(db)
+        try:
+            await store.migrate(load_funnel(path).spec)
+        finally:
+            await store.close()
+
+    saved_at = path.stat().st_mtime_ns
+    asyncio.run(migrate())
+    while not status()["ok"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status()["ok"] and status()["problem"] is None
+    assert status()["generation"] == held["generation"] + 1 and path.stat().st_mtime_ns == saved_at
