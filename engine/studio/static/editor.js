@@ -71,6 +71,7 @@
     $("ed-save").addEventListener("click", () => save(false));
     $("nf-create").addEventListener("click", newFunnel);
     $("mk-set").addEventListener("click", setKey);
+    api("editor/model-key").then(res => { if (res.ok) $("mk-out").textContent = Object.entries(res.data.keys).map(([m, v]) => m + ": " + v).join(", "); });
   }
 
   // -- files ----------------------------------------------------------------------------
@@ -339,21 +340,35 @@
   }
 
   // -- the tab ----------------------------------------------------------------------------------
-  function show(on) {
+  // CodeMirror (half a megabyte) is loaded when the tab is first opened: the playground's page
+  // stays as light as it was. The files are the studio's own (static/vendor/codemirror).
+  const VENDOR = ["codemirror.css", "show-hint.css", "lint.css", "codemirror.js", "yaml.js",
+    "jinja2.js", "markdown.js", "show-hint.js", "lint.js"];
+  let loading = null;
+  function vendor() {
+    loading = loading || VENDOR.reduce((ready, name) => ready.then(() => new Promise((done, fail) => {
+      const url = "static/vendor/codemirror/" + name;
+      const tag = name.endsWith(".css") ? el("link", {rel: "stylesheet", href: url}) : el("script", {src: url});
+      tag.addEventListener("load", done);
+      tag.addEventListener("error", () => fail(new Error("could not load " + url)));
+      document.head.append(tag);
+    })), Promise.resolve()).then(build);
+    return loading;
+  }
+  async function show(on) {
     $("editor").hidden = !on;
     $("tab-editor").classList.toggle("on", on);
-    if (on) {
-      $("play").hidden = true; $("sessions").hidden = true;
-      $("tab-play").classList.remove("on"); $("tab-sessions").classList.remove("on");
-      loadFiles().then(() => E.cm.refresh());
-    }
+    if (!on) return;
+    $("play").hidden = true; $("sessions").hidden = true;
+    $("tab-play").classList.remove("on"); $("tab-sessions").classList.remove("on");
+    try { await vendor(); } catch (e) { $("editor").textContent = String(e); return; }
+    await loadFiles();
+    E.cm.refresh();
   }
   window.addEventListener("DOMContentLoaded", () => {
-    build();
     $("tab-editor").addEventListener("click", () => show(true));
     $("tab-play").addEventListener("click", () => show(false));
     $("tab-sessions").addEventListener("click", () => show(false));
-    $("funnel").addEventListener("change", () => { if (!$("editor").hidden) loadFiles(); });
-    api("editor/model-key").then(res => { if (res.ok) $("mk-out").textContent = Object.entries(res.data.keys).map(([m, v]) => m + ": " + v).join(", "); });
+    $("funnel").addEventListener("change", () => { if (!$("editor").hidden && E.cm) loadFiles(); });
   });
 })();
