@@ -273,9 +273,15 @@ def test_a_model_key_stays_in_memory_and_shows_masked(
     built: dict[str, Any] = {}
     monkeypatch.setattr("engine.studio.model.make_model",
                         lambda name, **kw: built.setdefault(name, kw))
+    monkeypatch.setattr("engine.studio.keys.make_model", lambda name, **kw: built.update({name: kw}))
     studio_model.choose("studio-key", "gpt-4o-mini")
     assert built["gpt-4o-mini"]["api_key"] == KEY
+    built.clear()  # a model built already is built anew with a new key
+    r = httpx.post(f"{url}/api/editor/model-key", json={"model": "gpt-4o-mini", "key": KEY + "2"})
+    assert r.json() == {"keys": {"gpt-4o-mini": "sk-…bcd2"}}
+    assert built["gpt-4o-mini"]["api_key"] == KEY + "2"
     studio_model.models.pop("gpt-4o-mini")
+    studio_model.keys.clear()
     assert KEY not in json.dumps(dict(os.environ))
     assert KEY not in httpx.get(f"{url}/api/editor/model-key").text
     for path in project.rglob("*"):

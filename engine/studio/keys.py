@@ -11,6 +11,7 @@ has it replaced. It is gone when the studio stops.
 from __future__ import annotations
 
 from ..errors import InvalidInput
+from ..llm.models import make_model
 from .model import HUMAN, StudioModel
 
 __all__ = ["Keys", "masked"]
@@ -30,8 +31,8 @@ class Keys:
 
     def set(self, model: StudioModel, name: str, key: str | None) -> None:
         """The key of ``name`` for the studio's turns (``None``: back to the provider's key
-        in the environment, if any). The model is built with it on its first turn (litellm
-        takes seconds to import: a pasted key costs nothing until it is used).
+        in the environment, if any). A model not built yet is built with it on its first turn
+        (litellm takes seconds to import: a pasted key costs nothing until it is used).
 
         Raises:
             InvalidInput: ``name`` is "I am the model" or a scripted model (no key).
@@ -39,13 +40,14 @@ class Keys:
         if name == HUMAN or name.startswith("scripted"):
             raise InvalidInput(f"`model`: {name!r} takes no key; give a litellm model string "
                                "such as gpt-4o-mini or anthropic/claude-3-5-haiku-latest")
-        model.models.pop(name, None)  # built with the old key, if any: built anew
         if key is None:
             model.keys.pop(name, None)
             self._masked.pop(name, None)
         else:
             model.keys[name] = key
             self._masked[name] = masked(key)
+        if name in model.models:  # built already (litellm imported): built anew with this key
+            model.models[name] = make_model(name, api_base=model.api_base, api_key=key)
 
     def view(self) -> dict[str, str]:
         return dict(self._masked)
