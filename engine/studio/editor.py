@@ -23,6 +23,7 @@ import json
 import os
 import re
 import secrets
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,9 @@ class Opened:
 
     def __init__(self) -> None:
         self._texts: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # One save at a time (they run in threads): two pages saving the same version of a
+        # file cannot both pass the check; the second is refused with the first's change.
+        self.saving = threading.Lock()
 
     def keep(self, path: Path, text: str) -> str:
         key = (str(path), digest(text))
@@ -166,14 +170,19 @@ def save(spec: FunnelSpec, ident: str, text: str, base: str, opened: Opened
     if len(text) > MAX_TEXT:
         raise InvalidInput(f"`text`: {len(text)} characters, over the {MAX_TEXT} a file may have")
     f = _file(spec, ident)
+    with opened.saving:
+        return f.path, _write(f, ident, text, base, opened)
+
+
+def _write(f: EditorFile, ident: str, text: str, base: str, opened: Opened
+           ) -> dict[str, Any] | None:
     disk = _read_text(f.path)
     if digest(disk) != base:
         was = opened.get(f.path, base)
         diff = "".join(difflib.unified_diff(
             (was or "").splitlines(keepends=True), disk.splitlines(keepends=True),
             f"{ident} (as opened)", f"{ident} (on disk now)")) if was is not None else ""
-        return f.path, {"file": ident, "text": disk, "hash": opened.keep(f.path, disk),
-                        "diff": diff}
+        return {"file": ident, "text": disk, "hash": opened.keep(f.path, disk), "diff": diff}
     # Beside it (one file system, so the rename is atomic), hidden (no watcher reads it).
     tmp = f.path.with_name(f".{f.path.name}.{secrets.token_hex(4)}.tmp")
     try:
@@ -186,7 +195,7 @@ def save(spec: FunnelSpec, ident: str, text: str, base: str, opened: Opened
     finally:
         tmp.unlink(missing_ok=True)
     opened.keep(f.path, text)
-    return f.path, None
+    return None
 
 
 _NOT_ONE_OF = re.compile(r"'([^']*)' is not one of \[(.*)\]")
