@@ -61,11 +61,14 @@ class Caller:
     """
 
     def __init__(self, litellm: Any, name: str, *, api_base: str | None = None,
-                 structured_output: str | None = None) -> None:
+                 structured_output: str | None = None, api_key: str | None = None) -> None:
         self._litellm = litellm
         self.name = name
         self.api_base = api_base
         self.structured_output = structured_output
+        # Given per call (the studio's pasted key), never put in os.environ: the
+        # environment is the whole process's, children's and /proc's.
+        self._api_key = api_key
 
     async def complete(self, request: ModelRequest) -> Completion:
         s = request.settings
@@ -249,6 +252,8 @@ class Caller:
             kwargs["api_base"] = api_base
             if self._provider(model, api_base) in _KEYLESS_OK and not self._has_key(model):
                 kwargs["api_key"] = "no-key"
+        if self._api_key and model == self.name:  # the primary's key, not a fallback's
+            kwargs["api_key"] = self._api_key
         return kwargs
 
     def _provider(self, model: str, api_base: str | None) -> str:
@@ -279,9 +284,13 @@ class Caller:
             message += f" (after {retries} {'retry' if retries == 1 else 'retries'})"
         if ("Authentication" in kind or _retry.status_of(exc) in (401, 403)
                 or "api key" in text.lower() or "api_key" in text.lower()):
-            missing = self._missing_keys(model)
+            missing = [] if self._api_key else self._missing_keys(model)
             if missing:
                 message += f"; set {' or '.join(missing)} in the environment"
+            elif self._api_key:
+                message += "; the key given for it was refused: give another"
+        if self._api_key:  # a provider that echoes the key never gets it into a log
+            message = message.replace(self._api_key, "<the key given>")
         return message
 
     def _completion(self, model: str, response: Any, latency: float,

@@ -203,7 +203,7 @@ class LiteLLMModel:
     """
 
     def __init__(self, name: str, *, api_base: str | None = None,
-                 structured_output: str | None = None) -> None:
+                 structured_output: str | None = None, api_key: str | None = None) -> None:
         # Never fetch the cost map (or Anthropic's beta headers) from the network.
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
@@ -224,7 +224,7 @@ class LiteLLMModel:
         self.name = name
         self.api_base = api_base
         self.caller = Caller(litellm, name, api_base=api_base,
-                             structured_output=structured_output)
+                             structured_output=structured_output, api_key=api_key)
         self._tokens = MessageCounts(
             lambda messages: int(litellm.token_counter(model=name, messages=list(messages))),
             name)
@@ -267,8 +267,9 @@ class LiteLLMModel:
 
 
 def make_model(name: str, *, api_base: str | None = None,
-               structured_output: str | None = None) -> Model:
-    """``scripted:PATH`` for the offline model, otherwise a litellm model string."""
+               structured_output: str | None = None, api_key: str | None = None) -> Model:
+    """``scripted:PATH`` for the offline model, otherwise a litellm model string (called
+    with ``api_key`` when given, else the provider's key from the environment)."""
     if name.startswith("scripted:"):
         return ScriptedModel.from_file(name.removeprefix("scripted:"))
     if name == "scripted":
@@ -278,4 +279,5 @@ def make_model(name: str, *, api_base: str | None = None,
             "environment; or set $FUNNEL_MODEL), or `scripted:PATH` for the offline model (a "
             "file of model outputs, or a scenario file); in the studio, answer as the model "
             "yourself (\"I am the model\")")
-    return LiteLLMModel(name, api_base=api_base, structured_output=structured_output)
+    return LiteLLMModel(name, api_base=api_base, structured_output=structured_output,
+                        api_key=api_key)

@@ -39,6 +39,7 @@ from ..format.settings import parse_duration
 from ..report import build_report, render_html
 from . import sql
 from .bodies import RewindBody, ScenarioBody, TurnBody
+from .editor_api import routes as editor_routes
 from .evidence_api import ROUTES as EVIDENCE
 from .evidence_api import Handler as PluggedHandler
 from .playground import Studio
@@ -49,8 +50,12 @@ __all__ = ["STATIC", "create_studio_app"]
 log = logging.getLogger("funnel.studio")
 STATIC = Path(__file__).resolve().parent / "static"
 ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
-          "whatif.js": "text/javascript",
+          "whatif.js": "text/javascript", "editor.js": "text/javascript",
           "scenarios.js": "text/javascript", "simulate.js": "text/javascript"}
+# The editor's library (CodeMirror 5, MIT: static/vendor/codemirror/LICENSE, README.md).
+ASSETS |= {f"vendor/codemirror/{n}": "text/" + ("css" if n.endswith(".css") else "javascript")
+           for n in ("codemirror.js", "codemirror.css", "yaml.js", "jinja2.js", "markdown.js",
+                     "show-hint.js", "show-hint.css", "lint.js", "lint.css")}
 MAX_BODY = 512 * 1024
 COOKIE = "funnel_studio"
 B = TypeVar("B", bound=BaseModel)
@@ -165,7 +170,7 @@ async def page(request: Request) -> Response:
 
 async def asset(request: Request) -> Response:
     name = str(request.path_params["name"])
-    if name not in ASSETS:
+    if name not in ASSETS:  # only the names listed: no path from the request reaches the disk
         return _error(404, "not_found", f"no asset {name!r}")
     return FileResponse(STATIC / name, media_type=ASSETS[name])
 
@@ -351,13 +356,15 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
         hosts: the ``Host`` names accepted (``None``: any); a loopback studio accepts only
             loopback names, so that a rebinding DNS name cannot reach it.
     """
-    routes = [Route("/", page), Route("/static/{name}", asset), Route("/report", _guarded(report)),
+    routes = [Route("/", page), Route("/static/{name:path}", asset),
+              Route("/report", _guarded(report)),
               *(Route(f"/api/{path}", _guarded(fn)) for path, fn in (
                   ("funnels", funnels), ("status", status), ("session", session),
                   ("transcript", transcript), ("sessions", sessions), ("whatif", what_if))),
               *(Route(f"/api/{path}", _guarded(fn), methods=["POST"]) for path, fn in (
                   ("turn", turn), ("rewind", rewind), ("scenario", scenario),
-                  ("scenarios/run", run_scenarios)))]
+                  ("scenarios/run", run_scenarios))),
+              *editor_routes(_guarded, _body, _opened, _json)]
     routes += [Route(f"/api/{path}", _plugged(model, fn), methods=[method])
                for path, method, model, fn in EVIDENCE]
 

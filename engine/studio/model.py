@@ -77,6 +77,8 @@ class StudioModel:
     _queued: dict[str, ScriptEntry] = field(default_factory=dict)
     label: dict[str, str] = field(default_factory=dict)  # session -> the queued answer's origin
     _sent: OrderedDict[str, deque[Sent]] = field(default_factory=OrderedDict)
+    # Model keys pasted in the page (engine.studio.keys), by model: memory only, no repr.
+    keys: dict[str, str] = field(default_factory=dict, repr=False)
 
     def queue(self, session_id: str, entry: ScriptEntry, origin: str = f"studio:{HUMAN}"
               ) -> None:
@@ -96,7 +98,8 @@ class StudioModel:
             ConfigError: a ``scripted:PATH`` that cannot be read, an unknown strategy.
         """
         if name != HUMAN and name not in self.models:
-            self.models[name] = make_model(name, api_base=self.api_base)
+            self.models[name] = make_model(name, api_base=self.api_base,
+                                           api_key=self.keys.get(name))
         self.choice[session_id] = name
 
     def kept(self) -> list[str]:

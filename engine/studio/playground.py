@@ -86,17 +86,26 @@ class Studio:
         studio.whatif = WhatIf(store, what_if)
         try:
             for path in paths:
-                funnel = load_funnel(path)
-                engine = await Engine.open(funnel, store=store, model=studio_model,
-                                           summarizer=ExtractiveSummarizer(), playground=True)
-                studio.engines[funnel.name] = engine
-                studio.watched[funnel.name] = Watched(Path(path), funnel, engine.deploy,
-                                                      saved=studio.whatif.start)
+                await studio.add(path)
         except BaseException:
             await studio.close()
             raise
         studio._watcher = asyncio.get_running_loop().create_task(studio._watch())
         return studio
+
+    async def add(self, path: str | Path) -> CompiledFunnel:
+        """Load the funnel at ``path`` (it must validate) and show it too, on an engine
+        of its own (a funnel the page made: engine.studio.make)."""
+        funnel = load_funnel(path)
+        if funnel.name in self.engines:
+            raise InvalidInput(f"the studio shows a funnel '{funnel.name}' already "
+                               f"({self.watched[funnel.name].path})")
+        engine = await Engine.open(funnel, store=self.store, model=self.model,
+                                   summarizer=ExtractiveSummarizer(), playground=True)
+        self.engines[funnel.name] = engine
+        self.watched[funnel.name] = Watched(Path(path), funnel, engine.deploy,
+                                            saved=self.whatif.start)
+        return funnel
 
     async def close(self) -> None:
         for hook in self.closing:

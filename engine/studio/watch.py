@@ -28,6 +28,7 @@ __all__ = ["POLL", "Watched", "watched_files"]
 
 log = logging.getLogger("funnel.studio")
 POLL = float(os.environ.get("FUNNEL_STUDIO_POLL", "0.25"))  # seconds between looks
+RETRY = 1.0  # seconds between tries of a save held back until its table is migrated
 
 @dataclass
 class Watched:
@@ -48,6 +49,8 @@ class Watched:
     loaded_at: float = field(default_factory=time.time)
     _files: list[Path] = field(default_factory=list)
     _seen: Snapshot = ()
+    _pending: CompiledFunnel | None = None  # the clean save a schema change held back
+    _retry_at: float = 0.0
 
     def __post_init__(self) -> None:
         self._files = watched_files(self.funnel.spec)
@@ -57,6 +60,10 @@ class Watched:
         """Look once; on a change, validate and take or refuse it. True when it changed."""
         now = snapshot(self._files)
         if now == self._seen:
+            if self._pending is not None and time.monotonic() >= self._retry_at:
+                # `funnel migrate` in a terminal changes no file: try the held save again.
+                self._retry_at = time.monotonic() + RETRY
+                return await self._retry(self._pending)
             return False
         # A burst of writes (an editor's temporary file and rename): wait until quiet.
         while True:
@@ -88,6 +95,8 @@ class Watched:
             except FunnelError as exc:  # a schema change: `funnel migrate` first
                 self.problem = (f"the edit is valid but cannot be taken by the running "
                                 f"session: {exc}")
+                self.diagnostics = []  # the file is clean now: no stale problems beside it
+                self._pending, self._retry_at = funnel, time.monotonic() + RETRY
             else:
                 self.funnel, self.problem, self.diagnostics = funnel, None, []
                 self.loaded_at = time.time()
@@ -96,6 +105,34 @@ class Watched:
                 if self.saved is not None:
                     self.saved(funnel)
         self.generation += 1
+        if self.problem is None:
+            self._pending = None
+
+    async def _retry(self, funnel: CompiledFunnel) -> bool:
+        """Deploy the held save again; taken (True) once its table has been migrated."""
+        try:
+            await self.deploy(funnel)
+        except FunnelError:
+            return False
+        self.funnel, self.problem, self.diagnostics, self._pending = funnel, None, [], None
+        self.loaded_at = time.time()
+        self._files = watched_files(funnel.spec)
+        self._seen = snapshot(self._files)
+        self.generation += 1
+        log.info("studio: %s taken after its migration", self.path)
+        return True
+
+    async def reload(self) -> None:
+        """Take the files as they are now, at once, changed or not (after `funnel migrate`
+        from the page, whose table change no file shows)."""
+        self._seen = snapshot(self._files)
+        self.changed_at = time.time()
+        await self._reload()
+
+    def watches(self, path: Path) -> bool:
+        """Whether a save of ``path`` is seen (and validated) by :meth:`poll`."""
+        real = os.path.realpath(path)
+        return any(os.path.realpath(p) == real for p in self._files)
 
     def status(self) -> dict[str, Any]:
         errors = [d for d in self.diagnostics if d.get("severity") == "error"]

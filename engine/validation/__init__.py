@@ -16,13 +16,14 @@ never compiles a funnel (`engine.funnel` imports it).
 
 from .diagnostics import Diagnostic, Report, Severity, render
 from .format import format_schema, packaged_validator
-from .runner import check_file, discover, validate_paths
+from .runner import check_file, check_text, discover, validate_paths
 
 __all__ = [
     "Diagnostic",
     "Report",
     "Severity",
     "check_file",
+    "check_text",
     "discover",
     "format_schema",
     "packaged_validator",

@@ -81,6 +81,15 @@ def check_file(
         text = path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return None, [Diagnostic(str(path), 0, 0, "error", "F000", f"cannot read the file: {exc}")]
+    return check_text(path, text, names)
+
+
+def check_text(
+    path: Path, text: str, names: StorageNames | None = None
+) -> tuple[FunnelSpec | None, list[Diagnostic]]:
+    """Validate ``text`` as the funnel file at ``path`` (the files it names are read from
+    beside ``path``): what :func:`check_file` does, for a text not yet saved (the studio's
+    editor checks as the product owner types)."""
     report = Report(path)
     try:
         located = _yaml.load(text)
