@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import InvalidInput
+from ..evidence.advise import advise
+from ..evidence.advise_text import advice_json, advice_text
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..report import build_report, render_html, render_json, render_table
 from ..report.variants import (
@@ -51,10 +54,6 @@ def _render(report: dict[str, Any], fmt: str) -> str:
 
 def _advise(args: argparse.Namespace, funnel: CompiledFunnel) -> int:
     """`--advise`: the thresholds of the exit conditions against the recorded sessions."""
-    from ..errors import InvalidInput
-    from ..evidence.advise import advise
-    from ..evidence.advise_text import advice_json, advice_text
-
     if args.format == "html" or args.by is not None or args.advise_sessions < 0:
         print("funnel report: error: --advise prints --format table or json, without --by, "
               "and --advise-sessions is 0 or more", file=sys.stderr)

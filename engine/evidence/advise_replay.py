@@ -5,17 +5,30 @@ played over recorded sessions by `funnel replay`'s own entry point."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..funnel.compiled import CompiledFunnel
 from ..versions.bundle import Bundle, bundle_of, compile_bundle
 from .records import read_bundle
 from .replay import replay
 
-if TYPE_CHECKING:
-    from .advise import Threshold
-
 __all__ = ["replay_threshold"]
+
+
+class Threshold(Protocol):
+    """What the replay reads of engine.evidence.advise's threshold (a protocol, not an
+    import: advise imports this module)."""
+
+    @property
+    def field(self) -> str: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def line(self) -> int: ...
 
 
 def replay_threshold(funnel: CompiledFunnel, db: str | None, t: Threshold, value: float,
