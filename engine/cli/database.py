@@ -98,7 +98,9 @@ def cmd_purge(args: argparse.Namespace) -> int:
 def _summary(counts: dict[str, int], verb: str, period: float, anonymize: bool) -> str:
     return (f"{verb} {counts['sessions']} session(s) idle for more than {human_period(period)}"
             f": {counts['messages']} message(s)" + ("" if anonymize else
-                                                    f", {counts['turns']} turn record(s)"))
+                                                    f", {counts['turns']} turn record(s)")
+            + (f", {counts['trials']} trial(s) of the funnel no turn ran on any more"
+               if counts.get("trials") else ""))
 
 
 def human_period(seconds: float) -> str:
