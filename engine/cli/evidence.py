@@ -24,8 +24,8 @@ from ..versions.bundle import bundle_of
 
 def cmd_replay(args: argparse.Namespace) -> int:
     edited = load_funnel(args.funnel)
-    fixed = load_base(args.base, edited) if args.base else None
     try:
+        fixed = load_base(args.base, edited) if args.base else None
         share = parse_share(args.max_needs_model) if args.max_needs_model else None
     except InvalidInput as exc:
         print(f"funnel replay: error: {exc}", file=sys.stderr)

@@ -98,7 +98,7 @@ def judge(gates: Sequence[Gate], result: Replay, *, allow_unmeasured: bool = Fal
     if max_needs_model is not None:
         above = measured.share > max_needs_model
         verdicts.append(Verdict(
-            f"needs_model share <= {max_needs_model * 100:g}%",
+            f"--max-needs-model {max_needs_model * 100:g}%",
             above and not warn_needs_model, f"{measured.share * 100:.1f}%",
             f"{measured.needs_model} of {measured.sessions} sessions need the model to know"
             + (" (--warn-needs-model: the exit code stays 0)"
