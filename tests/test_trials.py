@@ -30,7 +30,9 @@ from service_support import running
 from studio_support import opener
 
 from engine.cli import main
+from engine.funnel.compiled import load_funnel
 from engine.llm.models import ScriptedModel
+from engine.store import open_store
 from engine.store.connect import temporary_schema
 from engine.studio import Studio, create_studio_app
 from engine.studio.server import LOOPBACK_HOSTS
@@ -152,7 +154,13 @@ def test_a_trial_of_an_edit_leaves_replay_and_production_as_they_were(
     # Records from before turn records kept their copy: one warning line counts them.
     with sql_runner(url) as sql:
         sql("UPDATE funnel_turns SET funnel_hash = NULL WHERE session_id IN ('s1', 's2')")
+        # s4's last turn on the trial: a copy that changed between turns is told apart.
+        sql("UPDATE funnel_turns SET funnel_hash = %s WHERE id = (SELECT max(id) FROM "
+            "funnel_turns WHERE session_id = 's4')", (ran[0][0],))
     code, legacy, err = replay()
+    assert per_session(legacy)["s4"]["status"] == "skipped"
+    assert "its copy of v1 changed between turns (turn 3 ran on " in \
+        per_session(legacy)["s4"]["reason"]
     assert [line for line in err.splitlines() if "warning" in line] == [
         "funnel replay: warning: 2 session(s) were recorded before turn records kept the copy "
         "of the funnel they ran on: replayed on the copy of their version deployed last, "
@@ -256,6 +264,20 @@ def test_a_pinned_session_runs_the_deployed_copy_not_a_trial(
     hashes = sql("SELECT funnel_hash FROM funnel_turns WHERE session_id = 'p' ORDER BY id")
     assert hashes == [deployed, deployed] and trial != deployed
 
+    # Retention: a trial no turn record names is purged with the sessions; deployed stay.
+    async def purge() -> dict[str, int]:
+        store = await open_store(db_url)
+        try:
+            return await store.purge(load_funnel(v2).spec, 0.0)
+        finally:
+            await store.close()
+
+    deployed_rows = sql("SELECT hash FROM funnel_versions WHERE NOT trial ORDER BY 1")
+    assert asyncio.run(purge())["trials"] == 1
+    assert sql("SELECT hash FROM funnel_versions ORDER BY 1") == deployed_rows
+    v1.write_text(SRC, "utf-8")
+    asyncio.run(say(v1, CUSTOMER[0]))  # a turn again, for the migration below
+
     # A database from before trials: `funnel migrate` adds both columns, nothing lost.
     count = sql("SELECT (SELECT count(*) FROM funnel_turns), (SELECT count(*) FROM "
                 "funnel_versions)")
@@ -267,4 +289,4 @@ def test_a_pinned_session_runs_the_deployed_copy_not_a_trial(
     assert sql("SELECT (SELECT count(*) FROM funnel_turns), (SELECT count(*) FROM "
                "funnel_versions)") == count
     assert sql("SELECT count(*) FROM funnel_versions WHERE trial") == [(0,)]  # as deployed
-    assert sql("SELECT count(*) FROM funnel_turns WHERE funnel_hash IS NULL") == [(2,)]
+    assert sql("SELECT count(*) FROM funnel_turns WHERE funnel_hash IS NULL") == [(1,)]

@@ -49,6 +49,9 @@ class Session:
     # The content hash of the copy of the funnel its turns ran on (the version store's
     # bundle, deployed or a trial); None: a turn was recorded before turn records kept it.
     digest: str | None = None
+    # Why it cannot be played on the copy it ran on: that copy changed between its turns
+    # (a patch deployed while it was open). Played on ``--base`` all the same.
+    changed_copy: str | None = None
 
 
 @dataclass
@@ -157,9 +160,9 @@ def _sessions(turns: list[Any], messages: list[Any], orders: dict[str, Any]
             out.append(current)
         elif digest is None or legacy:
             legacy, current.digest = True, None  # a copy not known: the version's
-        elif digest != current.digest and current.skipped is None \
+        elif digest != current.digest and current.changed_copy is None \
                 and int(version) == current.version:
-            current.skipped = (f"its copy of v{version} changed between turns (turn "
+            current.changed_copy = (f"its copy of v{version} changed between turns (turn "
                                f"{len(current.turns)} ran on {str(current.digest)[:12]}, turn "
                                f"{len(current.turns) + 1} on {digest[:12]}: files deployed "
                                "without a `version:` bump while it was open); replay plays one "

@@ -32,8 +32,9 @@ from .records import Population, Session
 
 __all__ = ["Replay", "copies_from", "replay", "revenue_after"]
 
-# Where a session's base comes from: ("v", version) the version's (``base``), or
-# ("h", version, hash) the copy its turns ran on (``copy``).
+# Where a session's base comes from: ("v", version) the version's (``base``),
+# ("h", version, hash) the copy its turns ran on (``copy``), or ("x", why) none: its copy
+# changed between turns.
 Key = tuple[Any, ...]
 
 
@@ -144,7 +145,11 @@ def replay(edited: CompiledFunnel, population: Population,
     keys = {s.session_id: _key(s, copy is not None) for s in sessions}
     bases: dict[Key, CompiledFunnel | str] = {}
     for key in sorted(set(keys.values())):
-        bases[key] = base(key[1]) if key[0] == "v" or copy is None else copy(key[1], key[2])
+        if key[0] == "x":  # its copy changed between turns: why it is not played
+            bases[key] = key[1]
+        else:
+            bases[key] = base(key[1]) if key[0] == "v" or copy is None \
+                else copy(key[1], key[2])
     if copy is not None:
         result.legacy = sum(1 for s in sessions if s.digest is None and not s.skipped)
     for b in bases.values():  # a stage the edit removed is still reached before it
@@ -177,6 +182,8 @@ def replay(edited: CompiledFunnel, population: Population,
 
 
 def _key(session: Session, by_copy: bool) -> Key:
+    if by_copy and session.changed_copy is not None:
+        return ("x", session.changed_copy)
     if by_copy and session.digest is not None:
         return ("h", session.version, session.digest)
     return ("v", session.version)
