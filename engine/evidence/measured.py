@@ -59,7 +59,8 @@ class Measured:
         if self.skipped:
             parts.append(f"{self.skipped} skipped")
         if self.needs_model:
-            parts.append(f"{self.needs_model} need the model ({self.share * 100:.1f}%)")
+            verb = "needs" if self.needs_model == 1 else "need"
+            parts.append(f"{self.needs_model} {verb} the model ({self.share * 100:.1f}%)")
         return (f"{self.comparable} of {self.sessions} sessions comparable"
                 + (f" ({'; '.join(parts)})" if parts else ""))
 
