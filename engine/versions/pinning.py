@@ -62,7 +62,9 @@ class Versions:
                 raise
             log.warning("funnel '%s' v%d is not stored in the version store: %s",
                         funnel.name, funnel.spec.version, exc)
-            self.newest = funnel
+            # No stored copy: its turn records name none (replay plays them on their
+            # version's deployed copy).
+            self.newest, self.digest = funnel, None
             return False
         new = await self.store.save_version(
             bundle.name, bundle.version, bundle.digest, bundle.entry, bundle.files,
