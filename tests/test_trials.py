@@ -264,19 +264,20 @@ def test_a_pinned_session_runs_the_deployed_copy_not_a_trial(
     hashes = sql("SELECT funnel_hash FROM funnel_turns WHERE session_id = 'p' ORDER BY id")
     assert hashes == [deployed, deployed] and trial != deployed
 
-    # Retention: a trial no turn record names is purged with the sessions; deployed stay.
+    # Retention: a trial last tried before the period that no turn record names is
+    # purged; the deployed copies and the session (active) stay.
     async def purge() -> dict[str, int]:
         store = await open_store(db_url)
         try:
-            return await store.purge(load_funnel(v2).spec, 0.0)
+            return await store.purge(load_funnel(v2).spec, 86400.0)
         finally:
             await store.close()
+
+    sql("UPDATE funnel_versions SET deployed_at = NOW() - INTERVAL '2 days' WHERE trial")
 
     deployed_rows = sql("SELECT hash FROM funnel_versions WHERE NOT trial ORDER BY 1")
     assert asyncio.run(purge())["trials"] == 1
     assert sql("SELECT hash FROM funnel_versions ORDER BY 1") == deployed_rows
-    v1.write_text(SRC, "utf-8")
-    asyncio.run(say(v1, CUSTOMER[0]))  # a turn again, for the migration below
 
     # A database from before trials: `funnel migrate` adds both columns, nothing lost.
     count = sql("SELECT (SELECT count(*) FROM funnel_turns), (SELECT count(*) FROM "
@@ -289,4 +290,4 @@ def test_a_pinned_session_runs_the_deployed_copy_not_a_trial(
     assert sql("SELECT (SELECT count(*) FROM funnel_turns), (SELECT count(*) FROM "
                "funnel_versions)") == count
     assert sql("SELECT count(*) FROM funnel_versions WHERE trial") == [(0,)]  # as deployed
-    assert sql("SELECT count(*) FROM funnel_turns WHERE funnel_hash IS NULL") == [(1,)]
+    assert sql("SELECT count(*) FROM funnel_turns WHERE funnel_hash IS NULL") == [(2,)]
