@@ -63,7 +63,8 @@ def real_session(funnel: Path, db: str, session: str = "tg-real-1",
 
     async def play() -> None:
         chosen = model or ScriptedModel.from_file(ROOT / "funnels" / "puramur" / "demo.yaml")
-        async with await Engine.open(funnel, db=db, model=chosen) as engine:
+        # A production engine (`funnel serve`'s): it deploys the copy it runs.
+        async with await Engine.open(funnel, db=db, model=chosen, deploy=True) as engine:
             for text in texts:
                 await engine.handle(session, text, channel="telegram")
 

@@ -419,7 +419,7 @@ def test_the_studio_never_changes_what_production_runs(db_url: str, sql: Any,
     last) and the knowledge index (production retrieves from it) as production left them."""
     funnel = copy_puramur(tmp_path)
     real_session(funnel, db_url, "c1", texts=("Hi!",), model=script())
-    stored = "SELECT version, hash, deployed_at FROM funnel_versions ORDER BY 1, 2"
+    stored = "SELECT version, hash, deployed_at FROM funnel_versions WHERE NOT trial ORDER BY 1, 2"
     indexed = ("SELECT s.digest, s.indexed_at, (SELECT array_agg(body ORDER BY id) FROM "
                "funnel_knowledge k WHERE k.funnel = s.funnel) FROM funnel_knowledge_sets s")
     before, index = sql(stored), sql(indexed)

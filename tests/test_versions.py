@@ -96,7 +96,7 @@ def make_v1(tmp_path: Path) -> Path:
 
 async def engine_on(funnel: Path, db_url: str, rec: Recording, clock: list[datetime]
                     ) -> Engine:
-    return await Engine.open(funnel, db=db_url, model=rec, clock=lambda: clock[0])
+    return await Engine.open(funnel, db=db_url, model=rec, clock=lambda: clock[0], deploy=True)
 
 
 def deploy(funnel: Path, db_url: str, *options: str) -> CliResult:

@@ -259,12 +259,20 @@ def _parser() -> argparse.ArgumentParser:
                     help="replay the studio's playground sessions too (left out by default, "
                     "unless named in --sessions)")
     rl.add_argument("--base", default=None, metavar="FILE", help="the funnel the sessions ran "
-                    "on (default: each session's version, from the version store)")
+                    "on (default: the copy each session's turns ran on, from the version "
+                    "store)")
     rl.add_argument("--format", choices=["text", "json", "github", "html"], default="text")
     rl.add_argument("--out", default=None, metavar="FILE", help="write to FILE, not stdout")
     rl.add_argument("--fail-if", action="append", default=[], metavar="GATE",
                     help="exit 1 when the change matches, e.g. 'handoff_rate < -5%%' "
                     "(repeatable; docs/evidence.md)")
+    rl.add_argument("--allow-unmeasured", action="store_true",
+                    help="a --fail-if whose figure no session measured passes (default: fails)")
+    rl.add_argument("--max-needs-model", default=None, metavar="SHARE",
+                    help="exit 1 when more than this share of the sessions need the model to "
+                    "know (their outcome is left out of the figures), e.g. 20%%")
+    rl.add_argument("--warn-needs-model", action="store_true",
+                    help="with --max-needs-model: warn instead of failing")
     rl.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
                     help="processes to replay in (default: 2, or 1 on one core)")
     rl.add_argument("--model", default=None, metavar="M",

@@ -72,10 +72,12 @@ def cmd_purge(args: argparse.Namespace) -> int:
             # Counted first, and nothing created: a database without the funnel's table
             # has nothing to purge.
             found = await store.purge_preview(funnel.spec, period, anonymize=args.anonymize)
-            if found is None or args.dry_run or not found["sessions"] + found["messages"]:
+            if found is None or args.dry_run:
                 return found, None
-            print(_summary(found, "would " + ("anonymize" if args.anonymize else "delete"),
-                           period, args.anonymize), file=sys.stderr)
+            if found["sessions"] + found["messages"]:
+                print(_summary(found, "would " + ("anonymize" if args.anonymize else "delete"),
+                               period, args.anonymize), file=sys.stderr)
+            # Run with nothing idle too: the trials no turn names any more go with the period.
             return found, await store.purge(funnel.spec, period, anonymize=args.anonymize,
                                             batch=args.batch)
         finally:
@@ -98,7 +100,9 @@ def cmd_purge(args: argparse.Namespace) -> int:
 def _summary(counts: dict[str, int], verb: str, period: float, anonymize: bool) -> str:
     return (f"{verb} {counts['sessions']} session(s) idle for more than {human_period(period)}"
             f": {counts['messages']} message(s)" + ("" if anonymize else
-                                                    f", {counts['turns']} turn record(s)"))
+                                                    f", {counts['turns']} turn record(s)")
+            + (f", {counts['trials']} trial(s) of the funnel no turn ran on any more"
+               if counts.get("trials") else ""))
 
 
 def human_period(seconds: float) -> str:

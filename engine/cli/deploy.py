@@ -31,8 +31,10 @@ def cmd_versions(args: argparse.Namespace) -> int:
         finally:
             await store.close()
 
-    stored, sessions = asyncio.run(run())
-    if not stored:
+    every, sessions = asyncio.run(run())
+    stored = [row for row in every if not row.get("trial")]
+    trials = [row for row in every if row.get("trial")]
+    if not stored and not trials:
         print(f"no version of funnel '{funnel.name}' is stored; run `funnel deploy "
               f"{args.funnel}`")
         return 0
@@ -57,4 +59,11 @@ def cmd_versions(args: argparse.Namespace) -> int:
     for version in sorted(set(sessions) - set(current)):
         print(f"v{version}  not stored  {sessions[version]} session(s): they run on the "
               "newest version")
+    # Trials (docs/versions.md): copies the studio, `funnel chat`, `funnel test`, ... ran
+    # on; kept by hash for replay, never loaded for a pinned session. Counted by the
+    # sessions whose turns ran on them.
+    for row in sorted(trials, key=lambda r: (r["version"], r["deployed_at"])):
+        print(f"{'v' + str(row['version']):<6}{row['hash'][:12]}  tried    "
+              f"{row['deployed_at']:%Y-%m-%d %H:%M}  {row.get('sessions') or 0} session(s)  "
+              "trial")
     return 0

@@ -9,13 +9,14 @@ from pathlib import Path
 
 from ..errors import InvalidInput
 from ..evidence import render
+from ..evidence.base import load_base
 from ..evidence.continuation import continue_sessions
-from ..evidence.degenerate import parse_share
 from ..evidence.gates import Verdict, check_floor, parse_floor, parse_gate
+from ..evidence.measured import judge, parse_share
 from ..evidence.mining import mine, write_personas
 from ..evidence.personas import load_personas
-from ..evidence.records import read_bundle, read_population
-from ..evidence.replay import Replay, base_from, replay
+from ..evidence.records import read_bundle, read_copy, read_population
+from ..evidence.replay import Replay, base_from, copies_from, replay
 from ..evidence.simulate import MAX_CONVERSATIONS, against, simulate
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..llm.models import make_model
@@ -24,16 +25,24 @@ from ..versions.bundle import bundle_of
 
 def cmd_replay(args: argparse.Namespace) -> int:
     edited = load_funnel(args.funnel)
-    fixed = load_funnel(args.base) if args.base else None
+    try:
+        fixed = load_base(args.base, edited) if args.base else None
+        share = parse_share(args.max_needs_model) if args.max_needs_model else None
+    except InvalidInput as exc:
+        print(f"funnel replay: error: {exc}", file=sys.stderr)
+        return 2
     population = read_population(args.db, edited.name, since=args.since,
                                  sessions=args.sessions, variant=args.variant,
                                  include_playground=args.include_playground)
     resolve, loaded, where = base_from(lambda v: read_bundle(args.db, edited.name, v),
                                        edited.name, fixed)
+    # Without --base each session is played on the copy its turns ran on (docs/evidence.md).
+    copy, copies = (None, {}) if fixed is not None else copies_from(
+        lambda v, h: read_copy(args.db, edited.name, v, h), edited.name, loaded)
     known: list[str] = []
     try:
-        result = replay(edited, population, resolve, jobs=max(1, args.jobs))
-        result.versions = dict(where)
+        result = replay(edited, population, resolve, jobs=max(1, args.jobs), copy=copy)
+        result.versions = _where(where, copies, result.legacy)
         if args.model:
             model = make_model(args.model, api_base=args.api_base,
                                structured_output=args.structured_output)
@@ -45,13 +54,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except InvalidInput as exc:
             print(f"funnel replay: error: {exc}", file=sys.stderr)
             return 2
-        metrics, counts = result.metrics(), result.counts()
-        verdicts = [g.check(metrics, counts) for g in gates]
+        _, verdicts = judge(gates, result, allow_unmeasured=args.allow_unmeasured,
+                            max_needs_model=share, warn_needs_model=args.warn_needs_model)
         text = _render(args.format, result, verdicts, edited, fixed, args.db)
     finally:
         for version in loaded:
             if version.folder is not None:
                 version.folder.cleanup()
+    if result.legacy:
+        print(f"funnel replay: warning: {result.legacy} session(s) were recorded before turn "
+              "records kept the copy of the funnel they ran on: replayed on the copy of their "
+              "version deployed last, which may not be the one they ran on", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(text, "utf-8")
         print(f"{args.out}: {result.counts()['changed']} of {len(result.diffs)} sessions "
@@ -59,6 +72,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 1 if any(v.failed for v in verdicts) else 0
+
+
+def _where(where: dict[int, str], copies: dict[int, list[str]], legacy: int) -> dict[int, str]:
+    """Per version, what its sessions were replayed on: the copies they ran on, and (for
+    records older than that) the version's deployed copy."""
+    out: dict[int, str] = {}
+    for version in sorted({*where, *copies}):
+        parts = []
+        if version in copies:
+            hashes = ", ".join(h[:12] for h in copies[version])
+            parts.append(f"version {version} as each session ran on it ({hashes})")
+        if version in where:
+            parts.append(where[version] + (" (the sessions recorded before turns kept their "
+                                           "copy)" if legacy and version in copies else ""))
+        out[version] = "; ".join(parts)
+    return out
 
 
 def _render(fmt: str, result: Replay, verdicts: list[Verdict], edited: CompiledFunnel,
@@ -141,10 +170,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"funnel simulate: error: {exc}", file=sys.stderr)
         return 2
     try:
-        max_degenerate = parse_share(args.max_degenerate)
-    except ValueError:
-        print(f"funnel simulate: error: --max-degenerate {args.max_degenerate!r}: expected a "
-              "share such as 20% or 0.2", file=sys.stderr)
+        max_degenerate = parse_share(args.max_degenerate, "--max-degenerate")
+    except InvalidInput as exc:
+        print(f"funnel simulate: error: {exc}", file=sys.stderr)
         return 2
     earlier = None
     if args.compare:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["KINDS", "degenerate", "parse_share"]
+__all__ = ["KINDS", "degenerate"]
 
 # What each kind means, for the reports.
 KINDS = {"empty": "empty or punctuation only",
@@ -106,15 +106,3 @@ def _from_brief(words: list[str], brief: list[str]) -> bool:
     hits = sum(tuple(words[i:i + _SHINGLE]) in grams for i in range(runs))
     return hits * 2 >= runs
 
-
-def parse_share(text: str) -> float:
-    """``20%`` or ``0.2`` as a fraction from 0 to 1.
-
-    Raises:
-        ValueError: neither, or out of range.
-    """
-    raw = text.strip()
-    value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    if not 0 <= value <= 1:
-        raise ValueError(text)
-    return value

@@ -16,10 +16,12 @@ lists what is known.
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InvalidInput, did_you_mean
 
@@ -46,33 +48,64 @@ class Gate:
 
     def measure(self, metrics: Mapping[str, tuple[float, float]], counts: Mapping[str, int]
                 ) -> float | None:
-        """What the gate compares: the change (or the count), None when it cannot be
-        measured (a relative change from zero)."""
+        """What the gate compares: the change (or the count); a relative change from zero
+        is 0 when nothing changed, else infinite in its direction (a rise from nothing
+        is above any percentage)."""
         if self.metric in COUNTS:
             return float(counts.get(self.metric, 0))
         before, after = metrics[self.metric]
         if self.unit == "%":
-            return None if before == 0 else (after - before) / before * 100
+            if before == 0:
+                return 0.0 if after == 0 else math.copysign(math.inf, after)
+            return (after - before) / before * 100
         if self.unit == "pp":
             return (after - before) * 100
         return after - before
 
-    def check(self, metrics: Mapping[str, tuple[float, float]], counts: Mapping[str, int]
-              ) -> Verdict:
+    def check(self, metrics: Mapping[str, tuple[float, float]], counts: Mapping[str, int],
+              *, comparable: int | None = None, note: str = "",
+              allow_unmeasured: bool = False) -> Verdict:
+        """The verdict. ``comparable``: how many sessions the metrics were measured over;
+        a metric (not a count) measured over none fails, whatever it says, unless
+        ``allow_unmeasured`` (``note`` says why none was comparable)."""
+        if comparable == 0 and self.metric not in COUNTS:
+            return Verdict(self.text, not allow_unmeasured, "n/a", note, unmeasured=True)
         measured = self.measure(metrics, counts)
         failed = measured is not None and _OPS[self.op](measured, self.value)
-        shown = "n/a (from zero)" if measured is None else f"{measured:+.2f}{self.unit}"
-        return Verdict(self.text, failed, shown)
+        if measured is None:
+            shown = "n/a"
+        elif math.isinf(measured):
+            shown = f"{'+' if measured > 0 else '-'}inf{self.unit} (from zero)"
+        else:
+            shown = f"{measured:+.2f}{self.unit}"
+        return Verdict(self.text, failed, shown, note)
 
 
 @dataclass(frozen=True)
 class Verdict:
+    """A gate's verdict; ``note`` says what it was measured over (and what it left out),
+    ``unmeasured``: no session was comparable; ``warning``: above a threshold that only
+    warns (the exit code stays 0)."""
+
     gate: str
     failed: bool
     measured: str
+    note: str = ""
+    unmeasured: bool = False
+    warning: bool = False
 
     def line(self) -> str:
-        return f"{'FAIL' if self.failed else 'ok'}: {self.gate} (measured {self.measured})"
+        head = "FAIL" if self.failed else "warning" if self.warning else "ok"
+        if self.unmeasured:
+            return (f"{head}: {self.gate}: not measured: {self.note}"
+                    + ("" if self.failed else " (--allow-unmeasured)"))
+        return f"{head}: {self.gate} (measured {self.measured})" + \
+            (f"; {self.note}" if self.note else "")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"gate": self.gate, "failed": self.failed, "measured": self.measured,
+                "measured_over": self.note or None, "not_measured": self.unmeasured,
+                "warning": self.warning, "line": self.line()}
 
 
 def parse_gate(text: str, known: list[str]) -> Gate:

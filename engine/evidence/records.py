@@ -29,7 +29,7 @@ from ..store.embedded import embedded_url
 from ..store.playground import real_session
 from .play import Recorded
 
-__all__ = ["Population", "Session", "read_population", "read_bundle"]
+__all__ = ["Population", "Session", "read_bundle", "read_copy", "read_population"]
 
 ANONYMIZED = "[anonymized]"
 
@@ -46,6 +46,12 @@ class Session:
     orders: int = 0
     tokens: int = 0
     skipped: str | None = None  # why it is not replayed
+    # The content hash of the copy of the funnel its turns ran on (the version store's
+    # bundle, deployed or a trial); None: a turn was recorded before turn records kept it.
+    digest: str | None = None
+    # Why it cannot be played on the copy it ran on: that copy changed between its turns
+    # (a patch deployed while it was open). Played on ``--base`` all the same.
+    changed_copy: str | None = None
 
 
 @dataclass
@@ -94,10 +100,15 @@ def read_population(url: str | None, funnel: str, *, since: float | None = None,
             where.append(sql.SQL("variant = %s"))
             params.append(variant)
         cond = sql.SQL(" AND ").join(where)
+        # Read-only: a database not migrated yet has no funnel_hash (its records' copies
+        # are not known; replay falls back to the version's deployed copy).
+        digest = sql.SQL("funnel_hash" if _has_column(conn, TURNS, "funnel_hash")
+                         else "NULL::text")
         turns = conn.execute(sql.SQL(
             "SELECT session_id, funnel_version, variant, stage_before, stage_after, fallback, "
-            "error, raw_output, created_at, prompt_tokens + completion_tokens "
-            "FROM {} WHERE {} ORDER BY session_id, id").format(sql.Identifier(TURNS), cond),
+            "error, raw_output, created_at, prompt_tokens + completion_tokens, {} "
+            "FROM {} WHERE {} ORDER BY session_id, id").format(digest, sql.Identifier(TURNS),
+                                                              cond),
             params).fetchall()
         ids = sorted({t[0] for t in turns})
         # Every role: the turn's window (what grounding reads the customer's words from)
@@ -111,6 +122,13 @@ def read_population(url: str | None, funnel: str, *, since: float | None = None,
             "session_id = ANY(%s) GROUP BY session_id").format(sql.Identifier(CONVERSIONS)),
             (funnel, ids)).fetchall()
     return Population(_sessions(turns, messages, {o[0]: (o[1], o[2]) for o in orders}))
+
+
+def _has_column(conn: psycopg.Connection[Any], table: str, column: str) -> bool:
+    row = conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = "
+                       "current_schema() AND table_name = %s AND column_name = %s",
+                       (table, column)).fetchone()
+    return row is not None
 
 
 def _has(conn: psycopg.Connection[Any], table: str) -> bool:
@@ -132,12 +150,23 @@ def _sessions(turns: list[Any], messages: list[Any], orders: dict[str, Any]
         log.append((role, content))
     out: list[Session] = []
     current: Session | None = None
-    for sid, version, variant, before, after, fallback, error, raw, at, tokens in turns:
+    legacy = False  # a turn of the current session without the hash of its copy
+    for sid, version, variant, before, after, fallback, error, raw, at, tokens, digest in turns:
         if current is None or current.session_id != sid:
-            current = Session(sid, int(version), variant)
+            current = Session(sid, int(version), variant, digest=digest)
+            legacy = digest is None
             count, amount = orders.get(sid, (0, None))
             current.orders, current.revenue = int(count), Decimal(amount or 0)
             out.append(current)
+        elif digest is None or legacy:
+            legacy, current.digest = True, None  # a copy not known: the version's
+        elif digest != current.digest and current.changed_copy is None \
+                and int(version) == current.version:
+            current.changed_copy = (f"its copy of v{version} changed between turns (turn "
+                               f"{len(current.turns)} ran on {str(current.digest)[:12]}, turn "
+                               f"{len(current.turns) + 1} on {digest[:12]}: files deployed "
+                               "without a `version:` bump while it was open); replay plays one "
+                               "copy against the edit")
         current.tokens += int(tokens or 0)
         if int(version) != current.version and current.skipped is None:
             current.skipped = (f"it ran on versions {current.version} and {version}; replay "
@@ -159,11 +188,30 @@ def _sessions(turns: list[Any], messages: list[Any], orders: dict[str, Any]
 
 def read_bundle(url: str | None, funnel: str, version: int
                 ) -> tuple[str, str, dict[str, str]] | None:
-    """(hash, entry, files) of the version's bundle deployed last, or None."""
+    """(hash, entry, files) of the version's bundle deployed last (never a trial), or
+    None."""
     conn = _connect(url)
     with conn:
+        if not _has(conn, VERSIONS):
+            return None
+        deployed = sql.SQL("AND NOT trial" if _has_column(conn, VERSIONS, "trial") else "")
         row = conn.execute(sql.SQL(
-            "SELECT hash, entry, files FROM {} WHERE funnel = %s AND version = %s "
+            "SELECT hash, entry, files FROM {} WHERE funnel = %s AND version = %s {} "
             "ORDER BY deployed_at DESC, created_at DESC LIMIT 1").format(
-                sql.Identifier(VERSIONS)), (funnel, version)).fetchone()
+                sql.Identifier(VERSIONS), deployed), (funnel, version)).fetchone()
+    return (str(row[0]), str(row[1]), dict(row[2])) if row else None
+
+
+def read_copy(url: str | None, funnel: str, version: int, digest: str
+              ) -> tuple[str, str, dict[str, str]] | None:
+    """(hash, entry, files) of the copy of ``version`` whose content hash is ``digest``
+    (deployed or a trial: the one a turn record names), or None."""
+    conn = _connect(url)
+    with conn:
+        if not _has(conn, VERSIONS):
+            return None
+        row = conn.execute(sql.SQL(
+            "SELECT hash, entry, files FROM {} WHERE funnel = %s AND version = %s AND "
+            "hash = %s").format(sql.Identifier(VERSIONS)), (funnel, version, digest)
+        ).fetchone()
     return (str(row[0]), str(row[1]), dict(row[2])) if row else None

@@ -22,6 +22,7 @@ import orjson
 from ..report.html import CSS
 from .compare import SessionDiff
 from .gates import Verdict
+from .measured import Measured
 from .replay import Replay, sessions_behind
 from .simulate import Simulation
 
@@ -132,7 +133,7 @@ def as_text(r: Replay, verdicts: Sequence[Verdict] = (), limit: int = 20) -> str
     lines = [f"funnel replay: {r.funnel}, {c['sessions']} sessions ({turns} turns) on "
              f"{r.edited} against {_versions(r)}, {r.seconds:.2f} s",
              f"  same {c['same']} · different {c['different']} · needs the model "
-             f"{c['needs_model']}"
+             f"{c['needs_model']}{_share(r)}"
              + (f" · continued with {r.model} {c['continued']}" if "continued" in c else "")
              + f" · not reproduced {c['not_reproduced']} · skipped {c['skipped']}", "",
              f"The whole, over the {len(r.comparable)} sessions replayed completely "
@@ -165,6 +166,12 @@ def as_text(r: Replay, verdicts: Sequence[Verdict] = (), limit: int = 20) -> str
     return "\n".join(lines) + "\n"
 
 
+def _share(r: Replay) -> str:
+    """The share of the sessions that need the model to know (the continued ones too)."""
+    n = len(r.of("needs_model", "continued"))
+    return f" ({n / len(r.diffs) * 100:.1f}% of the sessions)" if n and r.diffs else ""
+
+
 def _table(rows: list[tuple[str, float, float, list[str]]]) -> list[str]:
     lines = [f"  {'':28} {'before':>10} {'after':>10} {'change':>9}  sessions"]
     for m, b, a, ids in rows:
@@ -194,8 +201,9 @@ def as_json(r: Replay, verdicts: Sequence[Verdict] = ()) -> str:
                        for w, now, then, ids, moved in _conditions(r)],
         "earlier": {s: ids for s, ids in _earlier(r)},
         "sessions": [d.as_json() for d in r.diffs],
-        "gates": [{"gate": v.gate, "failed": v.failed, "measured": v.measured}
-                  for v in verdicts]}
+        # What the figures were measured over, and what they left out (the gates' ground).
+        "measured": Measured.of(r).as_json(),
+        "gates": [v.as_json() for v in verdicts]}
     return orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
@@ -228,7 +236,7 @@ def as_github(r: Replay, files: Mapping[Path, tuple[str, str]],
     summary = (f"replayed {c['sessions']} sessions: {c['changed']} change "
                f"({c['different']} different, {c['needs_model']} need the model"
                + (f", {c['continued']} continued with {r.model}" if "continued" in c else "")
-               + ")")
+               + f"); measured over {Measured.of(r).note()}")
     whole = [f"{_label(m)} {_value(m, b)} -> {_value(m, a)} ({_change(m, b, a)})"
              for m, b, a, ids in _rows(r) if ids]
     if c.get("continued"):
@@ -250,7 +258,7 @@ def as_github(r: Replay, files: Mapping[Path, tuple[str, str]],
             out.append(f"::notice file={_prop(name)},line={number},title="
                        f"{_prop('funnel replay')}::{_escape(message)}")
     for v in verdicts:
-        kind = "error" if v.failed else "notice"
+        kind = "error" if v.failed else "warning" if v.warning else "notice"
         out.append(f"::{kind} title={_prop('funnel replay gate')}::"
                    f"{_escape(v.line())}")
     if not out:

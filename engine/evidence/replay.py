@@ -30,7 +30,12 @@ from .compare import Outcome, SessionDiff, compare, outcome
 from .play import Playthrough, held, play, reproduced, stage_answerable
 from .records import Population, Session
 
-__all__ = ["Replay", "replay", "revenue_after"]
+__all__ = ["Replay", "copies_from", "replay", "revenue_after"]
+
+# Where a session's base comes from: ("v", version) the version's (``base``),
+# ("h", version, hash) the copy its turns ran on (``copy``), or ("x", why) none: its copy
+# changed between turns.
+Key = tuple[Any, ...]
 
 
 @dataclass
@@ -48,6 +53,9 @@ class Replay:
     stages: list[str] = field(default_factory=list)
     handoff_stage: str | None = None
     model: str | None = None  # the model that continued the sessions (``--model``)
+    # Sessions whose turns were recorded before turn records kept the copy they ran on:
+    # played on their version's deployed copy (which may not be the one they ran on).
+    legacy: int = 0
 
     def of(self, *status: str) -> list[SessionDiff]:
         return [d for d in self.diffs if d.status in status]
@@ -113,7 +121,8 @@ def _reaches(stage: str) -> Callable[[Outcome], float]:
 
 
 def replay(edited: CompiledFunnel, population: Population,
-           base: Callable[[int], CompiledFunnel | str], *, jobs: int = 1) -> Replay:
+           base: Callable[[int], CompiledFunnel | str], *, jobs: int = 1,
+           copy: Callable[[int, str], CompiledFunnel | str] | None = None) -> Replay:
     """Replay ``population`` on ``edited``.
 
     Args:
@@ -122,24 +131,37 @@ def replay(edited: CompiledFunnel, population: Population,
             read them.
         base: The funnel a version ran on, by version number, or why it cannot be had.
         jobs: Processes to play in (forked, each a share of the sessions); 1 plays here.
+        copy: The copy a session's turns ran on, by version and content hash (the
+            version store's, :func:`copies_from`), or why it cannot be had. Given, each
+            session whose turn records name their copy is played on it; the others (older
+            records) on ``base``, counted in :attr:`Replay.legacy`.
     """
     started, cpu = time.perf_counter(), _cpu()
     spec = edited.spec
     h = spec.handoff
     result = Replay(spec.name, str(spec.path), [], stages=list(spec.stages),
                     handoff_stage=h.stage if h else None)
-    bases = {v: base(v) for v in sorted({s.version for s in population.sessions})}
+    sessions = population.sessions
+    keys = {s.session_id: _key(s, copy is not None) for s in sessions}
+    bases: dict[Key, CompiledFunnel | str] = {}
+    for key in sorted(set(keys.values())):
+        if key[0] == "x":  # its copy changed between turns: why it is not played
+            bases[key] = key[1]
+        else:
+            bases[key] = base(key[1]) if key[0] == "v" or copy is None \
+                else copy(key[1], key[2])
+    if copy is not None:
+        result.legacy = sum(1 for s in sessions if s.digest is None and not s.skipped)
     for b in bases.values():  # a stage the edit removed is still reached before it
         if not isinstance(b, str):
             result.stages += [s for s in b.spec.stages if s not in result.stages]
-    sessions = population.sessions
-    for funnel in (edited, *(b for b in bases.values() if not isinstance(b, str))):
+    for funnel in _distinct(edited, bases):
         if funnel.spec.language_policy.mode != "model":
             # Before any fork: the detector's models load once, not in every process.
             language.warm(funnel.spec.language_policy.candidates)
     if jobs > 1 and len(sessions) >= 50 * jobs and "fork" in mp.get_all_start_methods():
         global _WORK
-        _WORK = (edited, bases, sessions, jobs)
+        _WORK = (edited, bases, keys, sessions, jobs)
         try:
             with mp.get_context("fork").Pool(jobs) as pool:
                 parts = pool.map(_share, range(jobs))
@@ -153,10 +175,27 @@ def replay(edited: CompiledFunnel, population: Population,
                 entry.merge(found)
         result.diffs.sort(key=lambda d: order[d.session_id])
     else:
-        result.diffs, result.conditions = _play_all(edited, bases, sessions)
+        result.diffs, result.conditions = _play_all(edited, bases, keys, sessions)
     result.seconds = time.perf_counter() - started
     result.cpu_seconds = _cpu() - cpu
     return result
+
+
+def _key(session: Session, by_copy: bool) -> Key:
+    if by_copy and session.changed_copy is not None:
+        return ("x", session.changed_copy)
+    if by_copy and session.digest is not None:
+        return ("h", session.version, session.digest)
+    return ("v", session.version)
+
+
+def _distinct(edited: CompiledFunnel, bases: dict[Key, CompiledFunnel | str]
+              ) -> list[CompiledFunnel]:
+    seen: dict[int, CompiledFunnel] = {id(edited): edited}
+    for b in bases.values():
+        if not isinstance(b, str):
+            seen.setdefault(id(b), b)
+    return list(seen.values())
 
 
 def _cpu() -> float:
@@ -166,32 +205,33 @@ def _cpu() -> float:
 
 
 # What the forked processes play: set before the fork, read by _share in the children.
-_WORK: tuple[CompiledFunnel, dict[int, CompiledFunnel | str], list[Session], int] | None = None
+_WORK: tuple[CompiledFunnel, dict[Key, CompiledFunnel | str], dict[str, Key],
+             list[Session], int] | None = None
 
 
 def _share(index: int) -> tuple[list[SessionDiff], dict[tuple[str, str, int], Held]]:
     assert _WORK is not None
-    edited, bases, sessions, jobs = _WORK
-    return _play_all(edited, bases, sessions[index::jobs])
+    edited, bases, keys, sessions, jobs = _WORK
+    return _play_all(edited, bases, keys, sessions[index::jobs])
 
 
-def _play_all(edited: CompiledFunnel, bases: dict[int, CompiledFunnel | str],
-              sessions: Sequence[Session]
+def _play_all(edited: CompiledFunnel, bases: dict[Key, CompiledFunnel | str],
+              keys: dict[str, Key], sessions: Sequence[Session]
               ) -> tuple[list[SessionDiff], dict[tuple[str, str, int], Held]]:
     diffs: list[SessionDiff] = []
     conditions: dict[tuple[str, str, int], Held] = {}
-    answerable: dict[int, Callable[[str], bool]] = {}
+    answerable: dict[Key, Callable[[str], bool]] = {}
     for session in sessions:
-        original = bases.get(session.version)
+        key = keys[session.session_id]
+        original = bases.get(key)
         if session.skipped or original is None or isinstance(original, str):
             diffs.append(SessionDiff(session.session_id, "skipped", len(session.turns),
                                      reason=session.skipped or str(original),
                                      revenue=session.revenue))
             continue
-        if session.version not in answerable:
-            answerable[session.version] = stage_answerable(original, edited)
-        diffs.append(_one(conditions, session, original, edited,
-                          answerable[session.version]))
+        if key not in answerable:
+            answerable[key] = stage_answerable(original, edited)
+        diffs.append(_one(conditions, session, original, edited, answerable[key]))
     return diffs, conditions
 
 
@@ -308,6 +348,29 @@ def base_from(bundles: Callable[[int], tuple[str, str, dict[str, str]] | None], 
         return version_loaded.funnel
 
     return resolve, loaded, where
+
+
+def copies_from(bundle: Callable[[int, str], tuple[str, str, dict[str, str]] | None],
+                name: str, loaded: list[LoadedVersion]
+                ) -> tuple[Callable[[int, str], CompiledFunnel | str], dict[int, list[str]]]:
+    """The ``copy`` resolver :func:`replay` takes: each copy a session ran on, by version
+    and content hash, from the version store (deployed or a trial), compiled once (into
+    ``loaded``); also the copies found, per version (their hashes)."""
+    found: dict[int, list[str]] = {}
+
+    def resolve(version: int, digest: str) -> CompiledFunnel | str:
+        stored = bundle(version, digest)
+        if stored is None:
+            return (f"the copy of version {version} it ran on ({digest[:12]}) is not in the "
+                    "version store any more (purged); give the funnel it ran on with --base "
+                    "FILE")
+        _, entry, files = stored
+        version_loaded = compile_bundle(Bundle(name, version, entry, files, digest))
+        loaded.append(version_loaded)
+        found.setdefault(version, []).append(digest)
+        return version_loaded.funnel
+
+    return resolve, found
 
 
 def funnel_text(funnel: CompiledFunnel) -> str:

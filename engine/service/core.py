@@ -288,7 +288,8 @@ class Service:
                         try:
                             self.engines[name] = await Engine.open(
                                 compiled, store=self.store, model=self.models[name],
-                                notifier=self.notifiers[name], api_base=self.config.api_base)
+                                notifier=self.notifiers[name], api_base=self.config.api_base,
+                                deploy=True)
                             self.problems.pop(name, None)
                         except SchemaOutdated as exc:
                             self.problems[name] = str(exc)

@@ -343,12 +343,13 @@ class Store(Protocol):
         neighbours (engine.store.recall.search); never another session's."""
 
     async def save_version(self, funnel: str, version: int, digest: str, entry: str,
-                           files: dict[str, str]) -> bool:
-        """Store a version's bundle in the version store; True when it was new."""
+                           files: dict[str, str], *, trial: bool = False) -> bool:
+        """Store a version's bundle in the version store (as a trial: by hash only, never
+        loaded for a pinned session); True when it was new."""
 
     async def load_version(self, funnel: str, version: int
                            ) -> tuple[str, str, dict[str, str]] | None:
-        """(hash, entry, files) of the version's current bundle, or None."""
+        """(hash, entry, files) of the version's current (deployed) bundle, or None."""
 
     async def list_versions(self, funnel: str) -> list[dict[str, Any]]:
         """Every stored bundle of the funnel."""

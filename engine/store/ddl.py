@@ -397,4 +397,13 @@ SHARED_MIGRATIONS: list[str] = [
         created_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
         PRIMARY KEY (funnel, session_id)
     )""",
+    # Trying is not deploying (docs/versions.md): a copy an engine ran on without being
+    # deployed (the studio, `funnel chat`, `funnel test`, ...) is stored as a trial, by
+    # hash, for replay to read; a pinned session never loads one. Rows stored before are
+    # taken as deployments, as they were.
+    f"ALTER TABLE {VERSIONS} ADD COLUMN IF NOT EXISTS trial BOOLEAN NOT NULL DEFAULT FALSE",
+    # The content hash of the copy of the funnel (its bundle in the version store) each
+    # turn ran on: what `funnel replay` plays a session's recording on. NULL: recorded
+    # before it was kept.
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS funnel_hash TEXT",
 ]

@@ -22,7 +22,7 @@ from .erasure import KEPT_BY_PURGE, SESSION_TABLES, branches_of
 from .session import Connect
 
 __all__ = ["ANONYMIZED", "anonymize_sessions", "delete_sessions", "give_back", "preview",
-           "purge", "take_leases"]
+           "purge", "purge_trials", "take_leases"]
 
 
 async def purge(connect: Connect, funnel: FunnelSpec, older_than: float, *,
@@ -67,7 +67,29 @@ async def purge(connect: Connect, funnel: FunnelSpec, older_than: float, *,
             break
     async with connect() as conn:  # delivery keys expire with the retention period
         await idempotency.expire(conn, funnel.name, older_than)
+        trials = await purge_trials(conn, funnel, older_than)
+    if trials:
+        counts["trials"] = trials
     return counts
+
+
+async def purge_trials(conn: psycopg.AsyncConnection[Any], funnel: FunnelSpec,
+                       older_than: float) -> int:
+    """Delete the funnel's trials (docs/versions.md: copies stored by the studio, `funnel
+    chat`, ... for replay) last tried more than ``older_than`` seconds ago that no turn
+    record names any more; how many. A deployed copy is never deleted here."""
+    exists = await (await conn.execute(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND table_name = %s AND column_name = 'trial'", (ddl.VERSIONS,))).fetchone()
+    if exists is None:
+        return 0
+    cur = await conn.execute(sql.SQL(
+        "DELETE FROM {v} v WHERE v.funnel = %(f)s AND v.trial AND v.deployed_at < NOW() - "
+        "%(s)s * INTERVAL '1 s' AND NOT EXISTS (SELECT 1 FROM {t} t WHERE t.funnel = "
+        "v.funnel AND t.funnel_hash = v.hash)").format(
+            v=sql.Identifier(ddl.VERSIONS), t=sql.Identifier(ddl.TURNS)),
+        {"f": funnel.name, "s": older_than})
+    return cur.rowcount
 
 
 # Who holds a session's lease while a purge works on it (inside the purge's

@@ -41,7 +41,7 @@ _TURN_COLUMNS = ("funnel_version", "stage_before", "transitions", "actions", "re
                  "prompt_tokens", "completion_tokens", "cost", "model", "error", "attempts",
                  "knowledge", "explain", "raw_output", "migration", "variant",
                  "cached_prompt_tokens", "cache_write_tokens", "claims", "calls",
-                 "tokens_counted")
+                 "tokens_counted", "funnel_hash")
 # What a record written without a column (a failed turn's, an older engine's) stores.
 _TURN_DEFAULTS = {"knowledge": "'[]'", "cached_prompt_tokens": "0", "cache_write_tokens": "0",
                   "claims": "'[]'", "tokens_counted": "false"}

@@ -5,7 +5,8 @@ templates and output schemas, its knowledge folder), polled by size, mtime and i
 every :data:`POLL` seconds (as the service's hot reload does, engine/service/reload.py;
 polling, for the same reasons). A change is validated in a thread: problems become the
 page's diagnostics (file:line:col, code, message) and the last good version keeps
-running; a clean save is deployed on the studio's engine, so the open session's next
+running; a clean save is deployed on the studio's engine (stored as a trial, never the
+copy production loads: docs/versions.md), so the open session's next
 turn runs on it. The page learns of either by polling ``/api/status`` (its generation).
 """
 

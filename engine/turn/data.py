@@ -121,6 +121,9 @@ class Turn:
     mover: Mover
     funnel: CompiledFunnel  # the version (or variant) of the funnel this turn runs on
     migration: dict[str, Any] | None = None  # the row moved to this version (engine.versions)
+    # The content hash of the copy of the funnel the turn runs on (its version store
+    # bundle: deployed or a trial); what `funnel replay` replays it on. None: not stored.
+    funnel_hash: str | None = None
     idle: float | None = None
     firings: list[Firing] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
@@ -225,6 +228,7 @@ def turn_record(turn: Turn, answer: Answer, transitions: list[dict[str, Any]],
         # As received, but storable: PostgreSQL's jsonb refuses NUL and lone surrogates.
         "raw_output": [printable(c.text, 64_000) for c in answer.completions],
         "migration": turn.migration,
+        "funnel_hash": turn.funnel_hash,
         "claims": turn.claims,
         "calls": listed([(calls[:first], False), (calls[first:], True)]),
         # Some call's tokens were counted by the engine, not reported by the provider.

@@ -80,7 +80,7 @@ class Engine:
     def __init__(self, funnel: CompiledFunnel, store: Store, model: Model, *,
                  notifier: Notifier | None = None,
                  clock: Callable[[], datetime] | None = None,
-                 playground: bool = False) -> None:
+                 playground: bool = False, deploy: bool = False) -> None:
         self.funnel = funnel
         # The studio's: its turns queue nothing that leaves the process
         # (engine.turn.playground); they say what they would have sent instead.
@@ -97,9 +97,11 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.summary = RollingSummary(funnel.spec, store, self._window, model=model,
                                       clock=self.clock)
-        # Versions and variants (engine.turn.routing); a playground engine's versions (the
-        # studio's live edits) stay out of the version store production loads from.
-        self.routing = Routing(funnel, store, record=not playground)
+        # Versions and variants (engine.turn.routing). Only a deploying engine (`funnel
+        # serve`'s) makes its versions the copies pinned sessions load; any other engine's
+        # (the studio's live edits, `funnel chat`'s, a test's) are stored as trials.
+        self.deploy_mode = deploy and not playground
+        self.routing = Routing(funnel, store, deploy=self.deploy_mode)
         self.recall: Recall | None = None  # semantic recall, when the funnel sets it
 
     @classmethod
@@ -108,7 +110,8 @@ class Engine:
                    notifier: Notifier | None = None, store: Store | None = None,
                    clock: Callable[[], datetime] | None = None,
                    summarizer: Summarizer | None = None,
-                   embedder: Embedder | None = None, playground: bool = False) -> Engine:
+                   embedder: Embedder | None = None, playground: bool = False,
+                   deploy: bool = False) -> Engine:
         """Load the funnel, open the store (embedded PostgreSQL without ``db``), check the table.
 
         Raises:
@@ -123,6 +126,11 @@ class Engine:
         whose turns queue no hand-off alert, reply or approval (engine.turn.playground),
         whose versions are not written to the version store, and which replaces no
         knowledge index (it indexes a funnel that has none).
+        ``deploy``: this engine serves production (`funnel serve` sets it): the version it
+        opens on, and each one :meth:`deploy` gives it, become the copies that sessions
+        pinned to their version load. Without it the engine runs a **trial**: its copies
+        are stored by content hash (so that `funnel replay` can play its turns again) and
+        never loaded for another session (docs/versions.md).
         With ``memory.recall`` set, the
         store is readied for semantic recall (pgvector, else the ``real[]`` fallback, with
         a warning saying so) and ``embedder`` defaults to ``memory.recall.embedder``.
@@ -146,7 +154,7 @@ class Engine:
                                                   compiled.spec.language_policy.candidates))
             await asyncio.gather(*warm_ups)
             engine = cls(compiled, store, model, notifier=notifier, clock=clock,
-                         playground=playground)
+                         playground=playground, deploy=deploy)
             settings = compiled.spec.memory.recall
             if settings is not None:
                 engine.recall = Recall(compiled.spec, store, embedder or make_embedder(
@@ -164,7 +172,8 @@ class Engine:
 
     async def deploy(self, funnel: CompiledFunnel) -> None:
         """Make ``funnel`` the newest version: new sessions start on it, and it is stored in
-        the version store (when new). Turns in flight keep the version they run on;
+        the version store (when new): deployed when the engine was opened with ``deploy``,
+        else as a trial. Turns in flight keep the version they run on;
         sessions pinned to an older one stay on it until they end (docs/versions.md).
 
         Raises:
@@ -442,7 +451,8 @@ class Engine:
                               words=words)
         return Turn(inbound, now, read, recent, state, pos, expected, last_seen,
                     stage_before=pos["stage"], mover=Mover(funnel, pos, now, scratch),
-                    funnel=funnel, migration=migration)
+                    funnel=funnel, migration=migration,
+                    funnel_hash=self.routing.digest_of(funnel))
 
     @property
     def _model_name(self) -> str | None:

@@ -24,9 +24,10 @@ __all__ = ["Routing"]
 class Routing:
     """The versions an engine holds and each one's experiment variants, compiled once."""
 
-    def __init__(self, newest: CompiledFunnel, store: Store, *, record: bool = True) -> None:
-        # ``record``: the versions deployed here are stored (not by the studio's engine).
-        self.versions = Versions(newest, store, record=record)
+    def __init__(self, newest: CompiledFunnel, store: Store, *, deploy: bool = True) -> None:
+        # ``deploy``: the versions taken here are the ones pinned sessions load; else they
+        # are stored as trials (engine.versions.pinning).
+        self.versions = Versions(newest, store, deploy=deploy)
         # The newest version's experiment; an older version's variants are compiled when
         # a session pinned to it comes back.
         self.variants = Variants.for_funnel(newest)
@@ -63,6 +64,11 @@ class Routing:
         await self.versions.store_newest(funnel)
         self.variants = variants
         self._variants_of[id(funnel)] = (funnel, variants)
+
+    def digest_of(self, funnel: CompiledFunnel) -> str | None:
+        """The content hash of the copy a turn on ``funnel`` (a version, or a variant of
+        it) runs on: what its turn record keeps."""
+        return self.versions.digest_of(funnel.spec.version)
 
     def loaded(self) -> dict[int, str]:
         """``{version: content hash}`` of the versions compiled here."""

@@ -1,7 +1,8 @@
 """A funnel version as a bundle: the funnel file and every file it reads (templates with
 their includes, output schemas, the catalog, local hook modules), content-hashed.
 
-`funnel deploy` / `funnel migrate` and :meth:`Engine.deploy` store bundles in the
+`funnel deploy` / `funnel migrate` and :meth:`Engine.deploy` store bundles (deployed, or as
+trials: docs/versions.md) in the
 version store (``funnel_versions``); :func:`compile_bundle` builds a version back
 from its stored bundle alone: the files are written to a private temporary folder,
 so nothing outside the bundle can be read (docs/versions.md).

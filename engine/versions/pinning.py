@@ -34,12 +34,13 @@ MAX_LOADED = 32
 class Versions:
     """The versions of one funnel an engine runs: the newest, and old ones on demand."""
 
-    def __init__(self, newest: CompiledFunnel, store: Store, *, record: bool = True) -> None:
+    def __init__(self, newest: CompiledFunnel, store: Store, *, deploy: bool = True) -> None:
         self.newest = newest
         self.store = store
-        # False for the studio's engine: its drafts are never written to the version
-        # store, where a production engine would load them for its pinned sessions.
-        self.record = record
+        # False: a trial's engine (the studio, `funnel chat`, `funnel test`, ...). Its copies
+        # are stored as trials (by hash, for replay), never as the copy of their version
+        # that pinned sessions load (docs/versions.md: trying is not deploying).
+        self.deploy = deploy
         self.digest: str | None = None  # the newest's content hash, once stored
         self._old: OrderedDict[int, LoadedVersion] = OrderedDict()
         self._missing: set[int] = set()  # versions the store cannot give (logged once)
@@ -47,7 +48,8 @@ class Versions:
 
     # -- deploying ------------------------------------------------------------------------
     async def store_newest(self, funnel: CompiledFunnel, *, strict: bool = True) -> bool:
-        """Store ``funnel``'s bundle and make it the newest; True when it was new.
+        """Store ``funnel``'s bundle (deployed, or as a trial) and make it the newest; True
+        when it was new.
 
         Raises:
             ConfigError: a file of the funnel cannot be read any more (unless not
@@ -60,10 +62,13 @@ class Versions:
                 raise
             log.warning("funnel '%s' v%d is not stored in the version store: %s",
                         funnel.name, funnel.spec.version, exc)
-            self.newest = funnel
+            # No stored copy: its turn records name none (replay plays them on their
+            # version's deployed copy).
+            self.newest, self.digest = funnel, None
             return False
-        new = self.record and await self.store.save_version(
-            bundle.name, bundle.version, bundle.digest, bundle.entry, bundle.files)
+        new = await self.store.save_version(
+            bundle.name, bundle.version, bundle.digest, bundle.entry, bundle.files,
+            trial=not self.deploy)
         old = self.newest
         if old is not funnel and old.spec.version != funnel.spec.version and self.digest:
             # The version it replaces keeps running its pinned sessions: keep it compiled.
@@ -72,6 +77,14 @@ class Versions:
         self._missing.discard(funnel.spec.version)
         self.newest, self.digest = funnel, bundle.digest
         return new
+
+    def digest_of(self, version: int) -> str | None:
+        """The content hash of the copy of ``version`` this engine runs (None: not stored,
+        or not loaded)."""
+        if version == self.newest.spec.version:
+            return self.digest
+        loaded = self._old.get(version)
+        return loaded.digest if loaded is not None else None
 
     def loaded(self) -> dict[int, str]:
         """Every version compiled now, newest included: {version: content hash}."""
