@@ -37,15 +37,17 @@ from ..boundary.sanitize import Rejected, loads_bounded
 from ..errors import FunnelError, InvalidInput, StoreUnavailable
 from ..format.settings import parse_duration
 from ..report import build_report, render_html
-from . import sql
+from . import desk, sql
 from .bodies import RewindBody, ScenarioBody, TurnBody
+from .desk import Manage
 from .playground import Studio
 
 __all__ = ["STATIC", "create_studio_app"]
 
 log = logging.getLogger("funnel.studio")
 STATIC = Path(__file__).resolve().parent / "static"
-ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript"}
+ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
+          "desk.js": "text/javascript"}
 MAX_BODY = 512 * 1024
 COOKIE = "funnel_studio"
 B = TypeVar("B", bound=BaseModel)
@@ -276,6 +278,11 @@ def _allowed(request: Request, key: str | None, authorize: Authorize | None) -> 
     return hmac.compare_digest((_presented(request) or "").encode(), key.encode())
 
 
+# What engine.studio.desk's handlers use of this module.
+_HELPERS = desk.Helpers(presented=lambda r: _presented(r), json=_json, error=_error,
+                        opened=_opened, body=_body, q=_q)
+
+
 class _Gate:
     """Who may use the studio (the module docstring): the host, the origin, the key."""
 
@@ -311,7 +318,8 @@ class _Gate:
 
 def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
                       key: str | None = None, authorize: Authorize | None = None,
-                      hosts: frozenset[str] | None = None) -> Starlette:
+                      hosts: frozenset[str] | None = None,
+                      manage: Manage | None = None) -> Starlette:
     """The studio's app for ``studio``, or for the studio a coroutine opens at start-up.
 
     Args:
@@ -321,6 +329,9 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
             studio is opened by its first request).
         hosts: the ``Host`` names accepted (``None``: any); a loopback studio accepts only
             loopback names, so that a rebinding DNS name cannot reach it.
+        manage: who may take a customer's session over, write to them and release it
+            (engine.studio.desk): the credential presented -> the manager's name, or
+            None; default: whoever may use the studio, as ``studio``.
     """
     routes = [Route("/", page), Route("/static/{name}", asset), Route("/report", _guarded(report)),
               *(Route(f"/api/{path}", _guarded(fn)) for path, fn in (
@@ -329,6 +340,8 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
               *(Route(f"/api/{path}", _guarded(fn), methods=["POST"]) for path, fn in (
                   ("turn", turn), ("rewind", rewind), ("scenario", scenario),
                   ("scenarios/run", run_scenarios)))]
+    routes += [Route(f"/api/{path}", _guarded(fn), methods=[method])
+               for path, fn, method in desk.routes(_HELPERS)]
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -347,6 +360,7 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.opening = asyncio.Lock()
+    app.state.manage = manage or (lambda presented: "studio")
     if isinstance(studio, Studio):
         app.state.studio = studio
     else:
