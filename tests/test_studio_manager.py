@@ -63,8 +63,6 @@ def served(server_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     scripted.write_text(yaml.safe_dump({"match": [
         {"pattern": f"^{re.escape(t)}$", "output": o} for t, o in SAY.items()]}), "utf-8")
     with temporary_schema(server_dsn, "t") as db:
-        real_session(funnel, db, REAL, texts=("Hi!", "A Sphynx, her skin is dry", OPERATOR),
-                     model=script())
         config = ServiceConfig(funnels=[funnel], db=db, model=f"scripted:{scripted}",
                                api_keys={"admin-key": frozenset({"admin"}),
                                          "talk-key": frozenset({"converse"})},
@@ -72,6 +70,9 @@ def served(server_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         with running(create_app(config)) as url, \
                 httpx.Client(base_url=url, timeout=60) as client, \
                 headless_chromium(tmp / "profile") as driver, sql_runner(db) as sql:
+            # After the service made the tables: an engine on them opens at once.
+            real_session(funnel, db, REAL, texts=("Hi!", "A Sphynx, her skin is dry",
+                                                  OPERATOR), model=script())
             yield {"url": url, "client": client, "driver": driver, "funnel": funnel,
                    "db": db, "sql": sql, "tmp": tmp}
 

@@ -79,7 +79,7 @@
       el("div", {class: "bubble " + (customer ? "customer held" : "bot held"), text: it.content}),
       el("div", {class: "meta", text: customer ? "held: a manager had the session, no model was asked" : "the holding reply"}));
   }
-  function place(data) {
+  function place(data, scroll) {
     const log = $("log");
     log.querySelectorAll(".desk-item, .turn-handoff").forEach(x => x.remove());
     const turns = [...log.querySelectorAll("li.turn")];
@@ -97,6 +97,7 @@
     const handed = data.handoff_turn && log.querySelector(`li.turn[data-turn="${data.handoff_turn}"] .turn-marks`);
     if (handed) handed.prepend(el("span", {class: "chip turn-handoff", "data-testid": "turn-handoff",
       text: "⚑ hand-off" + (D.view && D.view.playground ? " (the manager would be notified)" : ": the manager was notified here")}));
+    if (scroll) log.scrollTop = log.scrollHeight;  // the newest, manager's messages included
   }
   function turnMarks(t, li) {
     const box = el("div", {class: "turn-marks"});
@@ -152,7 +153,8 @@
     $("desk-control").textContent = !data.may_manage ? "Read only: this key may not act as a manager (it needs the manage scope)." :
       c.control === "manager" ? (c.manager || "a manager") + " has this session" + since + ": the bot answers nothing; what you send reaches the customer." :
       c.control === "approval" ? "A move waits for a manager's approval" + (c.approval ? " (" + c.approval.stage + " → " + c.approval.to + ")" : "") + "; taking over ends it." :
-      "The bot answers this customer. Take over to answer them yourself (the bot stops until you hand back).";
+      "The bot answers this customer. Take over to answer them yourself (the bot stops until you hand back); " +
+      "what you type in the chat below only tries the bot, on a playground branch.";
     b.dataset.control = c.control || "bot";
     if (!$("manager-name").value && data.manager) $("manager-name").placeholder = data.manager;
     const held = c.control === "manager";
@@ -165,12 +167,12 @@
       pick.replaceChildren(el("option", {value: "", text: "where it is"}), ...stages.map(s => el("option", {value: s, text: s})));
     }
   }
-  async function refresh() {
+  async function refresh(scroll = true) {
     const s = P().state;
     const res = await P().api("desk?" + P().q({funnel: s.funnel, session: s.session}));
     if (!res.ok || s.session !== P().state.session) return;
     D.desk = res.data;
-    place(res.data);
+    place(res.data, scroll);
     drawBar(res.data);
   }
   async function act(path, extra) {
@@ -201,7 +203,8 @@
     stagePrompt({funnel, session});
     if ($("desk")) $("desk").hidden = !view.real;
   });
-  document.addEventListener("studio:transcript", () => { refresh(); });
+  // "Earlier turns" keeps the reader where they were; a new page of the latest goes down.
+  document.addEventListener("studio:transcript", e => { refresh(e.detail.offset === P().state.offset && !e.detail.earlier); });
   document.addEventListener("studio:turn", e => turnMarks(e.detail.turn, e.detail.li));
   document.addEventListener("studio:tab", e => address({tab: e.detail.tab === "play" ? "" : e.detail.tab}));
 })();

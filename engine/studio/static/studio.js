@@ -225,7 +225,7 @@
     if (!page.ok) return failed(page);
     $("log").prepend(...page.data.turns.map(turnItem));
     S.offset = off; $("earlier").hidden = S.offset === 0;
-    emit("transcript", {funnel: S.funnel, session: S.session, offset: S.offset});
+    emit("transcript", {funnel: S.funnel, session: S.session, offset: S.offset, earlier: true});
   }
   function leaveEdit() {
     // "Change the answer" belongs to the session it was started on: another session
