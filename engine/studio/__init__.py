@@ -12,6 +12,8 @@ their transcripts. docs/studio.md is the guide.
 - `views`: the panels, from what a turn already returns; `graph`: the stage graph as SVG;
 - `watch`: the files watched and validated; `sql`: the sessions list, transcript pages;
 - `app`: the Starlette app; `bodies`: its request bodies (pydantic); `server`: uvicorn;
+- `desk`: a customer's session as a manager sees it (take over, send, release);
+  `plain`: a refused answer in plain words, the stage prompt as the model reads it;
 - `static/`: the page (plain HTML, CSS, JavaScript: no build step, nothing vendored).
 
 May import: `engine.scenarios`, `engine.turn` and everything below them; never the

@@ -206,5 +206,9 @@
   // "Earlier turns" keeps the reader where they were; a new page of the latest goes down.
   document.addEventListener("studio:transcript", e => { refresh(e.detail.offset === P().state.offset && !e.detail.earlier); });
   document.addEventListener("studio:turn", e => turnMarks(e.detail.turn, e.detail.li));
+  window.addEventListener("DOMContentLoaded", () => $("model").addEventListener("change", () => {
+    const s = P().state;
+    if (s.session) stagePrompt({funnel: s.funnel, session: s.session});
+  }));
   document.addEventListener("studio:tab", e => address({tab: e.detail.tab === "play" ? "" : e.detail.tab}));
 })();
