@@ -38,8 +38,10 @@ SAY: dict[str, dict[str, Any]] = {
     "A Sphynx, her skin is dry": {"reply": "Sphynx skin needs care.", "updates": {
         "pet": {"type": "cat", "breed": "Sphynx", "problems": ["dry_skin"]}}},
     OPERATOR: {"reply": "Connecting you with a manager.",
-               "actions": [{"type": "request_handoff", "reason": "explicit_request"}]}}
+               "actions": [{"type": "request_handoff", "reason": "explicit_request"}]},
+    "A cat here": {"reply": "A cat!", "updates": {"pet": {"type": "cat"}}}}
 REAL = "tg-real-1"
+GATED = "tg-real-2"  # its move to discovery waits for a manager's approval
 ADMIN = {"authorization": "Bearer admin-key"}
 API = f"/v1/funnels/puramur/sessions/{REAL}"
 
@@ -59,6 +61,11 @@ def served(server_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
     tmp = tmp_path_factory.mktemp("manager")
     funnel = copy_puramur(tmp / "project")
+    data = yaml.safe_load(funnel.read_text("utf-8"))  # moving on with a cat waits for a manager
+    data["stages"]["discovery"]["approval"] = {
+        "when": "pet.type == 'cat'", "timeout": "15m", "on_timeout": "reject",
+        "holding_reply": "A manager confirms in a minute.", "reason": "cats need the vet's word"}
+    funnel.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), "utf-8")
     scripted = tmp / "script.yaml"
     scripted.write_text(yaml.safe_dump({"match": [
         {"pattern": f"^{re.escape(t)}$", "output": o} for t, o in SAY.items()]}), "utf-8")
@@ -73,6 +80,10 @@ def served(server_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             # After the service made the tables: an engine on them opens at once.
             real_session(funnel, db, REAL, texts=("Hi!", "A Sphynx, her skin is dry",
                                                   OPERATOR), model=script())
+            for text in ("A cat here", "Hello?"):  # another customer, through the API
+                r = client.post(f"/v1/funnels/puramur/sessions/{GATED}/messages",
+                                json={"text": text}, headers={"authorization": "Bearer talk-key"})
+                assert r.status_code == 200, r.text
             yield {"url": url, "client": client, "driver": driver, "funnel": funnel,
                    "db": db, "sql": sql, "tmp": tmp}
 
@@ -248,6 +259,31 @@ def test_the_model_form_explains_refusals_and_shows_the_stage_prompt(served: Any
     severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, severe
 
+
+
+def test_an_approval_decided_at_the_desk(served: Any) -> None:
+    d, c = served["driver"], served["client"]
+    p = Page(d)
+    d.get(served["url"] + f"/studio/?funnel=puramur&session={GATED}")
+    d.get_log("browser")
+    p.until(lambda: p.text("session-id") == GATED and p.all('[data-testid="approval-mark"]'))
+    assert "a move waits for a manager's approval greeting → discovery" in p.all(
+        '[data-testid="approval-mark"]')[0]
+    assert any("Hello?" in t for t in p.all('[data-testid="held-message"]'))
+    assert "A move waits for a manager's approval (greeting → discovery)" in p.text("desk-control")
+    p.tid("manager-name").clear()
+    p.tid("manager-name").send_keys("Taras")
+    p.tid("approve").click()
+    p.until(lambda: len(p.all('[data-testid="approval-mark"]')) == 2)
+    assert "Taras approved the move greeting → discovery" in p.all(
+        '[data-testid="approval-mark"]')[1]
+    gated = f"/v1/funnels/puramur/sessions/{GATED}"
+    assert c.get(f"{gated}/control", headers=ADMIN).json()["control"] == "bot"
+    assert c.get(gated, headers=ADMIN).json()["stage"] == "discovery"
+    r = c.post("/studio/api/reject", headers=ADMIN, json={"funnel": "puramur", "session": GATED})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "not_awaiting_approval"
+    severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe
 
 
 def test_a_key_without_the_manage_scope_reads_only(served: Any) -> None:

@@ -4,7 +4,8 @@
 approval), the manager's messages, the customer's messages the bot held, the take-over,
 release and approval marks, each placed after the turn it followed (``after_turn``), and
 the turn that handed the session off. ``POST /api/takeover``, ``/api/manager-message``,
-``/api/release``: the manager API's three acts (docs/service.md#a-manager-in-the-session),
+``/api/release`` (and ``/api/approve``, ``/api/reject`` for an approval gate's move): the
+manager API's acts (docs/service.md#a-manager-in-the-session),
 through the same functions the REST API calls (:mod:`engine.turn.manager`), so the same
 rules hold: a message or a release needs a take-over first, a release's stage and
 updates are validated as any update is, a take-over waits for a turn in flight.
@@ -34,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import (
+    ApprovalRefused,
     ConcurrentUpdate,
     FunnelError,
     InvalidInput,
@@ -69,6 +71,12 @@ class MessageBody(_Act):
     """A manager's message to the session's customer."""
 
     text: str = Field(min_length=1, max_length=4096)
+
+
+class RejectBody(_Act):
+    """Drop the move an approval gate holds; ``note`` reaches the next prompt."""
+
+    note: str | None = Field(default=None, max_length=2000)
 
 
 class ReleaseBody(_Act):
@@ -121,6 +129,7 @@ def _refused(exc: FunnelError) -> tuple[int, str]:
                                (NotTakenOver, 409, "not_taken_over"),
                                (NotAwaitingApproval, 409, "not_awaiting_approval"),
                                (ReleaseRejected, 422, "rejected"),
+                               (ApprovalRefused, 422, "rejected"),
                                (InvalidInput, 400, "bad_request"),
                                (ConcurrentUpdate, 503, "busy")):
         if isinstance(exc, kind):
@@ -187,6 +196,16 @@ def routes(h: Helpers) -> list[tuple[str, Handler, str]]:
             e, body.session, who(request, body.manager), stage=body.stage,
             updates=body.updates), body.funnel)
 
+    async def approve(request: Request) -> Response:
+        body = await h.body(request, _Act)
+        return await act(request, lambda e: manager.approve(
+            e, body.session, who(request, body.manager)), body.funnel)
+
+    async def reject(request: Request) -> Response:
+        body = await h.body(request, RejectBody)
+        return await act(request, lambda e: manager.reject(
+            e, body.session, who(request, body.manager), body.note), body.funnel)
+
     async def prompt(request: Request) -> Response:
         """The current stage's prompt for the session, as the model would read it."""
         engine = (await h.opened(request)).engine(h.q(request, "funnel") or "")
@@ -208,7 +227,8 @@ def routes(h: Helpers) -> list[tuple[str, Handler, str]]:
 
     return [("stage-prompt", prompt, "GET"), ("form", form, "GET"),
             ("desk", desk, "GET"), ("takeover", takeover, "POST"),
-            ("manager-message", message, "POST"), ("release", release, "POST")]
+            ("manager-message", message, "POST"), ("release", release, "POST"),
+            ("approve", approve, "POST"), ("reject", reject, "POST")]
 
 
 class _Forbidden(Exception):

@@ -19,7 +19,7 @@
     approved: it => "✓ " + (it.manager || "a manager") + " approved the move" + move(it),
     rejected: it => "✗ " + (it.manager || "a manager") + " rejected the move" + move(it) +
       (it.detail && it.detail.note ? ": " + it.detail.note : ""),
-    timeout: it => "⌛ nobody decided in time: " + ((it.detail && it.detail.decision) || "the approval timed out") + move(it),
+    timeout: it => "⌛ nobody decided in time" + move(it) + ": " + ((it.detail && it.detail.on_timeout) || "the approval timed out"),
   };
   function at(it) { return it.detail && it.detail.stage ? " (stage " + it.detail.stage + ")" : ""; }
   function move(it) {
@@ -77,7 +77,7 @@
     const customer = it.role === "user";
     return el("li", {class: "desk-item", "data-testid": "held-message", title: it.created_at},
       el("div", {class: "bubble " + (customer ? "customer held" : "bot held"), text: it.content}),
-      el("div", {class: "meta", text: customer ? "held: a manager had the session, no model was asked" : "the holding reply"}));
+      el("div", {class: "meta", text: customer ? "held: a manager or an approval had the session, no model was asked" : "the holding reply"}));
   }
   function place(data, scroll) {
     const log = $("log");
@@ -124,11 +124,20 @@
       el("div", {class: "row"}, el("label", {}, "back at stage ", stage),
         el("input", {id: "release-updates", "data-testid": "release-updates", placeholder: "field updates as JSON (optional)", size: "28"}),
         el("button", {id: "release", type: "button", "data-testid": "release", text: "Hand back to the bot"})),
+      el("div", {id: "desk-approval", class: "row", hidden: true},
+        el("button", {id: "approve", type: "button", "data-testid": "approve", text: "Approve the move"}),
+        el("input", {id: "reject-note", "data-testid": "reject-note", placeholder: "why not (reaches the next prompt)", size: "28"}),
+        el("button", {id: "reject", type: "button", "data-testid": "reject", text: "Reject"})),
       el("div", {id: "desk-result", class: "hint", "data-testid": "desk-result"}));
     $("branch").after(b);
     $("manager-name").value = localStorage.getItem("funnel-studio-manager") || "";
     $("manager-name").addEventListener("change", () => localStorage.setItem("funnel-studio-manager", $("manager-name").value.trim()));
     $("takeover").addEventListener("click", () => act("takeover", {}));
+    $("approve").addEventListener("click", () => act("approve", {}));
+    $("reject").addEventListener("click", () => {
+      const note = $("reject-note").value.trim();
+      act("reject", note ? {note} : {}).then(ok => { if (ok) $("reject-note").value = ""; });
+    });
     $("manager-send").addEventListener("click", () => {
       const text = $("manager-text").value.trim();
       if (!text) { $("manager-text").focus(); return; }
@@ -161,6 +170,8 @@
     $("takeover").disabled = !data.may_manage;
     $("takeover").textContent = held ? "Take over (from " + (c.manager || "the manager") + ")" : "Take over";
     $("manager-send").disabled = $("release").disabled = !data.may_manage || !held;
+    $("desk-approval").hidden = c.control !== "approval";
+    $("approve").disabled = $("reject").disabled = !data.may_manage;
     const stages = (D.funnels[P().state.funnel] || {}).stages || [];
     const pick = $("release-stage");
     if (pick.options.length !== stages.length + 1) {
@@ -190,8 +201,9 @@
     $("desk-result").className = "hint yes";
     $("desk-result").textContent = path === "takeover" ? "taken over by " + res.data.manager :
       path === "release" ? "back to the bot at " + res.data.stage + (res.data.updated.length ? "; changed " + res.data.updated.join(", ") : "") :
+      path === "approve" || path === "reject" ? res.data.decision + " by " + res.data.manager :
       "sent by " + res.data.manager + (res.data.delivery === "telegram" ? " (queued for Telegram)" : " (in the session's messages)");
-    if (path === "release") await P().reopen(); else await refresh();
+    if (["release", "approve", "reject"].includes(path)) await P().reopen(); else await refresh();
     return true;
   }
 
