@@ -104,7 +104,6 @@
     for (const a of t.actions || []) box.append(el("span", {class: "chip", "data-testid": "turn-action", "data-action": a, text: "▸ " + a}));
     for (const r of t.refused || []) box.append(el("span", {class: "chip no", "data-testid": "turn-action-refused",
       "data-action": r.type, text: "✗ " + r.type + (r.reason ? ": " + r.reason : "")}));
-    for (const x of t.transitions || []) if (x.from !== x.to) box.append(el("span", {class: "chip move", text: "→ " + x.to}));
     li.append(box);
   }
 
