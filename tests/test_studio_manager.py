@@ -197,6 +197,9 @@ def test_take_over_send_and_release_a_customers_session(served: Any) -> None:
     r = c.post("/studio/api/manager-message", headers=ADMIN, json={
         "funnel": "puramur", "session": REAL, "text": "hi"})
     assert r.status_code == 409 and r.json()["error"]["code"] == "not_taken_over"
+    r = c.post("/studio/api/takeover", headers=ADMIN, json={"funnel": "puramur",
+                                                            "session": "nobody-1"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     c.post("/studio/api/takeover", headers=ADMIN, json={"funnel": "puramur", "session": REAL})
     r = c.post("/studio/api/release", headers=ADMIN, json={
         "funnel": "puramur", "session": REAL, "stage": "nowhere"})
