@@ -208,6 +208,13 @@ def test_take_over_send_and_release_a_customers_session(served: Any) -> None:
     r = c.post("/studio/api/release", headers=ADMIN, json={"funnel": "puramur", "session": REAL})
     assert r.status_code == 200 and r.json()["control"] == "bot"
 
+    # Another session is a new entry in the history: Back opens this one again.
+    p.tid("new-session").click()
+    p.until(lambda: p.text("session-id").startswith("studio-") and "session=studio-" in
+            d.current_url)
+    d.back()
+    p.until(lambda: p.text("session-id") == REAL and p.all('[data-testid="manager-message"]'))
+
     # The tab is in the address too.
     p.tid("tab-sessions").click()
     p.until(lambda: "tab=sessions" in d.current_url)

@@ -29,11 +29,22 @@
   function el(tag, attrs, ...kids) { return P().el(tag, attrs, ...kids); }
 
   // -- the address ------------------------------------------------------------------------
+  // Another session is a new entry (Back returns to the one before); the rest replaces it.
   function address(changes) {
     const url = new URL(location.href);
+    const before = url.searchParams.get("session");
     for (const [k, v] of Object.entries(changes)) { if (v) url.searchParams.set(k, v); else url.searchParams.delete(k); }
-    if (url.href !== location.href) history.replaceState(null, "", url.pathname + url.search);
+    if (url.href === location.href) return;
+    const push = before && changes.session && changes.session !== before;
+    history[push ? "pushState" : "replaceState"](null, "", url.pathname + url.search);
   }
+  window.addEventListener("popstate", () => {
+    const params = new URLSearchParams(location.search);
+    const s = P().state;
+    if (params.get("session") && params.get("session") !== s.session) P().open(params.get("session"));
+    const tab = params.get("tab") === "sessions" ? "sessions" : "play";
+    if ($("sessions").hidden === (tab === "sessions")) $(tab === "sessions" ? "tab-sessions" : "tab-play").click();
+  });
 
   // -- the funnel's words -----------------------------------------------------------------
   function words(funnel) {

@@ -458,6 +458,7 @@
     if (params.get("tab") === "sessions") tab("sessions");
     poll();
   }
-  window.StudioPage = {reopen: () => openSession(S.session, true), state: S, api, el, notice, failed, q};
+  window.StudioPage = {reopen: () => openSession(S.session, true), open: id => openSession(id),
+    state: S, api, el, notice, failed, q};
   window.addEventListener("DOMContentLoaded", () => start().catch(e => notice("the page failed to start: " + e, true)));
 })();
