@@ -167,7 +167,7 @@
     const b = $("branch");
     if (view.real) {
       b.hidden = false; b.className = "branch real";
-      b.textContent = "A customer's session (" + view.session + "): read only. What you type goes to a new " +
+      b.textContent = "A customer's session (" + view.session + "): read only to the chat (the manager's desk acts on it). What you type goes to a new " +
         "playground session branched from it; this session, its messages and its alerts stay as they are.";
     } else if (view.origin && view.origin.branched_from) {
       b.hidden = false; b.className = "branch";
