@@ -491,7 +491,7 @@ async def test_an_unknown_sku_is_refused_and_the_model_is_told(make: Factory, sq
 
     assert "PR000000" not in h.model.prompt("s1", 4)
     told = h.model.prompt("s1", 5)
-    assert f"<data>\nNotes from the shop (it refused these last turn):\n- add_to_cart " \
+    assert f"<data>\nNotes from the business (it refused these last turn):\n- add_to_cart " \
         f"refused: {outcome.reason}" in told
     assert "PR000000" not in h.model.prompt("s1", 6)  # told once
     assert sql("SELECT actions, refused FROM funnel_turns ORDER BY id")[3] == (

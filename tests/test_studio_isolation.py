@@ -235,7 +235,9 @@ def test_a_customers_session_typed_on_in_the_page_stays_as_it_was(
         assert f"branched from {real} after turn 3" in text_of("branch-info")
         d.find_element(By.CSS_SELECTOR, '[data-testid="branch-edit"][data-turn="1"]').click()
         wait.until(lambda _: "changing the answer of turn 1" in text_of("notice"))
-        assert d.execute_script("return document.getElementById('raw').value")
+        # The model's form of turn 1's stage, filled with its answer (docs/studio.md#manager).
+        wait.until(lambda _: d.execute_script(
+            "const f = document.querySelector('[data-testid=\"field-reply\"]'); return f && f.value"))
         tid("new-session").click()
         wait.until(lambda _: text_of("session-id").startswith("studio-"))
         fresh = text_of("session-id")

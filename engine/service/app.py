@@ -139,6 +139,12 @@ def _studio_app(service: Service) -> Starlette:
         client = service.keys.check(presented)
         return client is not None and "admin" in client.scopes and client.funnels is None
 
+    def manage(presented: str | None) -> str | None:
+        # The manager API's rule (engine.service.manager): the `manage` scope; the key's
+        # client name is the manager's unless the page names one.
+        client = service.keys.check(presented)
+        return client.name if client is not None and client.allows("manage") else None
+
     async def opened() -> Studio:
         await service.open_engines()
         studio = await Studio.open([f.spec.path for f in service.funnels.values()],
@@ -146,7 +152,7 @@ def _studio_app(service: Service) -> Starlette:
         service.forgetters.append(lambda funnel, session: studio.model.forget(session))
         return studio
 
-    return create_studio_app(opened, authorize=admin)
+    return create_studio_app(opened, authorize=admin, manage=manage)
 
 
 def create_app(config: ServiceConfig | None = None) -> Starlette:

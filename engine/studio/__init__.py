@@ -16,6 +16,8 @@ is the guide.
 - `simulation`: the Simulate tab's one run at a time (`funnel simulate`, cancellable);
 - `evidence_api`: their routes, plugged into the app by a table;
 - `app`: the Starlette app; `bodies`: its request bodies (pydantic); `server`: uvicorn;
+- `desk`: a customer's session as a manager sees it (take over, send, release);
+  `plain`: a refused answer in plain words, the stage prompt as the model reads it;
 - `editor`, `editor_api`, `make`, `keys`: the Editor tab (files, checks as typed, safe saves,
   a new funnel, migrations, a model key in memory);
 - `static/`: the page (plain HTML, CSS, JavaScript: no build step; the editor's CodeMirror 5

@@ -37,8 +37,9 @@ from ..boundary.sanitize import Rejected, loads_bounded
 from ..errors import FunnelError, InvalidInput, StoreUnavailable
 from ..format.settings import parse_duration
 from ..report import build_report, render_html
-from . import sql
+from . import desk, sql
 from .bodies import RewindBody, ScenarioBody, TurnBody
+from .desk import Manage
 from .editor_api import routes as editor_routes
 from .evidence_api import ROUTES as EVIDENCE
 from .evidence_api import Handler as PluggedHandler
@@ -51,7 +52,8 @@ log = logging.getLogger("funnel.studio")
 STATIC = Path(__file__).resolve().parent / "static"
 ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
           "whatif.js": "text/javascript", "editor.js": "text/javascript",
-          "scenarios.js": "text/javascript", "simulate.js": "text/javascript"}
+          "scenarios.js": "text/javascript", "simulate.js": "text/javascript",
+          "desk.js": "text/javascript"}
 # The editor's library (CodeMirror 5, MIT: static/vendor/codemirror/LICENSE, README.md).
 ASSETS |= {f"vendor/codemirror/{n}": "text/" + ("css" if n.endswith(".css") else "javascript")
            for n in ("codemirror.js", "codemirror.css", "yaml.js", "jinja2.js", "markdown.js",
@@ -310,6 +312,11 @@ def _allowed(request: Request, key: str | None, authorize: Authorize | None) -> 
     return hmac.compare_digest((_presented(request) or "").encode(), key.encode())
 
 
+# What engine.studio.desk's handlers use of this module.
+_HELPERS = desk.Helpers(presented=lambda r: _presented(r), json=_json, error=_error,
+                        opened=_opened, body=_body, q=_q)
+
+
 class _Gate:
     """Who may use the studio (the module docstring): the host, the origin, the key."""
 
@@ -345,7 +352,8 @@ class _Gate:
 
 def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
                       key: str | None = None, authorize: Authorize | None = None,
-                      hosts: frozenset[str] | None = None) -> Starlette:
+                      hosts: frozenset[str] | None = None,
+                      manage: Manage | None = None) -> Starlette:
     """The studio's app for ``studio``, or for the studio a coroutine opens at start-up.
 
     Args:
@@ -355,6 +363,9 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
             studio is opened by its first request).
         hosts: the ``Host`` names accepted (``None``: any); a loopback studio accepts only
             loopback names, so that a rebinding DNS name cannot reach it.
+        manage: who may take a customer's session over, write to them and release it
+            (engine.studio.desk): the credential presented -> the manager's name, or
+            None; default: whoever may use the studio, as ``studio``.
     """
     routes = [Route("/", page), Route("/static/{name:path}", asset),
               Route("/report", _guarded(report)),
@@ -367,6 +378,8 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
               *editor_routes(_guarded, _body, _opened, _json)]
     routes += [Route(f"/api/{path}", _plugged(model, fn), methods=[method])
                for path, method, model, fn in EVIDENCE]
+    routes += [Route(f"/api/{path}", _guarded(fn), methods=[method])
+               for path, fn, method in desk.routes(_HELPERS)]
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -385,6 +398,7 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.opening = asyncio.Lock()
+    app.state.manage = manage or (lambda presented: "studio")
     if isinstance(studio, Studio):
         app.state.studio = studio
     else:

@@ -38,6 +38,7 @@ from ..turn.output import parse_output
 from . import scenarios, sql, views
 from .graph import svg
 from .model import HUMAN, StudioModel
+from .plain import refusal
 from .watch import POLL, Watched
 from .whatif import WhatIf, WhatIfSettings
 
@@ -173,6 +174,7 @@ class Studio:
             spec = engine.spec
             out.append({"name": name, "path": str(self.watched[name].path),
                         "version": spec.version, "initial": spec.initial,
+                        "description": spec.description,
                         "stages": list(spec.stages), "svg": svg(spec),
                         "status": self.watched[name].status()})
         return out
@@ -408,7 +410,8 @@ def _refused(engine: Engine, row: Mapping[str, Any], output: str) -> dict[str, A
     envelope, problem = parse_output(engine.funnel.stage(stage), output)
     if envelope is not None:
         return None
-    return {"rejected": problem, "stage": stage, "repair": _REPAIR.format(problem=problem)}
+    return {"rejected": problem, "stage": stage, "repair": _REPAIR.format(problem=problem),
+            "plain": refusal(engine.funnel.stage(stage), output, problem)}
 
 
 def _recorded(rec: Mapping[str, Any]) -> ScriptEntry:

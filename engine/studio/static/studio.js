@@ -18,6 +18,9 @@
     return e;
   }
   const show = v => typeof v === "string" ? v : JSON.stringify(v);
+  // What the page did, for the page's other scripts (desk.js): "studio:rendered" (a session's
+  // panels), "studio:transcript" (a page of turns drawn), "studio:tab", "studio:turn" (a turn's li).
+  const emit = (name, detail) => document.dispatchEvent(new CustomEvent("studio:" + name, {detail}));
   function newId() {
     const a = new Uint8Array(4); crypto.getRandomValues(a);
     return "studio-" + [...a].map(b => b.toString(16).padStart(2, "0")).join("");
@@ -164,7 +167,7 @@
     const b = $("branch");
     if (view.real) {
       b.hidden = false; b.className = "branch real";
-      b.textContent = "A customer's session (" + view.session + "): read only. What you type goes to a new " +
+      b.textContent = "A customer's session (" + view.session + "): read only to the chat (the manager's desk acts on it). What you type goes to a new " +
         "playground session branched from it; this session, its messages and its alerts stay as they are.";
     } else if (view.origin && view.origin.branched_from) {
       b.hidden = false; b.className = "branch";
@@ -177,6 +180,7 @@
     drawWouldSend(view.would_send || []);
     drawGraph(view); drawCompleteness(view.completeness); drawWhy(view.why, view.result);
     drawState(view.state, view.changed || []); drawPrompt(view); drawForm(view);
+    emit("rendered", {funnel: S.funnel, session: S.session, view, funnels: S.funnels});
   }
 
   // -- the transcript ---------------------------------------------------------------
@@ -200,6 +204,7 @@
     const det = el("details", {class: "transcript"}, el("summary", {text: "record"}), el("pre", {text: recordText(t)}));
     li.append(el("div", {class: "meta"}, el("span", {text: "#" + t.number + " " + t.stage_before + " → " + t.stage_after +
       (t.fallback ? " · fallback" : "") + (t.validation_failures ? " · " + t.validation_failures + " invalid" : "")}), rw, ed, det));
+    emit("turn", {turn: t, li});
     return li;
   }
   async function loadTranscript(latest) {
@@ -212,6 +217,7 @@
     $("log").replaceChildren(...page.data.turns.map(turnItem));
     $("earlier").hidden = S.offset === 0;
     $("log").scrollTop = $("log").scrollHeight;
+    emit("transcript", {funnel: S.funnel, session: S.session, offset: S.offset});
   }
   async function earlier() {
     const off = Math.max(0, S.offset - 50);
@@ -219,6 +225,7 @@
     if (!page.ok) return failed(page);
     $("log").prepend(...page.data.turns.map(turnItem));
     S.offset = off; $("earlier").hidden = S.offset === 0;
+    emit("transcript", {funnel: S.funnel, session: S.session, offset: S.offset, earlier: true});
   }
   function leaveEdit() {
     // "Change the answer" belongs to the session it was started on: another session
@@ -256,7 +263,9 @@
       const res = await api("turn", body);
       if (res.ok && res.data.rejected) {
         const e = $("form-errors"); e.hidden = false;
-        e.textContent = "The engine refuses this answer, as it would a model's. The repair call would say:\n" + res.data.repair;
+        e.replaceChildren(el("div", {text: "The engine refuses this answer, as it would a model's:"}),
+          el("ul", {}, ...(res.data.plain || []).map(p => el("li", {"data-testid": "refusal-plain", text: p}))),
+          el("details", {}, el("summary", {text: "what the repair call would tell a model"}), el("pre", {text: res.data.repair})));
         return;
       }
       if (!res.ok) return failed(res);
@@ -294,12 +303,31 @@
       (view.diverged && view.diverged.length ? "; on the funnel as it is now, turns went elsewhere: " +
         view.diverged.map(d => "#" + d.turn + " " + d.recorded + "→" + d.now).join(", ") : "");
   }
-  function editAt(t) {
+  async function editAt(t) {
     S.branchEdit = {turn: t.number, text: t.customer};
-    $("form-box").hidden = false; $("replay-box").hidden = false; $("raw-box").open = true;
-    $("raw").value = (t.raw_output || [])[0] || "";
+    $("form-box").hidden = false; $("replay-box").hidden = false;
     $("input").value = t.customer || "";
-    notice("changing the answer of turn " + t.number + ": edit the JSON (or the customer's message) and answer; a new session replays up to it", false);
+    const raw = (t.raw_output || [])[0] || "";
+    let given = null;
+    try { given = JSON.parse(raw); } catch (e) { given = null; }
+    // The same form as "I am the model", of the stage the turn was answered in, filled with
+    // its answer; an answer that is not a JSON object only the JSON box can hold.
+    const res = given && typeof given === "object" && !Array.isArray(given) ?
+      await api("form?" + q({funnel: S.funnel, stage: t.stage_before})) : null;
+    if (res && res.ok && res.data.form) {
+      S.form = ModelForm.build(res.data.form, given);
+      $("form").dataset.key = "edit:" + t.number;  // the next session's render builds its own
+      $("form").replaceChildren(S.form.el);
+      $("form-stage").textContent = "— turn " + t.number + ", stage " + t.stage_before;
+      $("raw").value = ""; $("raw-box").open = false;
+    } else { $("raw-box").open = true; $("raw").value = raw; }
+    // The panels describe the session's last turn: stale for a branch from turn N.
+    const stale = "changing the answer of turn " + t.number + ": this shows the new branch once you answer";
+    for (const id of ["why", "prompt"]) $(id).replaceChildren(el("p", {class: "hint", "data-testid": "stale-cleared", text: stale}));
+    drawWouldSend([]); $("scenario-out").hidden = true;
+    $("state").querySelectorAll("tr.changed").forEach(r => r.classList.remove("changed"));
+    const changed = $("state").querySelector('[data-testid="state-changed"]'); if (changed) changed.remove();
+    notice("changing the answer of turn " + t.number + ": edit the answer (or the customer's message) and answer; a new session replays up to it", false);
   }
   async function branchWith() {
     const e = S.branchEdit;
@@ -387,6 +415,7 @@
     $("play").hidden = which !== "play"; $("sessions").hidden = which === "play";
     $("tab-play").classList.toggle("on", which === "play"); $("tab-sessions").classList.toggle("on", which !== "play");
     if (which !== "play") listSessions(false);
+    emit("tab", {tab: which});
   }
 
   async function start() {
@@ -414,5 +443,7 @@
     if (params.get("tab") === "sessions") tab("sessions");
     poll();
   }
+  window.StudioPage = {reopen: () => openSession(S.session, true), open: id => openSession(id),
+    state: S, api, el, notice, failed, q};
   window.addEventListener("DOMContentLoaded", () => start().catch(e => notice("the page failed to start: " + e, true)));
 })();
