@@ -18,6 +18,7 @@ from ..records.messages import Message
 from ..records.orders import Conversion, Order
 
 if TYPE_CHECKING:
+    from .follow_ups import FollowUpClaim, Plan
     from .idempotency import Pending
 
 __all__ = ["Control", "Held", "Inbound", "Match", "OutboxItem", "SessionAccess", "Store",
@@ -363,5 +364,25 @@ class Store(Protocol):
     async def move_session(self, funnel: FunnelSpec, values: dict[str, Any],
                            expected_version: int) -> bool:
         """Write a migrated session's state if its row is still at ``expected_version``."""
+
+    async def follow_up_touch(self, funnel: str, session_id: str, stage: str,
+                              anchor_at: datetime, anchor_id: int, plan: Plan | None, *,
+                              opted_out: bool = False) -> None:
+        """After a customer turn: the session's follow-ups count from this message
+        (engine.store.follow_ups); ``plan`` None: none is due in ``stage``."""
+
+    async def follow_up_cancel(self, funnel: str, session_id: str, *,
+                               opted_out: bool = False) -> None:
+        """Nothing more is due for the session; ``opted_out``: ever again."""
+
+    async def follow_up_state(self, funnel: str, session_id: str) -> dict[str, Any] | None:
+        """The session's follow-up row, or None."""
+
+    async def due_follow_ups(self, funnel: str, now: datetime, limit: int = 100) -> list[str]:
+        """The sessions with a follow-up due at ``now``, oldest due first."""
+
+    def claim_follow_up(self, funnel: str, session_id: str, now: datetime
+                        ) -> AbstractAsyncContextManager[FollowUpClaim | None]:
+        """The session's row while still due and free, locked for one transaction."""
 
     async def close(self) -> None: ...

@@ -29,6 +29,7 @@ from ..sandbox.expressions import attribute_paths, parse_expression
 from ..sandbox.patterns import problem as pattern_problem
 from ..sandbox.patterns import schema_patterns
 from .claims import claim_conditions
+from .declared import follow_up_declarations
 from .diagnostics import Report, as_dict, as_list
 from .format import format_schema
 from .phones import check_phones
@@ -257,6 +258,9 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
             conditions.append((("stages", name, "transitions", i, "when"), as_dict(t).get("when")))
         conditions.append((("stages", name, "approval", "when"),
                            as_dict(as_dict(raw).get("approval")).get("when")))
+    for keys, _, follow in follow_up_declarations(data):  # each step's `when`
+        for i, step in enumerate(as_list(follow.get("steps"))):
+            conditions.append(((*keys, "steps", i, "when"), as_dict(step).get("when")))
     conditions += claim_conditions(data)  # what backs a reply's promises and promotions
     known = _condition_names(data, state)
     max_points = sum(

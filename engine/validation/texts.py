@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import did_you_mean
 from ..format.texts import BUILTIN_LANGUAGES, name_of
+from .declared import follow_up_declarations
 from .diagnostics import Report, as_dict, as_list
 from .knowledge import LANGUAGE_CODES
 
@@ -58,6 +59,12 @@ def _texts(data: dict[str, Any]) -> list[tuple[Keys, str, Any]]:
             found.append((("stages", name, "approval", "holding_reply"),
                           f"stage '{name}': `approval.holding_reply`",
                           approval["holding_reply"]))
+    for keys, stage, follow in follow_up_declarations(data):
+        for i, step in enumerate(as_list(follow.get("steps"))):
+            if "text" in as_dict(step):
+                where = f"stage '{stage}': " if stage else ""
+                found.append(((*keys, "steps", i, "text"),
+                              f"{where}`follow_up.steps[{i}].text`", as_dict(step)["text"]))
     return found
 
 

@@ -1,0 +1,198 @@
+"""Follow-ups: reaching a customer who went quiet in a stage (docs/follow-ups.md).
+
+After each customer turn :func:`after_turn` plans the session's next follow-up from
+that message (or cancels it: the stage has none, a manager holds the session, the
+customer asked to be left alone). :func:`run_due` is the scheduler's pass, run by
+``funnel serve`` (every worker, each dispatch) and ``funnel follow-up`` (cron): it
+finds the due sessions with one indexed query and sends each follow-up at most once
+per due time, however many workers run it (engine.store.follow_ups): a message in
+the transcript and a turn record, both marked as a follow-up, and an outbox row the
+session's channel delivers (Telegram; the widget shows the transcript).
+
+A due follow-up is not sent, and nothing more is planned, when the customer wrote
+since, a manager took the session over, the session was handed off, ended, moved to
+another stage or was erased; inside quiet hours it waits for their end; a step whose
+``when`` does not hold is passed over; a text whose claims the catalog and the state
+do not back (engine.claims) is not sent. Playground sessions never get one: the
+studio's engine plans none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from jinja2 import TemplateError
+
+from ..format.follow_up import FollowUpSpec, is_opt_out
+from ..sandbox.expressions import compile_condition, make_environment
+from ..sandbox.templates import bounded_render
+from ..store import OutboxItem
+from ..store.follow_ups import FollowUpClaim, Plan
+from .prompts import full_view
+
+if TYPE_CHECKING:
+    from .engine import Engine, TurnResult
+
+__all__ = ["after_turn", "plan", "run_due"]
+
+log = logging.getLogger("funnel.follow_up")
+
+_ENV = make_environment()
+# The channels a follow-up can reach a customer through unasked (their reply target).
+CHANNELS = ("telegram",)
+
+
+def plan(follow: FollowUpSpec | None, stage: str, anchor: datetime) -> Plan | None:
+    """The planner of a session in ``stage`` whose customer last wrote at ``anchor``."""
+    if follow is None:
+        return None
+
+    def planned(sent: dict[str, int]) -> tuple[int, datetime | None]:
+        step = follow.next_step(sent, stage)
+        if step is None:
+            return 0, None
+        return step, anchor + timedelta(seconds=follow.steps[step].after)
+
+    return planned
+
+
+async def after_turn(engine: Engine, session_id: str, text: str, result: TurnResult,
+                     now: datetime) -> None:
+    """Plan the session's follow-ups from the customer's message the turn answered."""
+    spec = engine.spec
+    stage = result.stage_after
+    follow = spec.follow_up_of(stage)
+    phrases = (follow.opt_out if follow else ()) + (spec.follow_up.opt_out
+                                                    if spec.follow_up else ())
+    opted = is_opt_out(text, phrases)
+    if result.held:
+        await engine.store.follow_up_cancel(spec.name, session_id, opted_out=opted)
+        return
+    await engine.store.follow_up_touch(
+        spec.name, session_id, stage, now, result.message_id,
+        None if result.handoff else plan(follow, stage, now), opted_out=opted)
+
+
+def _language(engine: Engine, row: Mapping[str, Any]) -> str | None:
+    spec = engine.spec
+    for field in (spec.language_response, spec.language_detected):
+        if field and isinstance(row.get(field), str):
+            return str(row[field])
+    return spec.language_policy.default
+
+
+async def run_due(engine: Engine, *, now: datetime | None = None, dry_run: bool = False,
+                  limit: int = 100) -> list[dict[str, Any]]:
+    """One pass of the scheduler over ``engine``'s funnel at ``now`` (the engine's clock).
+
+    Returns one entry per due session: ``outcome`` is ``sent`` (with ``text``,
+    ``language``, ``channel``), ``deferred`` (quiet hours: ``until``), ``skipped`` (a
+    step whose ``when`` does not hold), ``cancelled`` (``why``) or, with ``dry_run``,
+    ``due`` (nothing is written then).
+    """
+    now = now or engine.clock()
+    spec, store = engine.spec, engine.store
+    if not spec.has_follow_ups:
+        return []
+    out: list[dict[str, Any]] = []
+    for session_id in await store.due_follow_ups(spec.name, now, limit):
+        if dry_run:
+            found = await store.follow_up_state(spec.name, session_id)
+            if found is not None:
+                out.append({"session_id": session_id, "outcome": "due",
+                            "stage": found["stage"], "step": found["step"],
+                            "due_at": found["due_at"]})
+            continue
+        async with store.claim_follow_up(spec.name, session_id, now) as claim:
+            if claim is None:  # another worker has it, or it was sent meanwhile
+                continue
+            entry = await _one(engine, claim, now)
+        out.append({"session_id": session_id, **entry})
+        if entry["outcome"] == "sent":
+            log.info("follow-up %s:%s sent to session %r", entry["stage"], entry["step"],
+                     session_id)
+    return out
+
+
+async def _one(engine: Engine, claim: FollowUpClaim, now: datetime) -> dict[str, Any]:
+    spec, store, row = engine.spec, engine.store, claim.row
+    stage, index = str(row["stage"]), int(row["step"])
+
+    async def cancel(why: str) -> dict[str, Any]:
+        await claim.cancel()
+        return {"outcome": "cancelled", "why": why, "stage": stage, "step": index}
+
+    if await claim.customer_wrote():
+        return await cancel("the customer wrote")
+    if await store.control(spec.name, claim.session_id) is not None:
+        return await cancel("a manager holds the session")
+    state = await store.load(spec, claim.session_id)
+    if state is None:
+        return await cancel("the session is gone")
+    if state.get("stage") != stage:
+        return await cancel("the session moved on")
+    handoff = spec.handoff
+    if handoff is not None and handoff.triggered_at and state.get(handoff.triggered_at):
+        return await cancel("the session was handed off")
+    follow = spec.follow_up_of(stage)
+    if follow is None or index >= len(follow.steps):
+        return await cancel("the stage has no such follow-up")
+    step = follow.steps[index]
+    if follow.quiet_hours is not None and follow.quiet_hours.contains(now):
+        until = follow.quiet_hours.release(now)
+        await claim.move(index, until)
+        return {"outcome": "deferred", "until": until, "stage": stage, "step": index}
+    sent: dict[str, int] = {str(k): int(v) for k, v in (row["sent"] or {}).items()}
+    anchor: datetime = row["anchor_at"]
+    planned = anchor + timedelta(seconds=step.after)
+    context = {**full_view(engine.funnel, state), "stage": stage,
+               "stage_history": state.get("stage_history") or [],
+               "turns": state.get("turns") or 0, "session_id": claim.session_id}
+    try:
+        holds = step.when is None or compile_condition(step.when)(context)
+        language = _language(engine, state)
+        text = "" if not holds else bounded_render(
+            lambda: _ENV.from_string(step.text.pick(
+                language, spec.language_policy.default)).render(context)).strip()
+    except (TemplateError, TypeError, ValueError) as exc:
+        log.warning("follow-up %s:%s of session %r: %s", stage, index, claim.session_id, exc)
+        return await cancel(f"the follow-up failed: {exc}")
+    nxt = follow.next_step(sent, stage, after=index)
+    later = None if nxt is None else max(
+        anchor + timedelta(seconds=follow.steps[nxt].after),
+        now + timedelta(seconds=follow.steps[nxt].after - step.after))
+    if not holds or not text:
+        await claim.move(nxt or 0, later)
+        return {"outcome": "skipped", "stage": stage, "step": index}
+    refused = engine.funnel.claims.check(text, stage, state, context)
+    claims = [{**r.as_record(), "attempt": 0} for r in refused]
+    if refused:
+        await claim.move(nxt or 0, later)
+        log.warning("follow-up %s:%s of session %r not sent: a claim nothing backs (%s)",
+                    stage, index, claim.session_id, refused[0].sentence())
+        return {"outcome": "cancelled", "why": "a claim nothing backs", "stage": stage,
+                "step": index, "claims": claims}
+    delivery, channel = None, "messages"
+    for name in CHANNELS:
+        target = await store.reply_target(spec.name, claim.session_id, name)
+        if target is not None:
+            delivery = OutboxItem(
+                key=f"{spec.name}:{claim.session_id}:follow_up:{stage}:{index}:"
+                    f"{planned.isoformat()}",
+                kind="reply", payload={**target, "text": text, "follow_up": True})
+            channel = name
+            break
+    record = {"stage": stage, "step": index, "due": planned.isoformat(),
+              "language": language, "channel": channel}
+    message_id = await claim.send(text=text, version=int(state.get("funnel_version") or
+                                                         spec.version),
+                                  record=record, at=now, delivery=delivery, claims=[])
+    sent[f"{stage}:{index}"] = sent.get(f"{stage}:{index}", 0) + 1
+    await claim.move(nxt or 0, later, sent)
+    if message_id is None:
+        return {"outcome": "cancelled", "why": "sent before", "stage": stage, "step": index}
+    return {"outcome": "sent", "stage": stage, "step": index, "text": text,
+            "language": language, "channel": channel, "message_id": message_id}

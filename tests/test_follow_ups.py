@@ -1,0 +1,247 @@
+"""Follow-ups on stalled stages (docs/follow-ups.md): planned after each customer turn,
+found by one indexed query, sent once per due time through the outbox, in the
+customer's language, never in quiet hours, never after a reply, a take-over or an
+opt-out. The clock is injected: the engine's for the turns, ``now`` for the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import puramur_data, run_funnel, sql_runner
+
+from engine.format.follow_up import QuietHours, is_opt_out
+from engine.llm.models import ScriptedModel
+from engine.store import Inbound, open_store
+from engine.turn import manager
+from engine.turn.engine import Engine
+from engine.turn.follow_up import run_due
+
+START = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)  # 12:00 in Kyiv
+DAY = timedelta(days=1)
+TEXTS = {"uk": "Привіт! Ми досі тут, якщо потрібна порада для {{ pet.name or 'улюбленця' }}.",
+         "ru": "Здравствуйте! Мы здесь, если нужен совет.",
+         "en": "Hi! We are still here if you need advice.",
+         "pl": "Cześć! Jesteśmy tu, jeśli potrzebujesz porady."}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _funnel(folder: Path) -> Path:
+    data = puramur_data()
+    data["follow_up"] = {
+        "quiet_hours": {"from": "21:00", "to": "09:00", "timezone": "Europe/Kyiv"},
+        "opt_out": ["досить"],
+        "steps": [{"after": "24h", "text": TEXTS, "max": 1}]}
+    path = folder / "puramur.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), "utf-8")
+    return path
+
+
+def _model() -> ScriptedModel:
+    return ScriptedModel.from_data({"default": {"reply": "Чим можу допомогти?"}})
+
+
+@pytest.fixture(scope="module")
+def funnel_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _funnel(tmp_path_factory.mktemp("follow"))
+
+
+@pytest.fixture(scope="module")
+def schema(server_dsn: str) -> Any:
+    from engine.store.connect import temporary_schema
+
+    with temporary_schema(server_dsn, "t") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+async def world(schema: str, funnel_file: Path) -> AsyncIterator[tuple[Engine, Clock]]:
+    clock = Clock()
+    engine = await Engine.open(funnel_file, db=schema, model=_model(), clock=clock)
+    yield engine, clock
+    await engine.close()
+
+
+async def _say(world: tuple[Engine, Clock], session: str, text: str, at: datetime,
+               chat: int | None = None) -> None:
+    engine, clock = world
+    clock.now = at
+    if chat is None:
+        await engine.handle(session, text)
+        return
+    # As the Telegram channel does: the message and its reply target committed first.
+    key = f"{chat}:{at.timestamp()}"
+    message_id = await engine.store.accept_message(
+        engine.spec, session, text, Inbound("telegram", key), "test",
+        {"reply_to": {"chat_id": chat}})
+    await engine.handle(session, text, channel="telegram", key=key, message_id=message_id,
+                        reply_to={"chat_id": chat, "key": key})
+
+
+def _sent(schema: str, session: str) -> list[tuple[Any, ...]]:
+    with sql_runner(schema) as run:
+        return run("SELECT content, follow_up FROM funnel_messages WHERE session_id = %s AND "
+                   "follow_up IS NOT NULL ORDER BY id", (session,))
+
+
+def _of(done: list[dict[str, Any]], session: str) -> list[str]:
+    """The outcomes of one session in a scheduler pass."""
+    return [d["outcome"] for d in done if d["session_id"] == session]
+
+
+# -- pure ------------------------------------------------------------------------------
+def test_quiet_hours_release_at_their_end_in_the_zone() -> None:
+    quiet = QuietHours(*(datetime.strptime(t, "%H:%M").time() for t in ("21:00", "09:00")),
+                       "Europe/Kyiv")
+    night = datetime(2026, 12, 1, 20, 30, tzinfo=UTC)  # 22:30 in Kyiv (UTC+2)
+    assert quiet.contains(night)
+    assert quiet.release(night) == datetime(2026, 12, 2, 7, 0, tzinfo=UTC)
+    noon = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+    assert not quiet.contains(noon) and quiet.release(noon) == noon
+
+
+@pytest.mark.parametrize("text,stop", [("Стоп!", True), ("STOP", True), ("Не пишіть мені.", True),
+                                       ("wypisz mnie", True), ("don't stop", False),
+                                       ("stop the lotion, add shampoo", False), ("досить", True)])
+def test_a_stop_in_any_language_is_an_opt_out(text: str, stop: bool) -> None:
+    assert is_opt_out(text, ["досить"]) is stop
+
+
+# -- the scheduler ---------------------------------------------------------------------
+async def test_one_reminder_after_a_day_in_the_customers_language(world: Any,
+                                                                    schema: str) -> None:
+    engine, _ = world
+    await _say(world, "f-one", "Привіт, у мене кішка, шерсть випадає", START, chat=501)
+    assert await run_due(engine, now=START + DAY - timedelta(minutes=1)) == []
+    done = await run_due(engine, now=START + DAY + timedelta(minutes=1))
+    assert [(d["session_id"], d["outcome"], d["language"], d["channel"]) for d in done] == [
+        ("f-one", "sent", "uk", "telegram")]
+    assert done[0]["text"].startswith("Привіт! Ми досі тут")
+    assert await run_due(engine, now=START + 3 * DAY) == []  # max: 1
+    stage = done[0]["stage"]
+    assert _sent(schema, "f-one") == [(done[0]["text"], f"{stage}:0")]
+    with sql_runner(schema) as run:
+        # The outbox row the Telegram channel delivers, keyed by the due time.
+        assert run("SELECT kind, payload->>'chat_id', idempotency_key FROM funnel_outbox "
+                   "WHERE session_id = 'f-one' AND payload ? 'follow_up'") == [
+            ("reply", "501", f"puramur:f-one:follow_up:{stage}:0:{(START + DAY).isoformat()}")]
+        assert run("SELECT stage_after, follow_up->>'step', model FROM funnel_turns WHERE "
+                   "session_id = 'f-one' AND follow_up IS NOT NULL") == [
+            (stage, "0", "follow-up")]
+
+
+async def test_english_customer_gets_english(world: Any) -> None:
+    engine, _ = world
+    await _say(world, "f-en", "Hello, I have a cat with dry skin, what do you suggest?",
+               START)
+    done = await run_due(engine, now=START + DAY + timedelta(minutes=1))
+    assert [d["text"] for d in done if d["session_id"] == "f-en"] == [TEXTS["en"]]
+
+
+async def test_none_after_a_reply_the_clock_starts_again(world: Any) -> None:
+    engine, _ = world
+    await _say(world, "f-reply", "Привіт, у мене собака", START)
+    await _say(world, "f-reply", "Яка ціна шампуню?", START + timedelta(hours=4))
+    assert _of(await run_due(engine, now=START + DAY + timedelta(minutes=1)), "f-reply") == []
+    done = await run_due(engine, now=START + timedelta(hours=28, minutes=1))
+    assert _of(done, "f-reply") == ["sent"]
+
+
+async def test_none_after_a_takeover(world: Any) -> None:
+    engine, _ = world
+    await _say(world, "f-manager", "Привіт, у мене собака", START)
+    await manager.take_over(engine, "f-manager", "Olena")
+    assert _of(await run_due(engine, now=START + 2 * DAY), "f-manager") == []
+    assert (await engine.store.follow_up_state("puramur", "f-manager"))["due_at"] is None
+
+
+@pytest.mark.parametrize("stop", ["Стоп", "досить"])
+async def test_none_ever_after_an_opt_out(world: Any, stop: str) -> None:
+    engine, _ = world
+    session = f"f-stop-{len(stop)}"
+    await _say(world, session, "Привіт, у мене собака", START)
+    await _say(world, session, stop, START + timedelta(hours=1))
+    assert _of(await run_due(engine, now=START + 2 * DAY), session) == []
+    await _say(world, session, "А втім, порадьте шампунь", START + 3 * DAY)
+    assert _of(await run_due(engine, now=START + 5 * DAY), session) == []  # for good
+    assert (await engine.store.follow_up_state("puramur", session))["opted_out"] is True
+
+
+async def test_none_in_quiet_hours_sent_when_they_end(world: Any) -> None:
+    engine, _ = world
+    evening = datetime(2026, 12, 1, 20, 0, tzinfo=UTC)  # 22:00 in Kyiv
+    await _say(world, "f-night", "Привіт, у мене собака", evening)
+    due = evening + DAY
+    assert _of(await run_due(engine, now=due), "f-night") == ["deferred"]
+    assert _of(await run_due(engine, now=due + timedelta(hours=5)), "f-night") == []  # 03:00
+    morning = datetime(2026, 12, 3, 7, 0, tzinfo=UTC)  # 09:00 in Kyiv
+    assert _of(await run_due(engine, now=morning - timedelta(seconds=1)), "f-night") == []
+    assert _of(await run_due(engine, now=morning), "f-night") == ["sent"]
+
+
+async def test_exactly_one_with_two_workers(world: Any, schema: str,
+                                            funnel_file: Path) -> None:
+    engine, _ = world
+    later = START + 10 * DAY
+    await _say(world, "f-race", "Привіт, у мене собака", later, chat=777)
+    other_store = await open_store(schema)
+    other = await Engine.open(funnel_file, store=other_store, model=_model())
+    try:
+        due = later + DAY + timedelta(minutes=1)
+        a, b = await asyncio.gather(run_due(engine, now=due), run_due(other, now=due))
+    finally:
+        await other.close()
+        await other_store.close()
+    sent = [d for d in (*a, *b) if d["session_id"] == "f-race" and d["outcome"] == "sent"]
+    assert len(sent) == 1
+    assert len(_sent(schema, "f-race")) == 1
+    with sql_runner(schema) as run:
+        assert run("SELECT count(*) FROM funnel_outbox WHERE session_id = 'f-race' AND "
+                   "payload ? 'follow_up'") == [(1,)]
+
+
+async def test_dry_run_writes_nothing_and_the_cli_says_so(world: Any, schema: str,
+                                                          funnel_file: Path) -> None:
+    engine, _ = world
+    later = START + 20 * DAY
+    await _say(world, "f-dry", "Привіт, у мене собака", later)
+    due = later + DAY + timedelta(minutes=1)
+    assert [(d["session_id"], d["outcome"]) for d in await run_due(
+        engine, now=due, dry_run=True)] == [("f-dry", "due")]
+    assert _sent(schema, "f-dry") == []
+    result = run_funnel("follow-up", str(funnel_file), "--db", schema, "--dry-run",
+                        "--now", due.isoformat())
+    assert result.returncode == 0 and "f-dry" in result.stdout and "due" in result.stdout
+    result = run_funnel("follow-up", str(funnel_file), "--db", schema, "--now", "yesterday")
+    assert result.returncode == 2 and "--now" in result.stderr
+
+
+def test_validate_names_each_bad_follow_up(tmp_path: Path) -> None:
+    data = puramur_data()
+    data["follow_up"] = {"quiet_hours": {"from": "25:00", "to": "09:00",
+                                         "timezone": "Europe/Kiyv"},
+                         "steps": [{"after": "-5h", "text": "Hi"},
+                                   {"after": "400d", "text": "{{ no_such_field }}"},
+                                   {"after": "24h", "text": "Hi", "max": 50}]}
+    data["stages"]["handoff"]["follow_up"] = {"steps": [{"after": "24h", "text": "Hi"}]}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), "utf-8")
+    result = run_funnel("validate", str(path))
+    assert result.returncode == 1
+    codes = [line.split()[2] for line in result.stdout.splitlines() if " F95" in line]
+    assert sorted(codes) == ["F951", "F951", "F952", "F953", "F954", "F955", "F956"]
+    assert all(line.startswith(f"{path}:") and line.split(":")[1] != "0"
+               for line in result.stdout.splitlines() if " F95" in line)
