@@ -15,9 +15,13 @@ from typing import Any
 import pytest
 import yaml
 from conftest import puramur_data, run_funnel, sql_runner
+from service_support import FakeTelegram
+from starlette.testclient import TestClient
 
 from engine.format.follow_up import QuietHours, is_opt_out
 from engine.llm.models import ScriptedModel
+from engine.service.app import create_app
+from engine.service.config import ServiceConfig, TelegramBot
 from engine.store import Inbound, open_store
 from engine.turn import manager
 from engine.turn.engine import Engine
@@ -41,6 +45,11 @@ class Clock:
 
 def _funnel(folder: Path) -> Path:
     data = puramur_data()
+    # Without the knowledge base: indexing it costs each new schema seconds, and
+    # follow-ups do not read it.
+    del data["knowledge"]
+    for stage in data["stages"].values():
+        stage.pop("knowledge", None)
     data["follow_up"] = {
         "quiet_hours": {"from": "21:00", "to": "09:00", "timezone": "Europe/Kyiv"},
         "opt_out": ["досить"],
@@ -245,3 +254,51 @@ def test_validate_names_each_bad_follow_up(tmp_path: Path) -> None:
     assert sorted(codes) == ["F951", "F951", "F952", "F953", "F954", "F955", "F956"]
     assert all(line.startswith(f"{path}:") and line.split(":")[1] != "0"
                for line in result.stdout.splitlines() if " F95" in line)
+
+
+# -- over Telegram, end to end ---------------------------------------------------------
+TOKEN = "123456:TEST-bot-token"
+SECRET = "hook-secret-follow"
+
+
+async def _scheduler_pass(funnel: Path, url: str, at: datetime) -> list[dict[str, Any]]:
+    """Another process's scheduler (cron's `funnel follow-up`), at ``at``: quiet hours
+    waited out."""
+    engine = await Engine.open(funnel, db=url, model=_model())
+    try:
+        done = await run_due(engine, now=at)
+        while done and done[0]["outcome"] == "deferred":
+            done = await run_due(engine, now=done[0]["until"])
+        return done
+    finally:
+        await engine.close()
+
+
+def test_a_telegram_customer_gets_the_follow_up_in_the_chat(db_url: str,
+                                                            funnel_file: Path) -> None:
+    telegram = FakeTelegram().start()
+    config = ServiceConfig(
+        funnels=[funnel_file], db=db_url, model="scripted:" + str(
+            Path(__file__).resolve().parent.parent / "funnels" / "puramur" / "demo.yaml"),
+        secret=b"test-secret-0123456789abcdef", rate_limit=(1000, 60.0),
+        telegram_api=telegram.url, telegram={"PURAMUR": TelegramBot(TOKEN, SECRET)},
+        dispatch_interval=0.2)
+    update = {"update_id": 9001, "message": {
+        "message_id": 9001, "date": 1700000000, "text": "Привіт, у мене кішка",
+        "chat": {"id": 4242, "type": "private", "first_name": "Anna"},
+        "from": {"id": 4242, "is_bot": False, "first_name": "Anna"}}}
+    try:
+        with TestClient(create_app(config)) as client:
+            r = client.post("/v1/funnels/puramur/telegram", json=update,
+                            headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
+            assert r.status_code == 200
+            assert len(telegram.wait_sent(1)) == 1  # the turn's reply
+            done = asyncio.run(_scheduler_pass(funnel_file, db_url,
+                                               datetime.now(UTC) + DAY + timedelta(hours=1)))
+            assert [(d["outcome"], d["channel"]) for d in done] == [("sent", "telegram")]
+            # The service's dispatch delivers it: once, to the chat, in Ukrainian.
+            sent = telegram.wait_sent(2)
+            assert sent[1] == {"chat_id": 4242, "text": done[0]["text"]}
+            assert done[0]["text"].startswith("Привіт! Ми досі тут")
+    finally:
+        telegram.stop()
