@@ -18,8 +18,10 @@ from conftest import puramur_data, run_funnel, sql_runner
 from service_support import FakeTelegram
 from starlette.testclient import TestClient
 
+from engine.experiments.stats import wilson
 from engine.format.follow_up import QuietHours, is_opt_out
 from engine.llm.models import ScriptedModel
+from engine.report import build_report, render_table
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig, TelegramBot
 from engine.store import Inbound, open_store
@@ -302,3 +304,29 @@ def test_a_telegram_customer_gets_the_follow_up_in_the_chat(db_url: str,
             assert done[0]["text"].startswith("Привіт! Ми досі тут")
     finally:
         telegram.stop()
+
+
+async def test_the_report_counts_sent_replied_and_won_back(db_url: str,
+                                                           funnel_file: Path) -> None:
+    model = ScriptedModel.from_data({"match": [{"pattern": "Sphynx", "output": {
+        "reply": "Сфінкс! Спробуйте лосьйон Exotic Spa.",
+        "updates": {"pet": {"type": "cat", "breed": "Sphynx", "problems": ["dry_skin"],
+                            "age_years": 3, "name": "Murka"}}}}],
+        "default": {"reply": "Чим можу допомогти?"}})
+    engine = await Engine.open(funnel_file, db=db_url, model=model)
+    try:
+        for session in ("r-won", "r-silent"):
+            await engine.handle(session, "Привіт, у мене кішка")
+        at = datetime.now(UTC) + DAY + timedelta(hours=1)
+        done = await run_due(engine, now=at)
+        while any(d["outcome"] == "deferred" for d in done):
+            done = await run_due(engine, now=max(d["until"] for d in done))
+        assert sorted(_of(done, "r-won") + _of(done, "r-silent")) == ["sent", "sent"]
+        await engine.handle("r-won", "Це Sphynx, 3 роки, суха шкіра, звати Murka")
+        report = await build_report(engine.funnel, db=db_url)
+    finally:
+        await engine.close()
+    assert report["follow_ups"]["stages"] == [{
+        "stage": "discovery", "sent": 2, "replied": 1, "moved_on": 1, "win_back_rate": 0.5,
+        "interval": [round(x, 4) for x in wilson(1, 2)]}]
+    assert "Follow-ups: customers who went quiet" in render_table(report)

@@ -58,12 +58,12 @@ CANCEL = sql.SQL("UPDATE {} SET due_at = NULL, opted_out = opted_out OR %s, "
 # The customer's newest message: one written since the row's anchor cancels what is due.
 LAST_CUSTOMER = sql.SQL("SELECT id FROM {} WHERE funnel = %s AND session_id = %s AND "
                         "role = 'user' ORDER BY id DESC LIMIT 1").format(_M)
-LOG = sql.SQL("INSERT INTO {} (funnel, session_id, role, content, stage, follow_up, "
-              "created_at) VALUES (%s, %s, 'assistant', %s, %s, %s, %s) RETURNING id"
-              ).format(_M)
+# Stamped by the database, as a turn's record is: the report's windows compare the two.
+LOG = sql.SQL("INSERT INTO {} (funnel, session_id, role, content, stage, follow_up) "
+              "VALUES (%s, %s, 'assistant', %s, %s, %s) RETURNING id").format(_M)
 RECORD = sql.SQL(
     "INSERT INTO {} (funnel, funnel_version, session_id, stage_before, stage_after, model, "
-    "follow_up, claims, created_at) VALUES (%s, %s, %s, %s, %s, 'follow-up', %s, %s, %s)"
+    "follow_up, claims) VALUES (%s, %s, %s, %s, %s, 'follow-up', %s, %s)"
 ).format(_T)
 
 # (step, due) of a session in a stage, given how many of each stage:step it was sent.
@@ -97,7 +97,7 @@ class FollowUpClaim:
     async def cancel(self, *, opted_out: bool = False) -> None:
         await self.conn.execute(CANCEL, (opted_out, self.funnel, self.session_id))
 
-    async def send(self, *, text: str, version: int, record: dict[str, Any], at: datetime,
+    async def send(self, *, text: str, version: int, record: dict[str, Any],
                    delivery: OutboxItem | None, claims: list[dict[str, Any]]) -> int | None:
         """Log the follow-up (a message and a turn record marked so) and queue its
         delivery; its message id, or None when the outbox had its key (sent before)."""
@@ -106,11 +106,11 @@ class FollowUpClaim:
                                                          self.session_id, [delivery]):
             return None
         found = await (await self.conn.execute(LOG, (
-            self.funnel, self.session_id, text, stage, f"{stage}:{record['step']}", at))
+            self.funnel, self.session_id, text, stage, f"{stage}:{record['step']}"))
                        ).fetchone()
         assert found is not None
         await self.conn.execute(RECORD, (self.funnel, version, self.session_id, stage, stage,
-                                         Jsonb(record), Jsonb(claims), at))
+                                         Jsonb(record), Jsonb(claims)))
         return int(found[0])
 
 

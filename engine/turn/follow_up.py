@@ -189,7 +189,7 @@ async def _one(engine: Engine, claim: FollowUpClaim, now: datetime) -> dict[str,
               "language": language, "channel": channel}
     message_id = await claim.send(text=text, version=int(state.get("funnel_version") or
                                                          spec.version),
-                                  record=record, at=now, delivery=delivery, claims=[])
+                                  record=record, delivery=delivery, claims=[])
     sent[f"{stage}:{index}"] = sent.get(f"{stage}:{index}", 0) + 1
     await claim.move(nxt or 0, later, sent)
     if message_id is None:

@@ -59,10 +59,10 @@ def _texts(data: dict[str, Any]) -> list[tuple[Keys, str, Any]]:
             found.append((("stages", name, "approval", "holding_reply"),
                           f"stage '{name}': `approval.holding_reply`",
                           approval["holding_reply"]))
-    for keys, stage, follow in follow_up_declarations(data):
+    for keys, owner, follow in follow_up_declarations(data):
         for i, step in enumerate(as_list(follow.get("steps"))):
             if "text" in as_dict(step):
-                where = f"stage '{stage}': " if stage else ""
+                where = f"stage '{owner}': " if owner else ""
                 found.append(((*keys, "steps", i, "text"),
                               f"{where}`follow_up.steps[{i}].text`", as_dict(step)["text"]))
     return found
