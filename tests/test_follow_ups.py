@@ -18,6 +18,7 @@ from conftest import puramur_data, run_funnel, sql_runner
 from service_support import FakeTelegram
 from starlette.testclient import TestClient
 
+from engine.evidence.records import read_population
 from engine.experiments.stats import wilson
 from engine.format.follow_up import QuietHours, is_opt_out
 from engine.llm.models import ScriptedModel
@@ -152,6 +153,9 @@ async def test_one_reminder_after_a_day_in_the_customers_language(world: Any,
         assert run("SELECT stage_after, follow_up->>'step', model FROM funnel_turns WHERE "
                    "session_id = 'f-one' AND follow_up IS NOT NULL") == [
             (stage, "0", "follow-up")]
+    # `funnel replay` plays the customer's turns: the follow-up's record is not one.
+    population = read_population(schema, "puramur", sessions=["f-one"])
+    assert [len(x.turns) for x in population.sessions] == [1]
 
 
 async def test_english_customer_gets_english(world: Any) -> None:
