@@ -26,6 +26,8 @@ from engine.report import build_report, render_table
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig, TelegramBot
 from engine.store import Inbound, open_store
+from engine.studio.follow_up import fast_forward
+from engine.studio.playground import Studio
 from engine.turn import manager
 from engine.turn.engine import Engine
 from engine.turn.follow_up import run_due
@@ -334,3 +336,22 @@ async def test_the_report_counts_sent_replied_and_won_back(db_url: str,
         "stage": "discovery", "sent": 2, "replied": 1, "moved_on": 1, "win_back_rate": 0.5,
         "interval": [round(x, 4) for x in wilson(1, 2)]}]
     assert "Follow-ups: customers who went quiet" in render_table(report)
+
+
+async def test_studio_fast_forward_shows_the_follow_up_and_sends_none(
+        world: Any, schema: str, funnel_file: Path) -> None:
+    engine, _ = world
+    studio = await Studio.open([funnel_file], db=schema)
+    try:
+        await studio.engine("puramur").handle("studio-ff", "Привіт, у мене собака")
+        shown = await fast_forward(studio, "puramur", "studio-ff")
+    finally:
+        await studio.close()
+    [step] = shown["steps"]
+    assert (step["step"], step["holds"], step["language"]) == (0, True, "uk")
+    assert step["text"].startswith("Привіт! Ми досі тут")
+    due = datetime.fromisoformat(step["due_at"])
+    assert due - datetime.fromisoformat(shown["anchor"]) == DAY
+    # A playground session is planned nothing: no scheduler ever finds it.
+    assert await engine.store.follow_up_state("puramur", "studio-ff") is None
+    assert _of(await run_due(engine, now=due + DAY), "studio-ff") == []

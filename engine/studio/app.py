@@ -39,13 +39,15 @@ from ..format.settings import parse_duration
 from ..report import build_report, render_html
 from . import sql
 from .bodies import RewindBody, ScenarioBody, TurnBody
+from .follow_up import fast_forward
 from .playground import Studio
 
 __all__ = ["STATIC", "create_studio_app"]
 
 log = logging.getLogger("funnel.studio")
 STATIC = Path(__file__).resolve().parent / "static"
-ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript"}
+ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
+          "followup.js": "text/javascript"}
 MAX_BODY = 512 * 1024
 COOKIE = "funnel_studio"
 B = TypeVar("B", bound=BaseModel)
@@ -177,6 +179,12 @@ async def status(request: Request) -> Response:
 async def session(request: Request) -> Response:
     name, sid = _q(request, "funnel") or "", _q(request, "session") or ""
     return _json(await (await _opened(request)).view(name, sid))
+
+
+async def follow_up(request: Request) -> Response:
+    """Fast-forward: the follow-ups the session would get if its customer went quiet."""
+    return _json(await fast_forward(await _opened(request), _q(request, "funnel") or "",
+                                    _q(request, "session") or ""))
 
 
 async def transcript(request: Request) -> Response:
@@ -325,7 +333,8 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
     routes = [Route("/", page), Route("/static/{name}", asset), Route("/report", _guarded(report)),
               *(Route(f"/api/{path}", _guarded(fn)) for path, fn in (
                   ("funnels", funnels), ("status", status), ("session", session),
-                  ("transcript", transcript), ("sessions", sessions))),
+                  ("transcript", transcript), ("sessions", sessions),
+                  ("follow-up", follow_up))),
               *(Route(f"/api/{path}", _guarded(fn), methods=["POST"]) for path, fn in (
                   ("turn", turn), ("rewind", rewind), ("scenario", scenario),
                   ("scenarios/run", run_scenarios)))]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 
-from ..format.follow_up import FollowUpSpec, is_opt_out
+from ..format.follow_up import FollowUpSpec, FollowUpStep, is_opt_out
 from ..sandbox.expressions import compile_condition, make_environment
 from ..sandbox.templates import bounded_render
 from ..store import OutboxItem
@@ -36,7 +36,7 @@ from .prompts import full_view
 if TYPE_CHECKING:
     from .engine import Engine, TurnResult
 
-__all__ = ["after_turn", "plan", "run_due"]
+__all__ = ["after_turn", "plan", "preview", "run_due"]
 
 log = logging.getLogger("funnel.follow_up")
 
@@ -82,6 +82,56 @@ def _language(engine: Engine, row: Mapping[str, Any]) -> str | None:
         if field and isinstance(row.get(field), str):
             return str(row[field])
     return spec.language_policy.default
+
+
+def _context(engine: Engine, state: Mapping[str, Any], stage: str, session_id: str
+             ) -> dict[str, Any]:
+    """What a follow-up's template and condition read: every declared field, and the
+    names a transition's condition reads that a follow-up has (no turn, no actions)."""
+    return {**full_view(engine.funnel, state), "stage": stage,
+            "stage_history": state.get("stage_history") or [],
+            "turns": state.get("turns") or 0, "session_id": session_id}
+
+
+def _render(engine: Engine, step: FollowUpStep, state: Mapping[str, Any], session_id: str
+            ) -> tuple[bool, str, str | None]:
+    """(whether ``when`` holds, the text in the session's language, that language).
+
+    Raises:
+        jinja2.TemplateError: the template or the condition failed on this state.
+    """
+    context = _context(engine, state, str(state.get("stage")), session_id)
+    holds = step.when is None or compile_condition(step.when)(context)
+    language = _language(engine, state)
+    template = step.text.pick(language, engine.spec.language_policy.default)
+    text = bounded_render(lambda: _ENV.from_string(template).render(context)).strip() \
+        if holds else ""
+    return holds, text, language
+
+
+def preview(engine: Engine, state: Mapping[str, Any], session_id: str, anchor: datetime
+            ) -> dict[str, Any]:
+    """The follow-ups a session would get if its customer, who last wrote at ``anchor``,
+    said nothing more: each step of its stage with when it is due, when it would be sent
+    (quiet hours), whether its ``when`` holds now, and its text (the studio's
+    fast-forward; nothing is written or sent)."""
+    stage = str(state.get("stage"))
+    follow = engine.spec.follow_up_of(stage)
+    steps: list[dict[str, Any]] = []
+    for i, step in enumerate(follow.steps if follow else ()):
+        due = anchor + timedelta(seconds=step.after)
+        quiet = follow.quiet_hours if follow else None
+        entry: dict[str, Any] = {"step": i, "after_seconds": step.after, "max": step.max,
+                                 "due_at": due.isoformat(),
+                                 "sent_at": (quiet.release(due) if quiet else due).isoformat()}
+        try:
+            entry["holds"], entry["text"], entry["language"] = _render(engine, step, state,
+                                                                       session_id)
+        except (TemplateError, TypeError, ValueError) as exc:
+            entry["error"] = str(exc)
+        steps.append(entry)
+    return {"session_id": session_id, "stage": stage, "anchor": anchor.isoformat(),
+            "steps": steps}
 
 
 async def run_due(engine: Engine, *, now: datetime | None = None, dry_run: bool = False,
@@ -148,15 +198,8 @@ async def _one(engine: Engine, claim: FollowUpClaim, now: datetime) -> dict[str,
     sent: dict[str, int] = {str(k): int(v) for k, v in (row["sent"] or {}).items()}
     anchor: datetime = row["anchor_at"]
     planned = anchor + timedelta(seconds=step.after)
-    context = {**full_view(engine.funnel, state), "stage": stage,
-               "stage_history": state.get("stage_history") or [],
-               "turns": state.get("turns") or 0, "session_id": claim.session_id}
     try:
-        holds = step.when is None or compile_condition(step.when)(context)
-        language = _language(engine, state)
-        text = "" if not holds else bounded_render(
-            lambda: _ENV.from_string(step.text.pick(
-                language, spec.language_policy.default)).render(context)).strip()
+        holds, text, language = _render(engine, step, state, claim.session_id)
     except (TemplateError, TypeError, ValueError) as exc:
         log.warning("follow-up %s:%s of session %r: %s", stage, index, claim.session_id, exc)
         return await cancel(f"the follow-up failed: {exc}")
@@ -167,7 +210,8 @@ async def _one(engine: Engine, claim: FollowUpClaim, now: datetime) -> dict[str,
     if not holds or not text:
         await claim.move(nxt or 0, later)
         return {"outcome": "skipped", "stage": stage, "step": index}
-    refused = engine.funnel.claims.check(text, stage, state, context)
+    refused = engine.funnel.claims.check(text, stage, state, _context(engine, state, stage,
+                                                                      claim.session_id))
     claims = [{**r.as_record(), "attempt": 0} for r in refused]
     if refused:
         await claim.move(nxt or 0, later)
