@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
                         "the scheduler `funnel serve` runs; for cron)")
     fu.add_argument("funnel", metavar="FUNNEL")
     fu.add_argument("--dry-run", action="store_true", help="list what is due; send nothing")
-    fu.add_argument("--now", type=_moment, default=None, metavar="TIME",
+    fu.add_argument("--now", default=None, metavar="TIME",
                     help="ISO 8601 time to run at (default: now)")
     fu.add_argument("--limit", type=int, default=500, help="at most this many sessions")
     db_opts(fu)
@@ -302,12 +302,6 @@ def _period(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError("the period must be longer than zero")
     return seconds
-
-
-def _moment(text: str) -> object:
-    from .follow_up import moment  # datetime parsing only; the command's module is light
-
-    return moment(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,17 +10,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from ..funnel.compiled import load_funnel
+from ..llm.models import ScriptedModel
+from ..store import open_store
+from ..turn.engine import Engine
+from ..turn.follow_up import run_due
+
 
 def moment(text: str) -> datetime:
-    """``--now``: an ISO 8601 time (UTC when it names no zone)."""
+    """``--now``: an ISO 8601 time (UTC when it names no zone).
+
+    Raises:
+        ValueError: not an ISO 8601 time.
+    """
     try:
         at = datetime.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not an ISO 8601 time: {text!r:.40} (e.g. 2026-12-02T09:00:00+02:00)") from None
+        raise ValueError(f"not an ISO 8601 time: {text!r:.40} (e.g. "
+                         "2026-12-02T09:00:00+02:00)") from None
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
@@ -31,12 +42,11 @@ def _line(entry: dict[str, Any]) -> str:
 
 
 def cmd_follow_up(args: argparse.Namespace) -> int:
-    from ..funnel.compiled import load_funnel
-    from ..llm.models import ScriptedModel
-    from ..store import open_store
-    from ..turn.engine import Engine
-    from ..turn.follow_up import run_due
-
+    try:
+        now = moment(args.now) if args.now else None
+    except ValueError as exc:
+        print(f"funnel follow-up: error: --now: {exc}", file=sys.stderr)
+        return 2
     funnel = load_funnel(args.funnel)
 
     async def run() -> list[dict[str, Any]]:
@@ -44,7 +54,7 @@ def cmd_follow_up(args: argparse.Namespace) -> int:
         try:
             # A follow-up is a template, never a model's: no model is called.
             engine = await Engine.open(funnel, store=store, model=ScriptedModel())
-            return await run_due(engine, now=args.now, dry_run=args.dry_run,
+            return await run_due(engine, now=now, dry_run=args.dry_run,
                                  limit=args.limit)
         finally:
             await store.close()

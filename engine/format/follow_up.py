@@ -24,7 +24,7 @@ from .settings import parse_duration
 from .texts import Localized
 
 __all__ = ["OPT_OUT_WORDS", "FollowUpSpec", "FollowUpStep", "QuietHours", "build_follow_up",
-           "is_opt_out", "normalize"]
+           "declarations", "is_opt_out", "normalize"]
 
 # The longest silence a step may wait for; past it a follow-up reaches no one who
 # still remembers the conversation (and is usually a typo: 24d for 24h).
@@ -127,6 +127,22 @@ class FollowUpSpec:
             if int(sent.get(f"{stage}:{i}", 0)) < self.steps[i].max:
                 return i
         return None
+
+
+def declarations(data: Mapping[str, Any]
+                 ) -> list[tuple[tuple[str | int, ...], str | None, dict[str, Any]]]:
+    """Where a (raw, maybe invalid) funnel file declares follow-ups: (key path, the stage
+    or None for the funnel's default, the ``follow_up`` mapping), for `funnel validate`'s
+    checkers (conditions, customer texts, engine.validation.follow_ups)."""
+    found: list[tuple[tuple[str | int, ...], str | None, dict[str, Any]]] = []
+    if isinstance(data.get("follow_up"), dict):
+        found.append((("follow_up",), None, data["follow_up"]))
+    stages = data.get("stages")
+    for name, raw in (stages.items() if isinstance(stages, dict) else ()):
+        follow = raw.get("follow_up") if isinstance(raw, dict) else None
+        if isinstance(follow, dict):
+            found.append((("stages", name, "follow_up"), str(name), follow))
+    return found
 
 
 def _clock(raw: Any) -> time:

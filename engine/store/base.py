@@ -6,7 +6,7 @@ module imports psycopg, so the core's types load without a database driver.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,11 +18,10 @@ from ..records.messages import Message
 from ..records.orders import Conversion, Order
 
 if TYPE_CHECKING:
-    from .follow_ups import FollowUpClaim, Plan
     from .idempotency import Pending
 
-__all__ = ["Control", "Held", "Inbound", "Match", "OutboxItem", "SessionAccess", "Store",
-           "TurnWrite", "VectorSupport"]
+__all__ = ["Control", "FollowUpClaim", "FollowUpPlan", "Held", "Inbound", "Match", "OutboxItem",
+           "SessionAccess", "Store", "TurnWrite", "VectorSupport"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +121,36 @@ class Match:
     n: int
     hit: int
     similarity: float
+
+
+# (step, due) of a session in a stage, given how many of each stage:step it was sent
+# (engine.turn.follow_up.plan); due None: nothing is.
+FollowUpPlan = Callable[[dict[str, int]], tuple[int, datetime | None]]
+
+
+class FollowUpClaim(Protocol):
+    """A due follow-up row, locked for one transaction (engine.store.follow_ups): what
+    the block writes commits with it."""
+
+    row: dict[str, Any]  # session_id, stage, step, anchor_at, anchor_id, due_at, sent, ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    async def customer_wrote(self) -> bool:
+        """Whether the customer wrote since the row's anchor."""
+
+    async def move(self, step: int, due: datetime | None,
+                   sent: dict[str, int] | None = None) -> None:
+        """Make ``step`` the next one, due at ``due`` (None: nothing is)."""
+
+    async def cancel(self, *, opted_out: bool = False) -> None:
+        """Nothing more is due; ``opted_out``: ever."""
+
+    async def send(self, *, text: str, version: int, record: dict[str, Any],
+                   delivery: OutboxItem | None, claims: list[dict[str, Any]]) -> int | None:
+        """Log the follow-up (message and turn record) and queue ``delivery``; the
+        message id, or None when the outbox had the key (sent before)."""
 
 
 class SessionAccess(Protocol):
@@ -366,7 +395,7 @@ class Store(Protocol):
         """Write a migrated session's state if its row is still at ``expected_version``."""
 
     async def follow_up_touch(self, funnel: str, session_id: str, stage: str,
-                              anchor_at: datetime, anchor_id: int, plan: Plan | None, *,
+                              anchor_at: datetime, anchor_id: int, plan: FollowUpPlan | None, *,
                               opted_out: bool = False) -> None:
         """After a customer turn: the session's follow-ups count from this message
         (engine.store.follow_ups); ``plan`` None: none is due in ``stage``."""

@@ -14,7 +14,7 @@ A mixin of :class:`engine.store.postgres.PostgresStore`, like ``engine.store.del
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,9 +26,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from . import ddl, outbox
-from .base import OutboxItem
+from .base import FollowUpClaim, FollowUpPlan, OutboxItem
 
-__all__ = ["DUE", "FollowUpClaim", "FollowUpMixin", "Plan"]
+__all__ = ["DUE", "FollowUpMixin", "LockedFollowUp"]
 
 _F = sql.Identifier(ddl.FOLLOW_UPS)
 _M = sql.Identifier(ddl.MESSAGES)
@@ -66,13 +66,10 @@ RECORD = sql.SQL(
     "follow_up, claims) VALUES (%s, %s, %s, %s, %s, 'follow-up', %s, %s)"
 ).format(_T)
 
-# (step, due) of a session in a stage, given how many of each stage:step it was sent.
-Plan = Callable[[dict[str, int]], tuple[int, datetime | None]]
-
-
 @dataclass
-class FollowUpClaim:
-    """A due row, locked for one transaction: send it, move it on, or cancel it."""
+class LockedFollowUp:
+    """A due row, locked for one transaction: send it, move it on, or cancel it
+    (:class:`engine.store.base.FollowUpClaim`)."""
 
     conn: psycopg.AsyncConnection[Any]
     funnel: str
@@ -121,7 +118,7 @@ class FollowUpMixin:
         raise NotImplementedError
 
     async def follow_up_touch(self, funnel: str, session_id: str, stage: str,
-                              anchor_at: datetime, anchor_id: int, plan: Plan | None, *,
+                              anchor_at: datetime, anchor_id: int, plan: FollowUpPlan | None, *,
                               opted_out: bool = False) -> None:
         """After a customer turn: the session's follow-ups start again from this message
         (``plan`` gives the next step and when; None: the stage has none)."""
@@ -164,4 +161,4 @@ class FollowUpMixin:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(CLAIM, (funnel, session_id, now))
             row = await cur.fetchone()
-            yield None if row is None else FollowUpClaim(conn, funnel, row)
+            yield None if row is None else LockedFollowUp(conn, funnel, row)

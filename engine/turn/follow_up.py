@@ -20,32 +20,42 @@ studio's engine plans none.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
 from ..format.follow_up import FollowUpSpec, FollowUpStep, is_opt_out
+from ..format.spec import FunnelSpec
+from ..funnel.compiled import CompiledFunnel
 from ..sandbox.expressions import compile_condition, make_environment
 from ..sandbox.templates import bounded_render
-from ..store import OutboxItem
-from ..store.follow_ups import FollowUpClaim, Plan
+from ..store.base import FollowUpClaim, FollowUpPlan, OutboxItem, Store
+from .data import TurnResult
 from .prompts import full_view
-
-if TYPE_CHECKING:
-    from .engine import Engine, TurnResult
 
 __all__ = ["after_turn", "plan", "preview", "run_due"]
 
 log = logging.getLogger("funnel.follow_up")
+
+
+class EngineLike(Protocol):
+    """What follow-ups need of an engine (engine.turn.engine.Engine, without importing it:
+    the engine calls :func:`after_turn`)."""
+
+    funnel: CompiledFunnel
+    spec: FunnelSpec
+    store: Store
+    clock: Callable[[], datetime]
+
 
 _ENV = make_environment()
 # The channels a follow-up can reach a customer through unasked (their reply target).
 CHANNELS = ("telegram",)
 
 
-def plan(follow: FollowUpSpec | None, stage: str, anchor: datetime) -> Plan | None:
+def plan(follow: FollowUpSpec | None, stage: str, anchor: datetime) -> FollowUpPlan | None:
     """The planner of a session in ``stage`` whose customer last wrote at ``anchor``."""
     if follow is None:
         return None
@@ -59,7 +69,7 @@ def plan(follow: FollowUpSpec | None, stage: str, anchor: datetime) -> Plan | No
     return planned
 
 
-async def after_turn(engine: Engine, session_id: str, text: str, result: TurnResult,
+async def after_turn(engine: EngineLike, session_id: str, text: str, result: TurnResult,
                      now: datetime) -> None:
     """Plan the session's follow-ups from the customer's message the turn answered."""
     spec = engine.spec
@@ -76,7 +86,7 @@ async def after_turn(engine: Engine, session_id: str, text: str, result: TurnRes
         None if result.handoff else plan(follow, stage, now), opted_out=opted)
 
 
-def _language(engine: Engine, row: Mapping[str, Any]) -> str | None:
+def _language(engine: EngineLike, row: Mapping[str, Any]) -> str | None:
     spec = engine.spec
     for field in (spec.language_response, spec.language_detected):
         if field and isinstance(row.get(field), str):
@@ -84,7 +94,7 @@ def _language(engine: Engine, row: Mapping[str, Any]) -> str | None:
     return spec.language_policy.default
 
 
-def _context(engine: Engine, state: Mapping[str, Any], stage: str, session_id: str
+def _context(engine: EngineLike, state: Mapping[str, Any], stage: str, session_id: str
              ) -> dict[str, Any]:
     """What a follow-up's template and condition read: every declared field, and the
     names a transition's condition reads that a follow-up has (no turn, no actions)."""
@@ -93,7 +103,7 @@ def _context(engine: Engine, state: Mapping[str, Any], stage: str, session_id: s
             "turns": state.get("turns") or 0, "session_id": session_id}
 
 
-def _render(engine: Engine, step: FollowUpStep, state: Mapping[str, Any], session_id: str
+def _render(engine: EngineLike, step: FollowUpStep, state: Mapping[str, Any], session_id: str
             ) -> tuple[bool, str, str | None]:
     """(whether ``when`` holds, the text in the session's language, that language).
 
@@ -109,7 +119,7 @@ def _render(engine: Engine, step: FollowUpStep, state: Mapping[str, Any], sessio
     return holds, text, language
 
 
-def preview(engine: Engine, state: Mapping[str, Any], session_id: str, anchor: datetime
+def preview(engine: EngineLike, state: Mapping[str, Any], session_id: str, anchor: datetime
             ) -> dict[str, Any]:
     """The follow-ups a session would get if its customer, who last wrote at ``anchor``,
     said nothing more: each step of its stage with when it is due, when it would be sent
@@ -134,7 +144,7 @@ def preview(engine: Engine, state: Mapping[str, Any], session_id: str, anchor: d
             "steps": steps}
 
 
-async def run_due(engine: Engine, *, now: datetime | None = None, dry_run: bool = False,
+async def run_due(engine: EngineLike, *, now: datetime | None = None, dry_run: bool = False,
                   limit: int = 100) -> list[dict[str, Any]]:
     """One pass of the scheduler over ``engine``'s funnel at ``now`` (the engine's clock).
 
@@ -167,7 +177,7 @@ async def run_due(engine: Engine, *, now: datetime | None = None, dry_run: bool 
     return out
 
 
-async def _one(engine: Engine, claim: FollowUpClaim, now: datetime) -> dict[str, Any]:
+async def _one(engine: EngineLike, claim: FollowUpClaim, now: datetime) -> dict[str, Any]:
     spec, store, row = engine.spec, engine.store, claim.row
     stage, index = str(row["stage"]), int(row["step"])
 

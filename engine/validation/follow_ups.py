@@ -23,10 +23,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from jinja2 import TemplateSyntaxError
 
 from ..format.follow_up import HHMM, MAX_AFTER_SECONDS, MAX_SENDS, MIN_AFTER_SECONDS
+from ..format.follow_up import declarations as follow_up_declarations
 from ..format.names import CONDITION_NAMES
 from ..format.settings import parse_duration
 from ..sandbox.expressions import make_environment
-from .declared import follow_up_declarations
 from .diagnostics import Report, as_dict, as_list
 from .semantics import check_paths
 

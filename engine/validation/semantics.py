@@ -17,6 +17,7 @@ from jinja2 import TemplateSyntaxError, nodes
 
 from ..errors import did_you_mean
 from ..format.build import implied_engine_fields
+from ..format.follow_up import declarations as follow_up_declarations
 from ..format.names import SHARED_TABLES
 from ..format.spec import (
     APPROVAL_CHOICES,
@@ -29,7 +30,6 @@ from ..sandbox.expressions import attribute_paths, parse_expression
 from ..sandbox.patterns import problem as pattern_problem
 from ..sandbox.patterns import schema_patterns
 from .claims import claim_conditions
-from .declared import follow_up_declarations
 from .diagnostics import Report, as_dict, as_list
 from .format import format_schema
 from .phones import check_phones

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import did_you_mean
+from ..format.follow_up import declarations as follow_up_declarations
 from ..format.texts import BUILTIN_LANGUAGES, name_of
-from .declared import follow_up_declarations
 from .diagnostics import Report, as_dict, as_list
 from .knowledge import LANGUAGE_CODES
 
