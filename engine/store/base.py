@@ -6,7 +6,7 @@ module imports psycopg, so the core's types load without a database driver.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,7 +20,7 @@ from ..records.orders import Conversion, Order
 if TYPE_CHECKING:
     from .idempotency import Pending
 
-__all__ = ["Control", "FollowUpClaim", "FollowUpPlan", "Held", "Inbound", "Match", "OutboxItem",
+__all__ = ["Control", "FollowUpClaim", "Held", "Inbound", "Match", "OutboxItem",
            "SessionAccess", "Store", "TurnWrite", "VectorSupport"]
 
 
@@ -121,11 +121,6 @@ class Match:
     n: int
     hit: int
     similarity: float
-
-
-# (step, due) of a session in a stage, given how many of each stage:step it was sent
-# (engine.turn.follow_up.plan); due None: nothing is.
-FollowUpPlan = Callable[[dict[str, int]], tuple[int, datetime | None]]
 
 
 class FollowUpClaim(Protocol):
@@ -395,10 +390,11 @@ class Store(Protocol):
         """Write a migrated session's state if its row is still at ``expected_version``."""
 
     async def follow_up_touch(self, funnel: str, session_id: str, stage: str,
-                              anchor_at: datetime, anchor_id: int, plan: FollowUpPlan | None, *,
+                              anchor_at: datetime, anchor_id: int,
+                              steps: Sequence[tuple[float, int]], *,
                               opted_out: bool = False) -> None:
-        """After a customer turn: the session's follow-ups count from this message
-        (engine.store.follow_ups); ``plan`` None: none is due in ``stage``."""
+        """After a customer turn in a stage with follow-ups (each step's ``after`` and
+        ``max``): they count from this message (engine.store.follow_ups)."""
 
     async def follow_up_cancel(self, funnel: str, session_id: str, *,
                                opted_out: bool = False) -> None:

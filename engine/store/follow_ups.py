@@ -14,7 +14,7 @@ A mixin of :class:`engine.store.postgres.PostgresStore`, like ``engine.store.del
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +26,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from . import ddl, outbox
-from .base import FollowUpClaim, FollowUpPlan, OutboxItem
+from .base import FollowUpClaim, OutboxItem
 
 __all__ = ["DUE", "FollowUpMixin", "LockedFollowUp"]
 
@@ -40,17 +40,26 @@ DUE = sql.SQL("SELECT session_id FROM {} WHERE funnel = %s AND due_at <= %s "
               "ORDER BY due_at LIMIT %s").format(_F)
 READ = sql.SQL("SELECT " + _COLUMNS + " FROM {} WHERE funnel = %s AND session_id = %s"
                ).format(_F)
-LOCK = sql.SQL("SELECT " + _COLUMNS + " FROM {} WHERE funnel = %s AND session_id = %s "
-               "FOR UPDATE").format(_F)
 CLAIM = sql.SQL("SELECT " + _COLUMNS + " FROM {} WHERE funnel = %s AND session_id = %s "
                 "AND due_at <= %s FOR UPDATE SKIP LOCKED").format(_F)
-UPSERT = sql.SQL(
+# The first step (1-based) still under its max for the session in the stage: the row's
+# `sent` counts `stage:step` with 0-based steps.
+_NEXT = ("(SELECT min(i) FROM generate_subscripts(%(maxes)s::int[], 1) i WHERE "
+         "COALESCE((f.sent ->> (EXCLUDED.stage || ':' || (i - 1)))::int, 0) "
+         "< (%(maxes)s::int[])[i])")
+# After a customer turn, one statement: the follow-ups count from this message; the
+# step is the first not sent its `max` times yet, due `after` it (none when every step
+# was, when the stage has none, or when the customer opted out, now or before).
+TOUCH = sql.SQL(
     "INSERT INTO {} AS f (funnel, session_id, stage, step, anchor_at, anchor_id, due_at, "
-    "opted_out, updated_at) VALUES (%(f)s, %(s)s, %(stage)s, %(step)s, %(at)s, %(id)s, "
-    "%(due)s, %(out)s, NOW()) ON CONFLICT (funnel, session_id) DO UPDATE SET "
-    "stage = EXCLUDED.stage, step = EXCLUDED.step, anchor_at = EXCLUDED.anchor_at, "
-    "anchor_id = EXCLUDED.anchor_id, due_at = EXCLUDED.due_at, "
-    "opted_out = f.opted_out OR EXCLUDED.opted_out, updated_at = NOW()").format(_F)
+    "opted_out) VALUES (%(f)s, %(s)s, %(stage)s, 0, %(at)s, %(id)s, CASE WHEN %(out)s THEN "
+    "NULL ELSE %(at)s + (%(afters)s::float8[])[1] * INTERVAL '1 s' END, %(out)s) "
+    "ON CONFLICT (funnel, session_id) DO UPDATE SET stage = EXCLUDED.stage, "
+    "anchor_at = EXCLUDED.anchor_at, anchor_id = EXCLUDED.anchor_id, "
+    "opted_out = f.opted_out OR EXCLUDED.opted_out, updated_at = NOW(), "
+    "step = COALESCE(" + _NEXT + " - 1, 0), "
+    "due_at = CASE WHEN f.opted_out OR EXCLUDED.opted_out THEN NULL ELSE EXCLUDED.anchor_at "
+    "+ (%(afters)s::float8[])[" + _NEXT + "] * INTERVAL '1 s' END").format(_F)
 MOVE = sql.SQL("UPDATE {} SET step = %s, due_at = %s, sent = %s, updated_at = NOW() "
                "WHERE funnel = %s AND session_id = %s").format(_F)
 CANCEL = sql.SQL("UPDATE {} SET due_at = NULL, opted_out = opted_out OR %s, "
@@ -118,20 +127,17 @@ class FollowUpMixin:
         raise NotImplementedError
 
     async def follow_up_touch(self, funnel: str, session_id: str, stage: str,
-                              anchor_at: datetime, anchor_id: int, plan: FollowUpPlan | None, *,
+                              anchor_at: datetime, anchor_id: int,
+                              steps: Sequence[tuple[float, int]], *,
                               opted_out: bool = False) -> None:
-        """After a customer turn: the session's follow-ups start again from this message
-        (``plan`` gives the next step and when; None: the stage has none)."""
-        async with self._conn() as conn, conn.transaction():
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(LOCK, (funnel, session_id))
-            row = await cur.fetchone()
-            out = opted_out or bool(row and row["opted_out"])
-            step, due = (0, None) if out or plan is None else plan(dict(
-                (row or {}).get("sent") or {}))
-            await conn.execute(UPSERT, {"f": funnel, "s": session_id, "stage": stage,
-                                        "step": step, "at": anchor_at, "id": anchor_id,
-                                        "due": due, "out": out})
+        """After a customer turn in a stage with follow-ups (``steps``: each one's
+        ``after`` in seconds and ``max``): they count from this message. One statement."""
+        async with self._conn() as conn:
+            await conn.execute(TOUCH, {
+                "f": funnel, "s": session_id, "stage": stage, "at": anchor_at,
+                "id": anchor_id, "out": opted_out,
+                "afters": [float(a) for a, _ in steps] or None,
+                "maxes": [int(m) for _, m in steps] or None})
 
     async def follow_up_cancel(self, funnel: str, session_id: str, *,
                                opted_out: bool = False) -> None:

@@ -26,16 +26,16 @@ from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
-from ..format.follow_up import FollowUpSpec, FollowUpStep, is_opt_out
+from ..format.follow_up import FollowUpStep, is_opt_out
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel
 from ..sandbox.expressions import compile_condition, make_environment
 from ..sandbox.templates import bounded_render
-from ..store.base import FollowUpClaim, FollowUpPlan, OutboxItem, Store
+from ..store.base import FollowUpClaim, OutboxItem, Store
 from .data import TurnResult
 from .prompts import full_view
 
-__all__ = ["after_turn", "plan", "preview", "run_due"]
+__all__ = ["after_turn", "preview", "run_due"]
 
 log = logging.getLogger("funnel.follow_up")
 
@@ -55,35 +55,26 @@ _ENV = make_environment()
 CHANNELS = ("telegram",)
 
 
-def plan(follow: FollowUpSpec | None, stage: str, anchor: datetime) -> FollowUpPlan | None:
-    """The planner of a session in ``stage`` whose customer last wrote at ``anchor``."""
-    if follow is None:
-        return None
-
-    def planned(sent: dict[str, int]) -> tuple[int, datetime | None]:
-        step = follow.next_step(sent, stage)
-        if step is None:
-            return 0, None
-        return step, anchor + timedelta(seconds=follow.steps[step].after)
-
-    return planned
-
-
 async def after_turn(engine: EngineLike, session_id: str, text: str, result: TurnResult,
                      now: datetime) -> None:
-    """Plan the session's follow-ups from the customer's message the turn answered."""
+    """Plan the session's follow-ups from the customer's message the turn answered.
+
+    Only a turn in a stage with follow-ups writes (one statement), or a message that
+    opts out: a stage without them leaves the row as it was, and the scheduler drops
+    what it planned (the session moved on, or the customer wrote since).
+    """
     spec = engine.spec
     stage = result.stage_after
     follow = spec.follow_up_of(stage)
     phrases = (follow.opt_out if follow else ()) + (spec.follow_up.opt_out
                                                     if spec.follow_up else ())
     opted = is_opt_out(text, phrases)
-    if result.held:
-        await engine.store.follow_up_cancel(spec.name, session_id, opted_out=opted)
+    if (follow is None or result.held or result.handoff) and not opted:
         return
-    await engine.store.follow_up_touch(
-        spec.name, session_id, stage, now, result.message_id,
-        None if result.handoff else plan(follow, stage, now), opted_out=opted)
+    steps = [] if follow is None or result.held or result.handoff else [
+        (s.after, s.max) for s in follow.steps]
+    await engine.store.follow_up_touch(spec.name, session_id, stage, now, result.message_id,
+                                       steps, opted_out=opted)
 
 
 def _language(engine: EngineLike, row: Mapping[str, Any]) -> str | None:
