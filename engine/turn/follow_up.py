@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
+from ..errors import StoreUnavailable
 from ..format.follow_up import FollowUpStep, is_opt_out
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel
@@ -157,10 +158,18 @@ async def run_due(engine: EngineLike, *, now: datetime | None = None, dry_run: b
                             "stage": found["stage"], "step": found["step"],
                             "due_at": found["due_at"]})
             continue
-        async with store.claim_follow_up(spec.name, session_id, now) as claim:
-            if claim is None:  # another worker has it, or it was sent meanwhile
-                continue
-            entry = await _one(engine, claim, now)
+        try:
+            async with store.claim_follow_up(spec.name, session_id, now) as claim:
+                if claim is None:  # another worker has it, or it was sent meanwhile
+                    continue
+                entry = await _one(engine, claim, now)
+        except StoreUnavailable:
+            raise
+        except Exception:  # a bug: this session's follow-up must not stop every other's
+            log.exception("follow-up of session %r failed; none more is planned for it",
+                          session_id)
+            await store.follow_up_cancel(spec.name, session_id)
+            continue
         out.append({"session_id": session_id, **entry})
         if entry["outcome"] == "sent":
             log.info("follow-up %s:%s sent to session %r", entry["stage"], entry["step"],
