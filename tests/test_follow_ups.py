@@ -28,6 +28,7 @@ from engine.service.config import ServiceConfig, TelegramBot
 from engine.store import Inbound, open_store
 from engine.studio.follow_up import fast_forward
 from engine.studio.playground import Studio
+from engine.studio.sql import transcript
 from engine.turn import manager
 from engine.turn.engine import Engine
 from engine.turn.follow_up import run_due
@@ -155,6 +156,10 @@ async def test_one_reminder_after_a_day_in_the_customers_language(world: Any,
         assert run("SELECT stage_after, follow_up->>'step', model FROM funnel_turns WHERE "
                    "session_id = 'f-one' AND follow_up IS NOT NULL") == [
             (stage, "0", "follow-up")]
+    # The studio's transcript shows it as a follow-up, with the text sent.
+    page = await transcript(engine.store, engine.spec, "f-one")
+    assert [(t["follow_up"] or {}).get("step") for t in page["turns"]] == [None, 0]
+    assert page["turns"][-1]["reply"] == done[0]["text"]
     # `funnel replay` plays the customer's turns: the follow-up's record is not one.
     population = read_population(schema, "puramur", sessions=["f-one"])
     assert [len(x.turns) for x in population.sessions] == [1]
