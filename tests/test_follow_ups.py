@@ -7,8 +7,11 @@ opt-out. The clock is injected: the engine's for the turns, ``now`` for the sche
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, time, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,7 @@ from engine.store import Inbound, open_store
 from engine.studio.follow_up import fast_forward
 from engine.studio.playground import Studio
 from engine.studio.sql import transcript
-from engine.turn import manager
+from engine.turn import follow_up_webhook, manager
 from engine.turn.engine import Engine
 from engine.turn.follow_up import run_due
 
@@ -49,7 +52,37 @@ class Clock:
         return self.now
 
 
-def _funnel(folder: Path) -> Path:
+class Receiver:
+    """A webhook receiver on 127.0.0.1: the follow-ups POSTed to it, with their keys."""
+
+    def __init__(self) -> None:
+        got: list[tuple[str, dict[str, Any]]] = []
+        self.got = got
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                got.append((self.headers["Idempotency-Key"], json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/follow-ups"
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+    r.server.server_close()
+
+
+def _funnel(folder: Path, webhook: str) -> Path:
     data = puramur_data()
     # Without the knowledge base: indexing it costs each new schema seconds, and
     # follow-ups do not read it.
@@ -58,7 +91,7 @@ def _funnel(folder: Path) -> Path:
         stage.pop("knowledge", None)
     data["follow_up"] = {
         "quiet_hours": {"from": "21:00", "to": "09:00", "timezone": "Europe/Kyiv"},
-        "opt_out": ["досить"],
+        "opt_out": ["досить"], "webhook": webhook,
         "steps": [{"after": "24h", "text": TEXTS, "max": 1}]}
     path = folder / "puramur.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True), "utf-8")
@@ -70,8 +103,8 @@ def _model() -> ScriptedModel:
 
 
 @pytest.fixture(scope="module")
-def funnel_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _funnel(tmp_path_factory.mktemp("follow"))
+def funnel_file(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Path:
+    return _funnel(tmp_path_factory.mktemp("follow"), receiver.url)
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +152,7 @@ def _of(done: list[dict[str, Any]], session: str) -> list[str]:
 
 # -- pure ------------------------------------------------------------------------------
 def test_quiet_hours_release_at_their_end_in_the_zone() -> None:
-    quiet = QuietHours(*(datetime.strptime(t, "%H:%M").time() for t in ("21:00", "09:00")),
-                       "Europe/Kyiv")
+    quiet = QuietHours(time(21, 0), time(9, 0), "Europe/Kyiv")
     night = datetime(2026, 12, 1, 20, 30, tzinfo=UTC)  # 22:30 in Kyiv (UTC+2)
     assert quiet.contains(night)
     assert quiet.release(night) == datetime(2026, 12, 2, 7, 0, tzinfo=UTC)
@@ -171,6 +203,21 @@ async def test_english_customer_gets_english(world: Any) -> None:
                START)
     done = await run_due(engine, now=START + DAY + timedelta(minutes=1))
     assert [d["text"] for d in done if d["session_id"] == "f-en"] == [TEXTS["en"]]
+
+
+async def test_a_session_no_channel_reaches_goes_to_the_webhook_once(
+        world: Any, receiver: Receiver) -> None:
+    engine, _ = world
+    later = START + 30 * DAY
+    await _say(world, "f-hook", "Привіт, у мене собака", later)
+    done = await run_due(engine, now=later + DAY + timedelta(minutes=1))
+    [mine] = [d for d in done if d["session_id"] == "f-hook"]
+    assert mine["channel"] == "webhook"
+    assert await follow_up_webhook.deliver(engine.store, "puramur") >= 1
+    assert await follow_up_webhook.deliver(engine.store, "puramur") == 0  # taken: once
+    [(key, body)] = [(k, b) for k, b in receiver.got if b["session_id"] == "f-hook"]
+    assert key == body["idempotency_key"] and key.startswith("puramur:f-hook:follow_up:")
+    assert (body["text"], body["language"], body["step"]) == (mine["text"], "uk", 0)
 
 
 async def test_none_after_a_reply_the_clock_starts_again(world: Any) -> None:

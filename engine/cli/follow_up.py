@@ -17,6 +17,7 @@ from typing import Any
 from ..funnel.compiled import load_funnel
 from ..llm.models import ScriptedModel
 from ..store import open_store
+from ..turn import follow_up_webhook
 from ..turn.engine import Engine
 from ..turn.follow_up import run_due
 
@@ -54,8 +55,10 @@ def cmd_follow_up(args: argparse.Namespace) -> int:
         try:
             # A follow-up is a template, never a model's: no model is called.
             engine = await Engine.open(funnel, store=store, model=ScriptedModel())
-            return await run_due(engine, now=now, dry_run=args.dry_run,
-                                 limit=args.limit)
+            done = await run_due(engine, now=now, dry_run=args.dry_run, limit=args.limit)
+            if not args.dry_run:  # no service may run to deliver them: the webhook's now
+                await follow_up_webhook.deliver(store, funnel.name)
+            return done
         finally:
             await store.close()
 

@@ -118,6 +118,7 @@ class FollowUpSpec:
     quiet_hours: QuietHours | None = None
     opt_out: tuple[str, ...] = ()
     line: int = 0
+    webhook: str | None = None  # for sessions no channel of the engine reaches
 
     def next_step(self, sent: Mapping[str, int], stage: str, after: int = -1
                   ) -> int | None:
@@ -167,4 +168,5 @@ def build_follow_up(raw: Any, line: int = 0,
         line=step_line(i) if step_line else line)
         for i, s in enumerate(raw.get("steps") or ()))
     return FollowUpSpec(steps=steps, quiet_hours=hours,
-                        opt_out=tuple(str(p) for p in raw.get("opt_out") or ()), line=line)
+                        opt_out=tuple(str(p) for p in raw.get("opt_out") or ()), line=line,
+                        webhook=str(raw["webhook"]) if raw.get("webhook") else None)

@@ -33,7 +33,7 @@ from ..errors import (
 from ..funnel.compiled import CompiledFunnel
 from ..llm.models import Model, make_model
 from ..store import Store, open_store
-from ..turn import follow_up, manager
+from ..turn import follow_up, follow_up_webhook, manager
 from ..turn.engine import Engine, TurnResult
 from ..turn.notify import Notifier, make_notifier
 from ..turn.stream import Listener
@@ -240,6 +240,7 @@ class Service:
                         # Due follow-ups, written to the outbox that the delivery next
                         # sends; of several workers one sends each (engine.turn.follow_up).
                         await follow_up.run_due(engine)
+                        await follow_up_webhook.deliver(engine.store, name)
                     await self.telegram.sweep(name)
                     await self.telegram.deliver_due(name)
                     await self._measure_outbox()

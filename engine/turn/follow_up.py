@@ -239,6 +239,15 @@ async def _one(engine: EngineLike, claim: FollowUpClaim, now: datetime) -> dict[
                 kind="reply", payload={**target, "text": text, "follow_up": True})
             channel = name
             break
+    if delivery is None and follow.webhook:  # the integrator's channel (follow_up_webhook)
+        delivery = OutboxItem(
+            key=f"{spec.name}:{claim.session_id}:follow_up:{stage}:{index}:"
+                f"{planned.isoformat()}",
+            kind="follow_up", payload={
+                "url": follow.webhook, "funnel": spec.name, "session_id": claim.session_id,
+                "stage": stage, "step": index, "text": text, "language": language,
+                "due": planned.isoformat()})
+        channel = "webhook"
     record = {"stage": stage, "step": index, "due": planned.isoformat(),
               "language": language, "channel": channel}
     message_id = await claim.send(text=text, version=int(state.get("funnel_version") or
