@@ -407,3 +407,19 @@ async def test_studio_fast_forward_shows_the_follow_up_and_sends_none(
     # A playground session is planned nothing: no scheduler ever finds it.
     assert await engine.store.follow_up_state("puramur", "studio-ff") is None
     assert _of(await run_due(engine, now=due + DAY), "studio-ff") == []
+
+
+async def test_none_after_a_handoff_or_an_erasure(world: Any, schema: str) -> None:
+    engine, _ = world
+    later = START + 40 * DAY
+    for session in ("f-handed", "f-erased"):
+        await _say(world, session, "Привіт, у мене собака", later)
+    with sql_runner(schema) as run:  # handed off by a manager's tool, outside a turn
+        run("UPDATE puramur_sessions_state SET handoff_triggered_at = NOW() "
+            "WHERE session_id = 'f-handed'")
+    await engine.store.erase_session(engine.spec, "f-erased", by="test")
+    assert await engine.store.follow_up_state("puramur", "f-erased") is None
+    done = await run_due(engine, now=later + 2 * DAY)
+    assert [(d["outcome"], d.get("why")) for d in done if d["session_id"] == "f-handed"] == [
+        ("cancelled", "the session was handed off")]
+    assert _of(done, "f-erased") == []
