@@ -17,13 +17,16 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import puramur_data, run_funnel, sql_runner
+from conftest import PURAMUR, puramur_data, run_funnel, sql_runner
 from service_support import FakeTelegram
 from starlette.testclient import TestClient
 
+from engine.evidence.personas import load_personas
 from engine.evidence.records import read_population
+from engine.evidence.simulate import simulate
 from engine.experiments.stats import wilson
 from engine.format.follow_up import QuietHours, is_opt_out
+from engine.funnel.compiled import load_funnel
 from engine.llm.models import ScriptedModel
 from engine.report import build_report, render_table
 from engine.service.app import create_app
@@ -423,3 +426,27 @@ async def test_none_after_a_handoff_or_an_erasure(world: Any, schema: str) -> No
     assert [(d["outcome"], d.get("why")) for d in done if d["session_id"] == "f-handed"] == [
         ("cancelled", "the session was handed off")]
     assert _of(done, "f-erased") == []
+
+
+def test_a_silent_simulated_customer_gets_the_follow_up_and_comes_back(
+        server_dsn: str, tmp_path: Path) -> None:
+    personas = tmp_path / "personas.yaml"
+    personas.write_text(yaml.safe_dump({"personas": [{
+        "name": "quiet_cart", "language": "uk", "patience": 10,
+        "script": ["Привіт, у мене кішка", "Це Sphynx, 3 роки, суха шкіра, звати Murka",
+                   "Додайте два лосьйони", None, "Так, оформлюємо"]}]},
+        allow_unicode=True), "utf-8")
+    model = ScriptedModel.from_data({"match": [
+        {"pattern": "Sphynx", "output": {"reply": "Сфінкс! Раджу лосьйон Exotic Spa.", "updates": {
+            "pet": {"type": "cat", "breed": "Sphynx", "problems": ["dry_skin"],
+                    "age_years": 3, "name": "Murka"}}}},
+        {"pattern": "лосьйони", "output": {"reply": "Додала два лосьйони в кошик.", "actions": [
+            {"type": "add_to_cart", "sku": "PR251020", "qty": 2}]}},
+        {"pattern": "оформ", "output": {"reply": "Чудово! Ваше ім'я і телефон?",
+                                        "actions": [{"type": "confirm_cart"}]}}],
+        "default": {"reply": "Чим можу допомогти?"}})
+    run = simulate(load_funnel(PURAMUR), load_personas(personas), model, n=1, seed=1,
+                   db=server_dsn)
+    [conv] = run.conversations
+    assert conv.follow_ups == 1  # Puramur's cart reminder, fast-forwarded past its 24 h
+    assert conv.stage == "contact_collection" and conv.turns == 4
