@@ -38,6 +38,7 @@ from engine.studio.sql import transcript
 from engine.turn import follow_up_webhook, manager
 from engine.turn.engine import Engine
 from engine.turn.follow_up import run_due
+from engine.turn.invariants import check_funnel
 
 START = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)  # 12:00 in Kyiv
 DAY = timedelta(days=1)
@@ -195,6 +196,9 @@ async def test_one_reminder_after_a_day_in_the_customers_language(world: Any,
     page = await transcript(engine.store, engine.spec, "f-one")
     assert [(t["follow_up"] or {}).get("step") for t in page["turns"]] == [None, 0]
     assert page["turns"][-1]["reply"] == done[0]["text"]
+    # `funnel check-state`: a follow-up is a reply with its record, and no customer's.
+    assert [v for v in await check_funnel(engine.funnel, schema)
+            if v.session_id == "f-one"] == []
     # `funnel replay` plays the customer's turns: the follow-up's record is not one.
     population = read_population(schema, "puramur", sessions=["f-one"])
     assert [len(x.turns) for x in population.sessions] == [1]
