@@ -199,6 +199,8 @@ async def test_one_reminder_after_a_day_in_the_customers_language(world: Any,
     # `funnel check-state`: a follow-up is a reply with its record, and no customer's.
     assert [v for v in await check_funnel(engine.funnel, schema)
             if v.session_id == "f-one"] == []
+    # `funnel record` and `state --explain` read the customer's turns only.
+    assert len(await engine.store.turn_records(engine.spec, "f-one")) == 1
     # `funnel replay` plays the customer's turns: the follow-up's record is not one.
     population = read_population(schema, "puramur", sessions=["f-one"])
     assert [len(x.turns) for x in population.sessions] == [1]
