@@ -89,8 +89,11 @@ def _language(engine: EngineLike, row: Mapping[str, Any]) -> str | None:
 def _context(engine: EngineLike, state: Mapping[str, Any], stage: str, session_id: str
              ) -> dict[str, Any]:
     """What a follow-up's template and condition read: every declared field, and the
-    names a transition's condition reads that a follow-up has (no turn, no actions)."""
+    names a condition may read (engine.format.names.CONDITION_NAMES) as a follow-up has
+    them: no customer message, so no actions and no hand-off asked this turn."""
     return {**full_view(engine.funnel, state), "stage": stage,
+            "stage_iteration": state.get("stage_iteration") or 0, "actions": [],
+            "handoff_requested": None, "returning": False,
             "stage_history": state.get("stage_history") or [],
             "turns": state.get("turns") or 0, "session_id": session_id}
 
