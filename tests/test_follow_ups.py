@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PURAMUR, puramur_data, run_funnel, sql_runner
+from conftest import puramur_data, run_funnel, sql_runner
 from service_support import FakeTelegram
 from starlette.testclient import TestClient
 
@@ -435,7 +435,7 @@ async def test_none_after_a_handoff_or_an_erasure(world: Any, schema: str) -> No
 
 
 def test_a_silent_simulated_customer_gets_the_follow_up_and_comes_back(
-        server_dsn: str, tmp_path: Path) -> None:
+        server_dsn: str, tmp_path: Path, funnel_file: Path) -> None:
     personas = tmp_path / "personas.yaml"
     personas.write_text(yaml.safe_dump({"personas": [{
         "name": "quiet_cart", "language": "uk", "patience": 10,
@@ -451,7 +451,8 @@ def test_a_silent_simulated_customer_gets_the_follow_up_and_comes_back(
         {"pattern": "оформ", "output": {"reply": "Чудово! Ваше ім'я і телефон?",
                                         "actions": [{"type": "confirm_cart"}]}}],
         "default": {"reply": "Чим можу допомогти?"}})
-    run = simulate(load_funnel(PURAMUR), load_personas(personas), model, n=1, seed=1,
+    # Puramur's own cart reminder (its cart_building stage), without the knowledge base.
+    run = simulate(load_funnel(funnel_file), load_personas(personas), model, n=1, seed=1,
                    db=server_dsn)
     [conv] = run.conversations
     assert conv.follow_ups == 1  # Puramur's cart reminder, fast-forwarded past its 24 h
