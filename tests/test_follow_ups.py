@@ -28,7 +28,7 @@ from engine.experiments.stats import wilson
 from engine.format.follow_up import QuietHours, is_opt_out
 from engine.funnel.compiled import load_funnel
 from engine.llm.models import ScriptedModel
-from engine.report import build_report, render_table
+from engine.report import build_report, render_html, render_table
 from engine.service.app import create_app
 from engine.service.config import ServiceConfig, TelegramBot
 from engine.store import Inbound, open_store
@@ -397,6 +397,7 @@ async def test_the_report_counts_sent_replied_and_won_back(db_url: str,
         "stage": "discovery", "sent": 2, "replied": 1, "moved_on": 1, "win_back_rate": 0.5,
         "interval": [round(x, 4) for x in wilson(1, 2)]}]
     assert "Follow-ups: customers who went quiet" in render_table(report)
+    assert '<section id="follow_ups">' in render_html(report)
 
 
 async def test_studio_fast_forward_shows_the_follow_up_and_sends_none(
