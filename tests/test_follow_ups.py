@@ -305,6 +305,8 @@ async def test_dry_run_writes_nothing_and_the_cli_says_so(world: Any, schema: st
     assert result.returncode == 0 and "f-dry" in result.stdout and "due" in result.stdout
     result = run_funnel("follow-up", str(funnel_file), "--db", schema, "--now", "yesterday")
     assert result.returncode == 2 and "--now" in result.stderr
+    result = run_funnel("follow-up", str(funnel_file), "--db", schema, "--limit", "0")
+    assert result.returncode == 2 and "--limit" in result.stderr
 
 
 def test_validate_names_each_bad_follow_up(tmp_path: Path) -> None:

@@ -48,6 +48,10 @@ def cmd_follow_up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"funnel follow-up: error: --now: {exc}", file=sys.stderr)
         return 2
+    if args.limit < 1:
+        print(f"funnel follow-up: error: --limit must be 1 or more; got {args.limit}",
+              file=sys.stderr)
+        return 2
     funnel = load_funnel(args.funnel)
 
     async def run() -> list[dict[str, Any]]:
