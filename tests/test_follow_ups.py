@@ -460,3 +460,30 @@ def test_a_silent_simulated_customer_gets_the_follow_up_and_comes_back(
     [conv] = run.conversations
     assert conv.follow_ups == 1  # Puramur's cart reminder, fast-forwarded past its 24 h
     assert conv.stage == "contact_collection" and conv.turns == 4
+
+
+async def test_the_next_step_is_the_first_under_its_max_computed_in_one_statement(
+        world: Any, schema: str) -> None:
+    store, at = world[0].store, START + 50 * DAY
+    steps = [(3600.0, 1), (7200.0, 2)]
+
+    async def touch(**kw: Any) -> tuple[Any, ...]:
+        await store.follow_up_touch("puramur", "f-steps", "discovery", at, 7, steps, **kw)
+        row = await store.follow_up_state("puramur", "f-steps")
+        return row["step"], row["due_at"], row["opted_out"]
+
+    def sent(counts: str) -> None:
+        with sql_runner(schema) as run:
+            run("UPDATE funnel_follow_ups SET sent = %s::jsonb WHERE session_id = 'f-steps'",
+                (counts,))
+
+    assert await touch() == (0, at + timedelta(hours=1), False)
+    sent('{"discovery:0": 1}')  # the first step went out once: its max
+    assert await touch() == (1, at + timedelta(hours=2), False)
+    sent('{"discovery:0": 1, "discovery:1": 1}')  # the second may go out once more
+    assert await touch() == (1, at + timedelta(hours=2), False)
+    sent('{"discovery:0": 1, "discovery:1": 2}')  # every step at its max: none is due
+    assert await touch() == (0, None, False)
+    sent("{}")
+    assert await touch(opted_out=True) == (0, None, True)
+    assert await touch() == (0, None, True)  # an opt-out is for good
