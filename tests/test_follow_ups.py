@@ -7,30 +7,17 @@ opt-out. The clock is injected: the engine's for the turns, ``now`` for the sche
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, time, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from conftest import puramur_data, run_funnel, sql_runner
-from service_support import FakeTelegram
-from starlette.testclient import TestClient
+from conftest import run_funnel, sql_runner
+from follow_up_support import DAY, START, TEXTS, Clock, Receiver, outcomes, quiet_model, write_funnel
 
-from engine.evidence.personas import load_personas
 from engine.evidence.records import read_population
-from engine.evidence.simulate import simulate
-from engine.experiments.stats import wilson
 from engine.format.follow_up import QuietHours, is_opt_out
-from engine.funnel.compiled import load_funnel
-from engine.llm.models import ScriptedModel
-from engine.report import build_report, render_html, render_table
-from engine.service.app import create_app
-from engine.service.config import ServiceConfig, TelegramBot
 from engine.store import Inbound, open_store
 from engine.studio.follow_up import fast_forward
 from engine.studio.playground import Studio
@@ -40,75 +27,17 @@ from engine.turn.engine import Engine
 from engine.turn.follow_up import run_due
 from engine.turn.invariants import check_funnel
 
-START = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)  # 12:00 in Kyiv
-DAY = timedelta(days=1)
-TEXTS = {"uk": "Привіт! Ми досі тут, якщо потрібна порада для {{ pet.name or 'улюбленця' }}.",
-         "ru": "Здравствуйте! Мы здесь, если нужен совет.",
-         "en": "Hi! We are still here if you need advice.",
-         "pl": "Cześć! Jesteśmy tu, jeśli potrzebujesz porady."}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1: the follow-ups POSTed to it, with their keys."""
-
-    def __init__(self) -> None:
-        got: list[tuple[str, dict[str, Any]]] = []
-        self.got = got
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                got.append((self.headers["Idempotency-Key"], json.loads(body)))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/follow-ups"
-
 
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
-    r.server.shutdown()
-    r.server.server_close()
-
-
-def _funnel(folder: Path, webhook: str) -> Path:
-    data = puramur_data()
-    # Without the knowledge base: indexing it costs each new schema seconds, and
-    # follow-ups do not read it.
-    del data["knowledge"]
-    for stage in data["stages"].values():
-        stage.pop("knowledge", None)
-    data["follow_up"] = {
-        "quiet_hours": {"from": "21:00", "to": "09:00", "timezone": "Europe/Kyiv"},
-        "opt_out": ["досить"], "webhook": webhook,
-        "steps": [{"after": "24h", "text": TEXTS, "max": 1}]}
-    path = folder / "puramur.yaml"
-    path.write_text(yaml.safe_dump(data, allow_unicode=True), "utf-8")
-    return path
-
-
-def _model() -> ScriptedModel:
-    return ScriptedModel.from_data({"default": {"reply": "Чим можу допомогти?"}})
+    r.close()
 
 
 @pytest.fixture(scope="module")
 def funnel_file(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Path:
-    return _funnel(tmp_path_factory.mktemp("follow"), receiver.url)
+    return write_funnel(tmp_path_factory.mktemp("follow"), receiver.url)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +51,7 @@ def schema(server_dsn: str) -> Any:
 @pytest.fixture(scope="module")
 async def world(schema: str, funnel_file: Path) -> AsyncIterator[tuple[Engine, Clock]]:
     clock = Clock()
-    engine = await Engine.open(funnel_file, db=schema, model=_model(), clock=clock)
+    engine = await Engine.open(funnel_file, db=schema, model=quiet_model(), clock=clock)
     yield engine, clock
     await engine.close()
 
@@ -147,11 +76,6 @@ def _sent(schema: str, session: str) -> list[tuple[Any, ...]]:
     with sql_runner(schema) as run:
         return run("SELECT content, follow_up FROM funnel_messages WHERE session_id = %s AND "
                    "follow_up IS NOT NULL ORDER BY id", (session,))
-
-
-def _of(done: list[dict[str, Any]], session: str) -> list[str]:
-    """The outcomes of one session in a scheduler pass."""
-    return [d["outcome"] for d in done if d["session_id"] == session]
 
 
 # -- pure ------------------------------------------------------------------------------
@@ -233,16 +157,16 @@ async def test_none_after_a_reply_the_clock_starts_again(world: Any) -> None:
     engine, _ = world
     await _say(world, "f-reply", "Привіт, у мене собака", START)
     await _say(world, "f-reply", "Яка ціна шампуню?", START + timedelta(hours=4))
-    assert _of(await run_due(engine, now=START + DAY + timedelta(minutes=1)), "f-reply") == []
+    assert outcomes(await run_due(engine, now=START + DAY + timedelta(minutes=1)), "f-reply") == []
     done = await run_due(engine, now=START + timedelta(hours=28, minutes=1))
-    assert _of(done, "f-reply") == ["sent"]
+    assert outcomes(done, "f-reply") == ["sent"]
 
 
 async def test_none_after_a_takeover(world: Any) -> None:
     engine, _ = world
     await _say(world, "f-manager", "Привіт, у мене собака", START)
     await manager.take_over(engine, "f-manager", "Olena")
-    assert _of(await run_due(engine, now=START + 2 * DAY), "f-manager") == []
+    assert outcomes(await run_due(engine, now=START + 2 * DAY), "f-manager") == []
     assert (await engine.store.follow_up_state("puramur", "f-manager"))["due_at"] is None
 
 
@@ -252,9 +176,9 @@ async def test_none_ever_after_an_opt_out(world: Any, stop: str) -> None:
     session = f"f-stop-{len(stop)}"
     await _say(world, session, "Привіт, у мене собака", START)
     await _say(world, session, stop, START + timedelta(hours=1))
-    assert _of(await run_due(engine, now=START + 2 * DAY), session) == []
+    assert outcomes(await run_due(engine, now=START + 2 * DAY), session) == []
     await _say(world, session, "А втім, порадьте шампунь", START + 3 * DAY)
-    assert _of(await run_due(engine, now=START + 5 * DAY), session) == []  # for good
+    assert outcomes(await run_due(engine, now=START + 5 * DAY), session) == []  # for good
     assert (await engine.store.follow_up_state("puramur", session))["opted_out"] is True
 
 
@@ -263,11 +187,11 @@ async def test_none_in_quiet_hours_sent_when_they_end(world: Any) -> None:
     evening = datetime(2026, 12, 1, 20, 0, tzinfo=UTC)  # 22:00 in Kyiv
     await _say(world, "f-night", "Привіт, у мене собака", evening)
     due = evening + DAY
-    assert _of(await run_due(engine, now=due), "f-night") == ["deferred"]
-    assert _of(await run_due(engine, now=due + timedelta(hours=5)), "f-night") == []  # 03:00
+    assert outcomes(await run_due(engine, now=due), "f-night") == ["deferred"]
+    assert outcomes(await run_due(engine, now=due + timedelta(hours=5)), "f-night") == []  # 03:00
     morning = datetime(2026, 12, 3, 7, 0, tzinfo=UTC)  # 09:00 in Kyiv
-    assert _of(await run_due(engine, now=morning - timedelta(seconds=1)), "f-night") == []
-    assert _of(await run_due(engine, now=morning), "f-night") == ["sent"]
+    assert outcomes(await run_due(engine, now=morning - timedelta(seconds=1)), "f-night") == []
+    assert outcomes(await run_due(engine, now=morning), "f-night") == ["sent"]
 
 
 async def test_exactly_one_with_two_workers(world: Any, schema: str,
@@ -276,7 +200,7 @@ async def test_exactly_one_with_two_workers(world: Any, schema: str,
     later = START + 10 * DAY
     await _say(world, "f-race", "Привіт, у мене собака", later, chat=777)
     other_store = await open_store(schema)
-    other = await Engine.open(funnel_file, store=other_store, model=_model())
+    other = await Engine.open(funnel_file, store=other_store, model=quiet_model())
     try:
         due = later + DAY + timedelta(minutes=1)
         a, b = await asyncio.gather(run_due(engine, now=due), run_due(other, now=due))
@@ -309,99 +233,6 @@ async def test_dry_run_writes_nothing_and_the_cli_says_so(world: Any, schema: st
     assert result.returncode == 2 and "--limit" in result.stderr
 
 
-def test_validate_names_each_bad_follow_up(tmp_path: Path) -> None:
-    data = puramur_data()
-    data["follow_up"] = {"quiet_hours": {"from": "25:00", "to": "09:00",
-                                         "timezone": "Europe/Kiyv"},
-                         "steps": [{"after": "-5h", "text": "Hi"},
-                                   {"after": "400d", "text": "{{ no_such_field }}"},
-                                   {"after": "24h", "text": "Hi", "max": 50}]}
-    data["stages"]["handoff"]["follow_up"] = {"steps": [{"after": "24h", "text": "Hi"}]}
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), "utf-8")
-    result = run_funnel("validate", str(path))
-    assert result.returncode == 1
-    codes = [line.split()[2] for line in result.stdout.splitlines() if " F95" in line]
-    assert sorted(codes) == ["F951", "F951", "F952", "F953", "F954", "F955", "F956"]
-    assert all(line.startswith(f"{path}:") and line.split(":")[1] != "0"
-               for line in result.stdout.splitlines() if " F95" in line)
-
-
-# -- over Telegram, end to end ---------------------------------------------------------
-TOKEN = "123456:TEST-bot-token"
-SECRET = "hook-secret-follow"
-
-
-async def _scheduler_pass(funnel: Path, url: str, at: datetime) -> list[dict[str, Any]]:
-    """Another process's scheduler (cron's `funnel follow-up`), at ``at``: quiet hours
-    waited out."""
-    engine = await Engine.open(funnel, db=url, model=_model())
-    try:
-        done = await run_due(engine, now=at)
-        while done and done[0]["outcome"] == "deferred":
-            done = await run_due(engine, now=done[0]["until"])
-        return done
-    finally:
-        await engine.close()
-
-
-def test_a_telegram_customer_gets_the_follow_up_in_the_chat(db_url: str,
-                                                            funnel_file: Path) -> None:
-    telegram = FakeTelegram().start()
-    config = ServiceConfig(
-        funnels=[funnel_file], db=db_url, model="scripted:" + str(
-            Path(__file__).resolve().parent.parent / "funnels" / "puramur" / "demo.yaml"),
-        secret=b"test-secret-0123456789abcdef", rate_limit=(1000, 60.0),
-        telegram_api=telegram.url, telegram={"PURAMUR": TelegramBot(TOKEN, SECRET)},
-        dispatch_interval=0.2)
-    update = {"update_id": 9001, "message": {
-        "message_id": 9001, "date": 1700000000, "text": "Привіт, у мене кішка",
-        "chat": {"id": 4242, "type": "private", "first_name": "Anna"},
-        "from": {"id": 4242, "is_bot": False, "first_name": "Anna"}}}
-    try:
-        with TestClient(create_app(config)) as client:
-            r = client.post("/v1/funnels/puramur/telegram", json=update,
-                            headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
-            assert r.status_code == 200
-            assert len(telegram.wait_sent(1)) == 1  # the turn's reply
-            done = asyncio.run(_scheduler_pass(funnel_file, db_url,
-                                               datetime.now(UTC) + DAY + timedelta(hours=1)))
-            assert [(d["outcome"], d["channel"]) for d in done] == [("sent", "telegram")]
-            # The service's dispatch delivers it: once, to the chat, in Ukrainian.
-            sent = telegram.wait_sent(2)
-            assert sent[1] == {"chat_id": 4242, "text": done[0]["text"]}
-            assert done[0]["text"].startswith("Привіт! Ми досі тут")
-    finally:
-        telegram.stop()
-
-
-async def test_the_report_counts_sent_replied_and_won_back(db_url: str,
-                                                           funnel_file: Path) -> None:
-    model = ScriptedModel.from_data({"match": [{"pattern": "Sphynx", "output": {
-        "reply": "Сфінкс! Спробуйте лосьйон Exotic Spa.",
-        "updates": {"pet": {"type": "cat", "breed": "Sphynx", "problems": ["dry_skin"],
-                            "age_years": 3, "name": "Murka"}}}}],
-        "default": {"reply": "Чим можу допомогти?"}})
-    engine = await Engine.open(funnel_file, db=db_url, model=model)
-    try:
-        for session in ("r-won", "r-silent"):
-            await engine.handle(session, "Привіт, у мене кішка")
-        at = datetime.now(UTC) + DAY + timedelta(hours=1)
-        done = await run_due(engine, now=at)
-        while any(d["outcome"] == "deferred" for d in done):
-            done = await run_due(engine, now=max(d["until"] for d in done))
-        assert sorted(_of(done, "r-won") + _of(done, "r-silent")) == ["sent", "sent"]
-        await engine.handle("r-won", "Це Sphynx, 3 роки, суха шкіра, звати Murka")
-        report = await build_report(engine.funnel, db=db_url)
-    finally:
-        await engine.close()
-    assert report["follow_ups"]["stages"] == [{
-        "stage": "discovery", "sent": 2, "replied": 1, "moved_on": 1, "win_back_rate": 0.5,
-        "interval": [round(x, 4) for x in wilson(1, 2)]}]
-    assert "Follow-ups: customers who went quiet" in render_table(report)
-    assert '<section id="follow_ups">' in render_html(report)
-
-
 async def test_studio_fast_forward_shows_the_follow_up_and_sends_none(
         world: Any, schema: str, funnel_file: Path) -> None:
     engine, _ = world
@@ -418,7 +249,7 @@ async def test_studio_fast_forward_shows_the_follow_up_and_sends_none(
     assert due - datetime.fromisoformat(shown["anchor"]) == DAY
     # A playground session is planned nothing: no scheduler ever finds it.
     assert await engine.store.follow_up_state("puramur", "studio-ff") is None
-    assert _of(await run_due(engine, now=due + DAY), "studio-ff") == []
+    assert outcomes(await run_due(engine, now=due + DAY), "studio-ff") == []
 
 
 async def test_none_after_a_handoff_or_an_erasure(world: Any, schema: str) -> None:
@@ -434,32 +265,7 @@ async def test_none_after_a_handoff_or_an_erasure(world: Any, schema: str) -> No
     done = await run_due(engine, now=later + 2 * DAY)
     assert [(d["outcome"], d.get("why")) for d in done if d["session_id"] == "f-handed"] == [
         ("cancelled", "the session was handed off")]
-    assert _of(done, "f-erased") == []
-
-
-def test_a_silent_simulated_customer_gets_the_follow_up_and_comes_back(
-        server_dsn: str, tmp_path: Path, funnel_file: Path) -> None:
-    personas = tmp_path / "personas.yaml"
-    personas.write_text(yaml.safe_dump({"personas": [{
-        "name": "quiet_cart", "language": "uk", "patience": 10,
-        "script": ["Привіт, у мене кішка", "Це Sphynx, 3 роки, суха шкіра, звати Murka",
-                   "Додайте два лосьйони", None, "Так, оформлюємо"]}]},
-        allow_unicode=True), "utf-8")
-    model = ScriptedModel.from_data({"match": [
-        {"pattern": "Sphynx", "output": {"reply": "Сфінкс! Раджу лосьйон Exotic Spa.", "updates": {
-            "pet": {"type": "cat", "breed": "Sphynx", "problems": ["dry_skin"],
-                    "age_years": 3, "name": "Murka"}}}},
-        {"pattern": "лосьйони", "output": {"reply": "Додала два лосьйони в кошик.", "actions": [
-            {"type": "add_to_cart", "sku": "PR251020", "qty": 2}]}},
-        {"pattern": "оформ", "output": {"reply": "Чудово! Ваше ім'я і телефон?",
-                                        "actions": [{"type": "confirm_cart"}]}}],
-        "default": {"reply": "Чим можу допомогти?"}})
-    # Puramur's own cart reminder (its cart_building stage), without the knowledge base.
-    run = simulate(load_funnel(funnel_file), load_personas(personas), model, n=1, seed=1,
-                   db=server_dsn)
-    [conv] = run.conversations
-    assert conv.follow_ups == 1  # Puramur's cart reminder, fast-forwarded past its 24 h
-    assert conv.stage == "contact_collection" and conv.turns == 4
+    assert outcomes(done, "f-erased") == []
 
 
 async def test_the_next_step_is_the_first_under_its_max_computed_in_one_statement(
