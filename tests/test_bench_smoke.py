@@ -47,6 +47,7 @@ RUNS: dict[str, list[str]] = {
     "erase_one": ["--db", "{db}", "--sessions", "200", "--samples", "2"],
     "experiment": ["--sizes", "10", "--concurrency", "2"],
     "fault_suite": ["--smoke"],
+    "follow_up_due": ["--db", "{db}", "--sessions", "2000", "--samples", "2"],
     "hardening_classes": ["--smoke"],
     "knowledge": ["--chunks", "20", "--queries", "3"],
     "language": ["--repeat", "1", "--sessions", "1", "--rounds", "1"],

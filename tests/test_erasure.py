@@ -197,7 +197,8 @@ async def test_an_erased_customer_is_nowhere_in_a_dump(db_url: str, sql: Any,
     tables = receipt["tables"]
     assert list(tables) == [TABLE, *SESSION_TABLES]
     assert tables == {TABLE: 1, **{t: n for t, n in where[A].items() if t not in
-                                   (TABLE, LEASES)}, "funnel_control": 0, "funnel_playground": 0}
+                                   (TABLE, LEASES)}, "funnel_control": 0, "funnel_playground": 0,
+                     "funnel_follow_ups": 0}
     assert receipt["total"] == sum(tables.values())
     assert receipt["memory"] == {"studio_prompts": 0}  # the studio was never opened
 

@@ -36,7 +36,7 @@ TABLE = "puramur_sessions_state"
 SHARED = {ddl.MESSAGES, ddl.TURNS, ddl.OUTBOX, ddl.MIGRATIONS, ddl.LEASES, ddl.INBOUND,
           ddl.UNREACHABLE, ddl.KNOWLEDGE, ddl.KNOWLEDGE_SETS, ddl.KNOWLEDGE_TERMS,
           ddl.CONVERSIONS, ddl.VERSIONS, ddl.JOBS, ddl.EXITS, ddl.CONTROL, ddl.CONTROL_EVENTS,
-          ddl.EMBEDDINGS, ddl.PLAYGROUND}
+          ddl.EMBEDDINGS, ddl.PLAYGROUND, ddl.FOLLOW_UPS}
 DAY = 86400.0
 
 SERVER_DSN = os.environ.get("FUNNEL_TEST_DSN")

@@ -366,6 +366,8 @@ def test_a_language_the_engines_texts_lack_is_named(tmp_path: Path) -> None:
         data["language"]["follow_customer"] = [*LANGS, "de"]
         for stage in data["stages"].values():
             stage["fallback"]["de"] = "Entschuldigung, ich habe das nicht ganz verstanden."
+            for step in (stage.get("follow_up") or {}).get("steps", ()):
+                step["text"]["de"] = "Ihr Warenkorb wartet."
 
     path = edited(tmp_path, edit)
     [found] = [d for d in diagnostics(path) if d.code == "F704"]

@@ -105,6 +105,15 @@ def _parser() -> argparse.ArgumentParser:
     cs.add_argument("--format", choices=["text", "json"], default="text")
     db_opts(cs)
 
+    fu = sub.add_parser("follow-up", help="send the follow-ups that are due (one pass of "
+                        "the scheduler `funnel serve` runs; for cron)")
+    fu.add_argument("funnel", metavar="FUNNEL")
+    fu.add_argument("--dry-run", action="store_true", help="list what is due; send nothing")
+    fu.add_argument("--now", default=None, metavar="TIME",
+                    help="ISO 8601 time to run at (default: now)")
+    fu.add_argument("--limit", type=int, default=500, help="at most this many sessions")
+    db_opts(fu)
+
     d = sub.add_parser("demo", help="play a scripted Puramur conversation, offline")
     db_opts(d)
 
@@ -417,6 +426,7 @@ _COMMANDS = {
     "chat": ("conversation", "cmd_chat"),
     "state": ("conversation", "cmd_state"),
     "demo": ("conversation", "cmd_demo"),
+    "follow-up": ("follow_up", "cmd_follow_up"),
     "migrate": ("database", "cmd_migrate"),
     "deploy": ("deploy", "cmd_deploy"),
     "versions": ("deploy", "cmd_versions"),

@@ -15,6 +15,8 @@
         script:                       # the scripted customer: these messages, in order
           - Hi!
           - I have a Sphynx cat with very dry skin
+          - ~                         # silent: waits for the funnel's follow-up (if any)
+          - Yes, let's order
 
 A persona with a ``script`` is played by the script (deterministic: for CI); without
 one, or with ``--customer-model``, by a model that is given the persona (never the
@@ -61,7 +63,8 @@ class Persona:
     objections: tuple[str, ...] = ()
     leaves_when: str = ""
     weight: int = 1
-    script: tuple[str, ...] = ()
+    # None: the customer says nothing there, until a follow-up (docs/follow-ups.md).
+    script: tuple[str | None, ...] = ()
 
     def brief(self) -> str:
         """The persona as the customer model is told it (operator-written text)."""
@@ -165,12 +168,16 @@ def _persona(item: Any, where: str, path: Path) -> Persona:
     weight = item.get("weight", 1)
     if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
         raise bad(f"`weight` must be a whole number from 1 to 100; got {weight!r}")
-    lists = {}
+    lists: dict[str, tuple[Any, ...]] = {}
     for key in ("objections", "script"):
         value = item.get(key) or []
+        # A script's `~` (null): the customer is silent there (a follow-up may come).
+        silent_ok = key == "script"
         if not isinstance(value, list) or not all(
-                isinstance(x, str) and 0 < len(x) <= MAX_TEXT for x in value):
-            raise bad(f"`{key}` must be a list of messages (text, 1-{MAX_TEXT} characters)")
+                (x is None and silent_ok) or (isinstance(x, str) and 0 < len(x) <= MAX_TEXT)
+                for x in value):
+            raise bad(f"`{key}` must be a list of messages (text, 1-{MAX_TEXT} characters"
+                      + ("; `~` for a silence" if silent_ok else "") + ")")
         lists[key] = tuple(value)
     return Persona(name=name, who=item.get("who", ""), wants=item.get("wants", ""),
                    knows=dict(knows), language=item.get("language", "en") or "en",

@@ -83,7 +83,11 @@ def read_population(url: str | None, funnel: str, *, since: float | None = None,
     one: left out unless named or ``include_playground``."""
     conn = _connect(url)
     with conn:
-        where: list[sql.Composable] = [sql.SQL("funnel = %s")]
+        # A follow-up's record (engine.turn.follow_up) is the bot's, not a customer's turn:
+        # nothing to replay. Read through the row, so a database from before the column
+        # reads the same.
+        where: list[sql.Composable] = [sql.SQL("funnel = %s"), sql.SQL(
+            "(to_jsonb({}) ->> 'follow_up') IS NULL").format(sql.Identifier(TURNS))]
         params: list[Any] = [funnel]
         if sessions:
             where.append(sql.SQL("session_id = ANY(%s)"))

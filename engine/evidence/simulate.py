@@ -19,6 +19,7 @@ import asyncio
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -29,12 +30,14 @@ from ..boundary.sanitize import Rejected, loads_bounded, printable
 from ..errors import FunnelError, InvalidInput, ModelError
 from ..experiments.stats import compare as compare_rates
 from ..experiments.stats import wilson
+from ..format.follow_up import MAX_AFTER_SECONDS
 from ..format.names import TURNS
 from ..funnel.compiled import CompiledFunnel
 from ..llm.models import Model, ModelRequest
 from ..memory.summary import ExtractiveSummarizer
 from ..store import open_store
 from ..store.connect import temporary_schema
+from ..turn import follow_up
 from ..turn.engine import Engine
 from .degenerate import degenerate
 from .personas import Persona
@@ -86,6 +89,7 @@ class Conversation:
     ended: str = ""  # why it ended: the script, patience, the customer left, a final stage
     started: bool = True  # False: the customer never sent a first message
     degenerate: dict[str, int] = field(default_factory=dict)  # kind -> customer messages
+    follow_ups: int = 0  # follow-ups the funnel sent when the customer was silent
 
 
 @dataclass
@@ -233,7 +237,8 @@ class _Customer:
             if self.said >= len(self.persona.script):
                 return None, "script"
             self.said += 1
-            return self.persona.script[self.said - 1], ""
+            said = self.persona.script[self.said - 1]
+            return (None, "silent") if said is None else (said, "")
         # The funnel's reply is the other side of the chat: data, never instructions.
         self.chat.append({"role": "user", "content": printable(reply or "(the chat opens)",
                                                                4000)})
@@ -346,6 +351,13 @@ async def _conversation(engine: Engine, persona: Persona, customer: Model | None
         if cancelled is not None and cancelled():
             raise SimulationCancelled(f"cancelled during conversation {sid}")
         text, why = await player.next(reply)
+        if text is None and why == "silent":
+            # The customer went quiet: what the funnel's follow-up says, if it has one.
+            reply = await _follow_up(engine, sid)
+            if reply is not None:
+                conv.follow_ups += 1
+                continue
+            why = "silent (no follow-up came)"
         if text is None:
             conv.ended = why
             conv.started = conv.turns > 0
@@ -370,6 +382,21 @@ async def _conversation(engine: Engine, persona: Persona, customer: Model | None
     conv.handoff = bool(h and h.stage in conv.reached)
     conv.handoff_reason = state.get(h.reason) if h and h.reason else None
     return conv
+
+
+async def _follow_up(engine: Engine, sid: str) -> str | None:
+    """Fast-forward past every follow-up's delay (and quiet hours): the text the funnel
+    sends the silent customer of ``sid``, or None."""
+    at = engine.clock() + timedelta(seconds=MAX_AFTER_SECONDS + 60)
+    for _ in range(3):  # quiet hours defer a follow-up once; a step skipped moves on
+        done = [d for d in await follow_up.run_due(engine, now=at, limit=MAX_CONVERSATIONS)
+                if d["session_id"] == sid]
+        if not done:
+            return None
+        if done[0]["outcome"] == "sent":
+            return str(done[0]["text"])
+        at = done[0].get("until") or at + timedelta(seconds=MAX_AFTER_SECONDS + 60)
+    return None
 
 
 def _costs(url: str, funnel: str) -> dict[str, float | None]:

@@ -14,6 +14,7 @@ from typing import Any
 from ._yaml import Located
 from .claims import claims_spec, promotions
 from .contract import is_derived
+from .follow_up import build_follow_up
 from .personal import marks
 from .settings import (
     KnowledgeSpec,
@@ -152,6 +153,9 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
             derived=derived,
             approval=_approval(raw.get("approval"), line_of("stages", name, "approval")),
             claims=claims_spec(raw["claims"], funnel_claims) if "claims" in raw else None,
+            follow_up=build_follow_up(
+                raw.get("follow_up"), line_of("stages", name, "follow_up"),
+                lambda i, n=name: line_of("stages", n, "follow_up", "steps", i)),
         )
 
     actions = {
@@ -247,6 +251,8 @@ def build_spec(data: dict[str, Any], path: Path, located: Located | None = None)
         schemas_dir=schemas_dir,
         claims=funnel_claims,
         promotions=promotions(data.get("promotions")),
+        follow_up=build_follow_up(data.get("follow_up"), line_of("follow_up"),
+                                  lambda i: line_of("follow_up", "steps", i)),
     )
 
 

@@ -76,10 +76,12 @@ CONTROL_EVENTS = "funnel_control_events"
 EMBEDDINGS = "funnel_embeddings"
 # The sessions the studio made (engine.store.playground): never a customer's.
 PLAYGROUND = "funnel_playground"
+# Each session's next follow-up (engine.store.follow_ups, docs/follow-ups.md).
+FOLLOW_UPS = "funnel_follow_ups"
 SHARED_TABLES: tuple[str, ...] = (MESSAGES, TURNS, OUTBOX, MIGRATIONS, LEASES, INBOUND,
                                   UNREACHABLE, KNOWLEDGE, KNOWLEDGE_SETS, KNOWLEDGE_TERMS,
                                   CONVERSIONS, VERSIONS, JOBS, EXITS, CONTROL, CONTROL_EVENTS,
-                                  EMBEDDINGS, PLAYGROUND)
+                                  EMBEDDINGS, PLAYGROUND, FOLLOW_UPS)
 
 
 def refused_hook_module(module: str) -> str | None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from ._yaml import Located
 from .claims import ClaimsSpec, Promotion
+from .follow_up import FollowUpSpec
 from .personal import remove_path
 from .settings import BASE_LANGUAGES as BASE_LANGUAGES  # the settings, re-exported
 from .settings import DURATION as DURATION
@@ -148,6 +149,7 @@ class StageSpec:
     approval: ApprovalSpec | None = None  # entering the stage waits for a manager
     # The stage's own `claims:` (engine.format.claims), over the funnel's; None: the funnel's.
     claims: ClaimsSpec | None = None
+    follow_up: FollowUpSpec | None = None  # messages to a customer who went quiet here
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,8 @@ class FunnelSpec:
     # What the replies may claim, and the discounts the shop gives (engine.format.claims).
     claims: ClaimsSpec = field(default_factory=ClaimsSpec)
     promotions: tuple[Promotion, ...] = ()
+    # The funnel's default follow-ups, for stages that declare none (docs/follow-ups.md).
+    follow_up: FollowUpSpec | None = None
 
     @property
     def engine_owned(self) -> frozenset[str]:
@@ -242,6 +246,19 @@ class FunnelSpec:
 
     def final_stages(self) -> list[str]:
         return [s.name for s in self.stages.values() if s.final]
+
+    def follow_up_of(self, stage: str) -> FollowUpSpec | None:
+        """The follow-ups of ``stage``: its own, else the funnel's default; none for a
+        final stage, the hand-off's stage or a stage the funnel does not declare."""
+        spec = self.stages.get(stage)
+        if spec is None or spec.final or (self.handoff is not None
+                                          and self.handoff.stage == stage):
+            return None
+        return spec.follow_up or self.follow_up
+
+    @property
+    def has_follow_ups(self) -> bool:
+        return self.follow_up is not None or any(s.follow_up for s in self.stages.values())
 
 
 def index_name(table: str, column: str) -> str:

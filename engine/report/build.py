@@ -19,6 +19,7 @@ from ..format.main_path import stage_paths
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..store.analytics_sql import fetch_report
+from .follow_ups import follow_up_section, render_follow_ups
 
 # (key, title) in report order; the HTML page and the tables use the same titles.
 SECTIONS: tuple[tuple[str, str], ...] = (
@@ -184,7 +185,9 @@ async def build_report(funnel: str | Path | CompiledFunnel, *, db: str | None = 
                               include_playground=include_playground)
     catalog = compiled.catalog
     names = {p.sku: p.name for p in catalog.products} if catalog else {}
-    return shape(compiled.spec, data, since, names, catalog.currency if catalog else None)
+    report = shape(compiled.spec, data, since, names, catalog.currency if catalog else None)
+    report["follow_ups"] = await follow_up_section(db, compiled.spec, since)
+    return report
 
 
 # -- rendering -------------------------------------------------------------------------
@@ -326,6 +329,8 @@ def render_table(report: dict[str, Any]) -> str:
                         _fmt(a["median_wait_seconds"], "dur"),
                         _fmt(a["p90_wait_seconds"], "dur")] for a in r["approvals"]])
                 if r["approvals"] else "  (no data)")
+    if r.get("follow_ups") is not None:
+        out.append(render_follow_ups(r["follow_ups"]))
     out += _trend_tables(r["trends"])
     return "\n".join(out) + "\n"
 

@@ -16,6 +16,7 @@ from html import escape
 from typing import Any
 
 from .build import TITLES, format_duration, format_value
+from .follow_ups import html_follow_ups
 
 ACCENT = "#4f46e5"
 PALETTE = ["#4f46e5", "#5b54e8", "#6d63ec", "#7f74ef", "#9185f2", "#a397f5", "#b4a9f7",
@@ -374,6 +375,8 @@ def render_html(report: dict[str, Any], *, link: Link | None = None) -> str:
                 if rows else '<p class="empty">No move waited for an approval.</p>')
         out.append(_section("approvals", "moves into a gated stage decided in the period, "
                             "and the wait until the decision", body))
+    if r.get("follow_ups") is not None:  # only a funnel with follow-ups (docs/follow-ups.md)
+        out.append(html_follow_ups(r["follow_ups"]))
 
     c, stages = r["costs"]["conversations"], r["costs"]["stages"]
     summary = (f"{c['conversations']:,} conversations · {c['turns']:,} turns · "

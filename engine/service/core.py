@@ -33,7 +33,7 @@ from ..errors import (
 from ..funnel.compiled import CompiledFunnel
 from ..llm.models import Model, make_model
 from ..store import Store, open_store
-from ..turn import manager
+from ..turn import follow_up, follow_up_webhook, manager
 from ..turn.engine import Engine, TurnResult
 from ..turn.notify import Notifier, make_notifier
 from ..turn.stream import Listener
@@ -220,8 +220,8 @@ class Service:
     async def _dispatch_loop(self) -> None:
         """Every ``dispatch_interval`` seconds, deliver the outbox rows that are due (alerts
         and replies whose delivery failed, after their backoff, or that a crashed process
-        left), answer the Telegram messages a dead worker accepted, and apply the
-        ``on_timeout`` of approvals past their deadline. Every worker runs
+        left), answer the Telegram messages a dead worker accepted, apply the
+        ``on_timeout`` of approvals past their deadline, and send the follow-ups due. Every worker runs
         one; a claimed row is invisible to the others."""
         while not self._stopping.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
@@ -236,6 +236,11 @@ class Service:
                         # Approvals past their deadline get their on_timeout now, not
                         # only at the customer's next message (engine.turn.approval).
                         await manager.sweep(engine)
+                    if engine is not None and engine.spec.has_follow_ups:
+                        # Due follow-ups, written to the outbox that the delivery next
+                        # sends; of several workers one sends each (engine.turn.follow_up).
+                        await follow_up.run_due(engine)
+                        await follow_up_webhook.deliver(engine.store, name)
                     await self.telegram.sweep(name)
                     await self.telegram.deliver_due(name)
                     await self._measure_outbox()

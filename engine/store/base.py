@@ -20,8 +20,8 @@ from ..records.orders import Conversion, Order
 if TYPE_CHECKING:
     from .idempotency import Pending
 
-__all__ = ["Control", "Held", "Inbound", "Match", "OutboxItem", "SessionAccess", "Store",
-           "TurnWrite", "VectorSupport"]
+__all__ = ["Control", "FollowUpClaim", "Held", "Inbound", "Match", "OutboxItem",
+           "SessionAccess", "Store", "TurnWrite", "VectorSupport"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,31 @@ class Match:
     n: int
     hit: int
     similarity: float
+
+
+class FollowUpClaim(Protocol):
+    """A due follow-up row, locked for one transaction (engine.store.follow_ups): what
+    the block writes commits with it."""
+
+    row: dict[str, Any]  # session_id, stage, step, anchor_at, anchor_id, due_at, sent, ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    async def customer_wrote(self) -> bool:
+        """Whether the customer wrote since the row's anchor."""
+
+    async def move(self, step: int, due: datetime | None,
+                   sent: dict[str, int] | None = None) -> None:
+        """Make ``step`` the next one, due at ``due`` (None: nothing is)."""
+
+    async def cancel(self, *, opted_out: bool = False) -> None:
+        """Nothing more is due; ``opted_out``: ever."""
+
+    async def send(self, *, text: str, version: int, record: dict[str, Any],
+                   delivery: OutboxItem | None, claims: list[dict[str, Any]]) -> int | None:
+        """Log the follow-up (message and turn record) and queue ``delivery``; the
+        message id, or None when the outbox had the key (sent before)."""
 
 
 class SessionAccess(Protocol):
@@ -364,5 +389,26 @@ class Store(Protocol):
     async def move_session(self, funnel: FunnelSpec, values: dict[str, Any],
                            expected_version: int) -> bool:
         """Write a migrated session's state if its row is still at ``expected_version``."""
+
+    async def follow_up_touch(self, funnel: str, session_id: str, stage: str,
+                              anchor_at: datetime, anchor_id: int,
+                              steps: Sequence[tuple[float, int]], *,
+                              opted_out: bool = False) -> None:
+        """After a customer turn in a stage with follow-ups (each step's ``after`` and
+        ``max``): they count from this message (engine.store.follow_ups)."""
+
+    async def follow_up_cancel(self, funnel: str, session_id: str, *,
+                               opted_out: bool = False) -> None:
+        """Nothing more is due for the session; ``opted_out``: ever again."""
+
+    async def follow_up_state(self, funnel: str, session_id: str) -> dict[str, Any] | None:
+        """The session's follow-up row, or None."""
+
+    async def due_follow_ups(self, funnel: str, now: datetime, limit: int = 100) -> list[str]:
+        """The sessions with a follow-up due at ``now``, oldest due first."""
+
+    def claim_follow_up(self, funnel: str, session_id: str, now: datetime
+                        ) -> AbstractAsyncContextManager[FollowUpClaim | None]:
+        """The session's row while still due and free, locked for one transaction."""
 
     async def close(self) -> None: ...

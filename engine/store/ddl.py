@@ -11,6 +11,7 @@ from ..format.names import CONTROL_EVENTS as CONTROL_EVENTS
 from ..format.names import CONVERSIONS as CONVERSIONS
 from ..format.names import EMBEDDINGS as EMBEDDINGS
 from ..format.names import EXITS as EXITS
+from ..format.names import FOLLOW_UPS as FOLLOW_UPS
 from ..format.names import INBOUND as INBOUND  # the shared tables' names, re-exported
 from ..format.names import JOBS as JOBS
 from ..format.names import KNOWLEDGE as KNOWLEDGE
@@ -406,4 +407,28 @@ SHARED_MIGRATIONS: list[str] = [
     # turn ran on: what `funnel replay` plays a session's recording on. NULL: recorded
     # before it was kept.
     f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS funnel_hash TEXT",
+    # Follow-ups (engine.turn.follow_up, docs/follow-ups.md): per session, the next one
+    # due (`due_at`, NULL when none is), the step it is, when the customer last wrote
+    # (`anchor_at`, `anchor_id`: the message), how many of each stage:step went out, and
+    # whether the customer opted out. The scheduler finds the due ones with one range
+    # scan of the partial index, whatever the number of sessions that wait for nothing.
+    f"""CREATE TABLE IF NOT EXISTS {FOLLOW_UPS} (
+        funnel TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        stage TEXT NOT NULL,
+        step INT NOT NULL DEFAULT 0,
+        anchor_at TIMESTAMPTZ NOT NULL,
+        anchor_id BIGINT NOT NULL DEFAULT 0,
+        due_at TIMESTAMPTZ,
+        sent JSONB NOT NULL DEFAULT '{{}}',
+        opted_out BOOLEAN NOT NULL DEFAULT FALSE,
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+        PRIMARY KEY (funnel, session_id)
+    )""",
+    f"CREATE INDEX IF NOT EXISTS idx_{FOLLOW_UPS}_due ON {FOLLOW_UPS} (funnel, due_at) "
+    "WHERE due_at IS NOT NULL",
+    # A follow-up's message and turn record say so: {stage, step, due} (the turn) and
+    # "stage:step" (the message); NULL for every other.
+    f"ALTER TABLE {TURNS} ADD COLUMN IF NOT EXISTS follow_up JSONB",
+    f"ALTER TABLE {MESSAGES} ADD COLUMN IF NOT EXISTS follow_up TEXT",
 ]

@@ -41,7 +41,7 @@ __all__ = ["ERASE_HOLDER", "KEPT_BY_PURGE", "SESSION_TABLES", "erase", "export"]
 # an erasure deletes them (embeddings before the messages they copy).
 SESSION_TABLES: tuple[str, ...] = (
     ddl.EMBEDDINGS, ddl.MESSAGES, ddl.TURNS, ddl.OUTBOX, ddl.INBOUND, ddl.CONTROL,
-    ddl.CONTROL_EVENTS, ddl.CONVERSIONS, ddl.UNREACHABLE, ddl.PLAYGROUND)
+    ddl.CONTROL_EVENTS, ddl.CONVERSIONS, ddl.UNREACHABLE, ddl.PLAYGROUND, ddl.FOLLOW_UPS)
 # What the retention purge leaves of a deleted session: its orders, which `funnel report`
 # counts and which hold nothing the funnel declares personal. An erasure takes them too.
 KEPT_BY_PURGE: tuple[str, ...] = (ddl.CONVERSIONS,)

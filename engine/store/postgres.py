@@ -28,6 +28,7 @@ from .base import Match, TurnWrite, VectorSupport
 from .connect import safe_url
 from .control import ControlMixin
 from .delivery import DeliveryMixin
+from .follow_ups import FollowUpMixin
 from .health import Health, configure
 from .heartbeat import Heartbeat
 from .migrate import (
@@ -121,7 +122,7 @@ class _Turn:
             store._turns.release()
 
 
-class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin):
+class PostgresStore(DeliveryMixin, VersionsMixin, ControlMixin, FollowUpMixin):
     """A :class:`engine.store.Store` on PostgreSQL."""
 
     def __init__(self, url: str, pool: AsyncConnectionPool, timeout: float,

@@ -35,7 +35,11 @@ async def turn_records(connect: Connect, funnel: str, session_id: str, limit: in
     q = sql.SQL(
         "SELECT {cols}, "
         "{turn_messages} "
-        "FROM (SELECT * FROM {t} WHERE funnel = %s AND session_id = %s ORDER BY id DESC "
+        "FROM (SELECT * FROM {t} WHERE funnel = %s AND session_id = %s "
+        # A follow-up's record (engine.turn.follow_up) answers no customer message: not
+        # a turn `funnel record` or `state --explain` reads (through the row: an older
+        # database without the column reads the same).
+        "AND (to_jsonb({t}) ->> 'follow_up') IS NULL ORDER BY id DESC "
         "LIMIT %s) t ORDER BY t.id"
     ).format(cols=sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
                                      for c in _COLUMNS),

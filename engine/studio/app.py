@@ -43,6 +43,7 @@ from .desk import Manage
 from .editor_api import routes as editor_routes
 from .evidence_api import ROUTES as EVIDENCE
 from .evidence_api import Handler as PluggedHandler
+from .follow_up import fast_forward
 from .playground import Studio
 from .scenarios import ScenarioExists
 
@@ -53,7 +54,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
           "whatif.js": "text/javascript", "editor.js": "text/javascript",
           "scenarios.js": "text/javascript", "simulate.js": "text/javascript",
-          "desk.js": "text/javascript"}
+          "desk.js": "text/javascript", "followup.js": "text/javascript"}
 # The editor's library (CodeMirror 5, MIT: static/vendor/codemirror/LICENSE, README.md).
 ASSETS |= {f"vendor/codemirror/{n}": "text/" + ("css" if n.endswith(".css") else "javascript")
            for n in ("codemirror.js", "codemirror.css", "yaml.js", "jinja2.js", "markdown.js",
@@ -189,6 +190,12 @@ async def status(request: Request) -> Response:
 async def session(request: Request) -> Response:
     name, sid = _q(request, "funnel") or "", _q(request, "session") or ""
     return _json(await (await _opened(request)).view(name, sid))
+
+
+async def follow_up(request: Request) -> Response:
+    """Fast-forward: the follow-ups the session would get if its customer went quiet."""
+    return _json(await fast_forward(await _opened(request), _q(request, "funnel") or "",
+                                    _q(request, "session") or ""))
 
 
 async def transcript(request: Request) -> Response:
@@ -371,7 +378,8 @@ def create_studio_app(studio: Studio | Callable[[], Awaitable[Studio]], *,
               Route("/report", _guarded(report)),
               *(Route(f"/api/{path}", _guarded(fn)) for path, fn in (
                   ("funnels", funnels), ("status", status), ("session", session),
-                  ("transcript", transcript), ("sessions", sessions), ("whatif", what_if))),
+                  ("transcript", transcript), ("sessions", sessions), ("whatif", what_if),
+                  ("follow-up", follow_up))),
               *(Route(f"/api/{path}", _guarded(fn), methods=["POST"]) for path, fn in (
                   ("turn", turn), ("rewind", rewind), ("scenario", scenario),
                   ("scenarios/run", run_scenarios))),

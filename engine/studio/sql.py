@@ -32,7 +32,8 @@ PAGE = 50  # sessions, or turns, per page
 _TURN_COLUMNS = ("id", "stage_before", "stage_after", "transitions", "actions", "refused",
                  "validation_failures", "repaired", "fallback", "llm_ms", "turn_ms",
                  "prompt_tokens", "completion_tokens", "cached_prompt_tokens", "cost",
-                 "model", "error", "explain", "raw_output", "variant", "claims", "created_at")
+                 "model", "error", "explain", "raw_output", "variant", "claims", "created_at",
+                 "follow_up")  # a follow-up's record: {stage, step, due} (engine.turn.follow_up)
 
 
 @asynccontextmanager

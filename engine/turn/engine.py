@@ -51,7 +51,7 @@ from ..memory.summary import RollingSummary, Summarizer
 from ..records.messages import Message
 from ..records.orders import Conversion, make_order
 from ..store import Inbound, SessionAccess, Store, open_store
-from . import approval, held, language, save, steps, truth
+from . import approval, follow_up, held, language, save, steps, truth
 from .advance import Mover, Position, record_current, start_position
 from .data import Incoming, Turn, TurnResult
 from .notify import Notifier, dispatch, make_notifier
@@ -337,6 +337,13 @@ class Engine:
             # Deliver after the reply, never before it: a slow manager webhook must not
             # delay the customer. A delivery that fails is retried by the next dispatch.
             self._background(self._dispatch_quietly(session_id))
+        if self.spec.has_follow_ups and not self.playground:
+            # The next follow-up counts from this message (engine.turn.follow_up); one
+            # not planned now is planned by the next message.
+            try:
+                await follow_up.after_turn(self, session_id, text, result, turn.now)
+            except StoreUnavailable as exc:
+                log.warning("session %r: its follow-ups were not planned: %s", session_id, exc)
         if turn.summary_job is not None:
             self._background(self.summary.run(session_id, turn.summary_job))
         if self.recall is not None and not result.held:

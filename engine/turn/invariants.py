@@ -72,15 +72,19 @@ def check_row(funnel: CompiledFunnel, row: dict[str, Any]) -> list[Violation]:
     return out
 
 
+# A follow-up (engine.turn.follow_up) is a reply and a turn record with no customer
+# message: both left out of the pairs (read through the row: a database from before
+# the column reads the same).
 _PAIRS = """
 WITH m AS (
     SELECT session_id, count(*) FILTER (WHERE role = 'user' AND NOT held) AS users,
-           count(*) FILTER (WHERE role = 'assistant' AND NOT held) AS replies
-    FROM {messages} WHERE funnel = %(funnel)s GROUP BY session_id),
+           count(*) FILTER (WHERE role = 'assistant' AND NOT held
+                            AND (to_jsonb(mm) ->> 'follow_up') IS NULL) AS replies
+    FROM {messages} mm WHERE funnel = %(funnel)s GROUP BY session_id),
 t AS (
-    SELECT session_id, count(*) AS turns,
+    SELECT session_id, count(*) FILTER (WHERE (to_jsonb(tr) ->> 'follow_up') IS NULL) AS turns,
            count(*) FILTER (WHERE error LIKE 'bug:%%') AS bugs
-    FROM {turns} WHERE funnel = %(funnel)s GROUP BY session_id)
+    FROM {turns} tr WHERE funnel = %(funnel)s GROUP BY session_id)
 SELECT coalesce(m.session_id, t.session_id), coalesce(users, 0), coalesce(replies, 0),
        coalesce(turns, 0), coalesce(bugs, 0)
 FROM m FULL JOIN t ON m.session_id = t.session_id

@@ -97,6 +97,8 @@ async def take_over(engine: Engine, session_id: str, manager: str) -> dict[str, 
                 "to": (before.held or {}).get("to"),
                 "waited": max(0.0, (engine.clock() - before.since).total_seconds())}
         control = await store.take_over(spec.name, session_id, manager, detail=detail)
+        if spec.has_follow_ups:  # the manager talks to the customer now, not the bot
+            await store.follow_up_cancel(spec.name, session_id)
     return _body(session_id, control, row["stage"])
 
 

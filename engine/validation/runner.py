@@ -28,6 +28,7 @@ from .context import check_recall
 from .diagnostics import Diagnostic, Report, as_dict
 from .experiment import check_experiment
 from .files import check_catalog, check_stage_files
+from .follow_ups import check_follow_ups
 from .format import check_format
 from .grounding import check_grounding
 from .knowledge import check_knowledge, check_language
@@ -125,6 +126,7 @@ def check_text(
     check_claims(data, state, report)
     check_language(data, report)
     check_texts(data, report)
+    check_follow_ups(data, state, report)
     check_knowledge(data, report)
     check_recall(data, report)
     check_migrations(data, state, report)

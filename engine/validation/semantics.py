@@ -17,6 +17,7 @@ from jinja2 import TemplateSyntaxError, nodes
 
 from ..errors import did_you_mean
 from ..format.build import implied_engine_fields
+from ..format.follow_up import declarations as follow_up_declarations
 from ..format.names import SHARED_TABLES
 from ..format.spec import (
     APPROVAL_CHOICES,
@@ -257,6 +258,9 @@ def _check_conditions(data: dict[str, Any], state: dict[str, Any], report: Repor
             conditions.append((("stages", name, "transitions", i, "when"), as_dict(t).get("when")))
         conditions.append((("stages", name, "approval", "when"),
                            as_dict(as_dict(raw).get("approval")).get("when")))
+    for keys, _, follow in follow_up_declarations(data):  # each step's `when`
+        for i, step in enumerate(as_list(follow.get("steps"))):
+            conditions.append(((*keys, "steps", i, "when"), as_dict(step).get("when")))
     conditions += claim_conditions(data)  # what backs a reply's promises and promotions
     known = _condition_names(data, state)
     max_points = sum(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import did_you_mean
+from ..format.follow_up import declarations as follow_up_declarations
 from ..format.texts import BUILTIN_LANGUAGES, name_of
 from .diagnostics import Report, as_dict, as_list
 from .knowledge import LANGUAGE_CODES
@@ -58,6 +59,12 @@ def _texts(data: dict[str, Any]) -> list[tuple[Keys, str, Any]]:
             found.append((("stages", name, "approval", "holding_reply"),
                           f"stage '{name}': `approval.holding_reply`",
                           approval["holding_reply"]))
+    for keys, owner, follow in follow_up_declarations(data):
+        for i, step in enumerate(as_list(follow.get("steps"))):
+            if "text" in as_dict(step):
+                where = f"stage '{owner}': " if owner else ""
+                found.append(((*keys, "steps", i, "text"),
+                              f"{where}`follow_up.steps[{i}].text`", as_dict(step)["text"]))
     return found
 
 

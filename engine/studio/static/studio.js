@@ -195,15 +195,16 @@
   }
   function turnItem(t) {
     const li = el("li", {class: "turn", "data-turn": String(t.number)});
-    li.append(el("div", {class: "bubble customer", text: t.customer || "—"}));
-    li.append(el("div", {class: "bubble bot" + (t.fallback ? " fallback" : ""), text: t.reply || "—"}));
+    // A follow-up (docs/follow-ups.md): the bot wrote to a customer who had gone quiet.
+    li.append(el("div", {class: "bubble customer", text: t.follow_up ? "(no reply: a follow-up was due " + t.follow_up.due + ")" : (t.customer || "—")}));
+    li.append(el("div", {class: "bubble bot" + (t.fallback ? " fallback" : ""), "data-follow-up": t.follow_up ? "true" : null, text: t.reply || "—"}));
     const rw = el("button", {type: "button", "data-testid": "rewind", "data-turn": String(t.number), title: "a new session from the state after this turn", text: "↶ from here"});
     rw.addEventListener("click", () => rewind(t.number));
     const ed = el("button", {type: "button", "data-testid": "branch-edit", "data-turn": String(t.number), text: "✎ change the answer"});
     ed.addEventListener("click", () => editAt(t));
     const det = el("details", {class: "transcript"}, el("summary", {text: "record"}), el("pre", {text: recordText(t)}));
     li.append(el("div", {class: "meta"}, el("span", {text: "#" + t.number + " " + t.stage_before + " → " + t.stage_after +
-      (t.fallback ? " · fallback" : "") + (t.validation_failures ? " · " + t.validation_failures + " invalid" : "")}), rw, ed, det));
+      (t.follow_up ? " · follow-up " + t.follow_up.step : "") + (t.fallback ? " · fallback" : "") + (t.validation_failures ? " · " + t.validation_failures + " invalid" : "")}), rw, ed, det));
     emit("turn", {turn: t, li});
     return li;
   }
