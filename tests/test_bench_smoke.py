@@ -40,6 +40,7 @@ pytestmark = pytest.mark.postgres
 
 # Each script's smallest run: its arguments ("{db}" is the server's URL).
 RUNS: dict[str, list[str]] = {
+    "advise": ["--db", "{db}", "--sessions", "300", "--engine", "3"],
     "api_overhead": ["--conversations", "1", "--rounds", "1"],
     "claims": ["--rounds", "1", "--sessions", "1"],
     "concurrency": ["--turns", "1", "--levels", "1", "--sleep", "0.01"],
@@ -70,6 +71,7 @@ RUNS: dict[str, list[str]] = {
     "streaming": ["--turns", "1"],
     "stream_chunks": ["--smoke"],
     "studio": ["--saves", "1", "--turns", "1"],
+    "studio_editor": ["--db", "{db}", "--n", "2"],
     "tokens": ["--turns", "15", "--smoke"],
     # callgrind's child, without valgrind; the floor child runs bench/floor.py
     "turn_instructions": ["--child", "floor", "--sessions", "1"],

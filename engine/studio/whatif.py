@@ -33,8 +33,8 @@ from psycopg import sql
 
 from ..errors import StoreUnavailable, first_line
 from ..evidence.compare import SessionDiff
-from ..evidence.records import Population, read_bundle, read_population
-from ..evidence.replay import Replay, base_from, replay
+from ..evidence.records import Population, read_bundle, read_copy, read_population
+from ..evidence.replay import Replay, base_from, copies_from, replay
 from ..format.names import TURNS
 from ..funnel.compiled import CompiledFunnel
 from ..store.base import Store
@@ -182,6 +182,9 @@ class WhatIf:
         """`funnel replay`'s entry point, a chunk of sessions at a time until ``stop``."""
         resolve, loaded, where = base_from(lambda v: read_bundle(url, funnel.name, v),
                                            funnel.name, None)
+        # Each session on the copy its turns ran on, as `funnel replay` does (issue 44).
+        copy, _ = copies_from(lambda v, h: read_copy(url, funnel.name, v, h), funnel.name,
+                              loaded)
         bases: dict[int, CompiledFunnel | str] = {}
 
         def base(version: int) -> CompiledFunnel | str:  # each version compiled once
@@ -197,8 +200,10 @@ class WhatIf:
             for at in range(0, len(population.sessions), size):
                 if stop.is_set():
                     break
-                played = replay(funnel, Population(population.sessions[at:at + size]), base)
+                played = replay(funnel, Population(population.sessions[at:at + size]), base,
+                                copy=copy)
                 whole.diffs += played.diffs
+                whole.legacy += played.legacy
                 whole.stages += [s for s in played.stages if s not in whole.stages]
                 run.done = len(whole.diffs)
         finally:
