@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
 
     n = sub.add_parser("new", help="create a funnel folder (funnel, prompts, generated schemas, "
                        "scenarios) that validates and passes its scenarios")
-    n.add_argument("name", metavar="NAME", help="the funnel's name (lowercase, digits, _)")
+    n.add_argument("name", metavar="NAME", help="the funnel's name (lowercase letters, digits, _; "
+                   "a - becomes _: pet-shop is pet_shop)")
     n.add_argument("--from", dest="template", default="minimal",
                    choices=["minimal", "puramur", "b2b_demo"], help="the template (default "
                    "minimal)")

@@ -19,8 +19,8 @@ from typing import Any
 
 from psycopg import sql as pgsql
 
-from ..authoring.scaffold import TEMPLATES, scaffold
-from ..errors import FunnelError, FunnelInvalid, InvalidInput
+from ..authoring.scaffold import TEMPLATES, funnel_name, scaffold
+from ..errors import ConfigError, FunnelError, FunnelInvalid, InvalidInput
 from ..format.paths import funnel_roots, is_confined
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel, load_funnel
@@ -29,9 +29,6 @@ from .playground import Studio
 
 __all__ = ["identifier", "migrate", "migration", "new_funnel", "workspace"]
 
-_NAME = re.compile(r"[a-z][a-z0-9_]{0,40}")
-RULE = ("lowercase letters, digits, `_` and `-` (which becomes `_`), starting with a letter, "
-        "at most 41 characters")
 
 
 def identifier(name: str) -> str:
@@ -40,10 +37,10 @@ def identifier(name: str) -> str:
     Raises:
         InvalidInput: what is left is not a funnel name (the rule is in the message).
     """
-    ident = name.strip().lower().replace("-", "_")
-    if not _NAME.fullmatch(ident):
-        raise InvalidInput(f"funnel name {name!r}: use {RULE}")
-    return ident
+    try:
+        return funnel_name(name)  # the one rule `funnel new` follows too
+    except ConfigError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def workspace(studio: Studio) -> Path:
