@@ -205,7 +205,9 @@ def _parser() -> argparse.ArgumentParser:
 
     so = sub.add_parser("studio", help="the browser playground: chat beside the graph, state and "
                         "why; play the model; rewind; live edits; scenarios; sessions")
-    so.add_argument("funnels", nargs="+", metavar="FUNNEL")
+    so.add_argument("funnels", nargs="*", metavar="FUNNEL",
+                    help="funnel files, and a folder whose `funnel new` folders it opens and "
+                    "where New funnel writes (default: the current folder; it may be empty)")
     so.add_argument("--host", default="127.0.0.1",
                     help="loopback needs no key; any other address needs FUNNEL_STUDIO_KEY")
     so.add_argument("--port", type=int, default=8700)

@@ -44,13 +44,22 @@ def identifier(name: str) -> str:
 
 
 def workspace(studio: Studio) -> Path:
-    """Where the page's new funnels go: beside the first funnel the studio shows (the
-    folder holding a `funnel new` folder, else the funnel file's folder), inside its
-    project."""
+    """Where the page's new funnels go: the studio's home folder when it has one, else
+    beside the first funnel the studio shows (the folder holding a `funnel new` folder,
+    else the funnel file's folder), inside its project."""
+    if studio.home is not None:  # `funnel studio DIR` (or no argument: the current folder)
+        return studio.home
     first = Path(os.path.realpath(next(iter(studio.watched.values())).path))
     folder = first.parent.parent if first.stem == "funnel" else first.parent
     root = funnel_roots(first)[0]
     return folder if folder.is_relative_to(root) else root
+
+
+def _roots(studio: Studio) -> tuple[Path, ...]:
+    """The project(s) the page may write a new funnel into."""
+    if studio.home is not None:
+        return funnel_roots(studio.home / "funnel.yaml")  # the home's own project
+    return funnel_roots(next(iter(studio.watched.values())).path)
 
 
 def _localize(folder: Path, language: str, currency: str) -> None:
@@ -93,7 +102,7 @@ async def new_funnel(studio: Studio, name: str, language: str, currency: str,
         raise InvalidInput(f"the studio has a funnel '{ident}' already; choose another name")
     root = workspace(studio)
     folder = root / ident
-    if not is_confined(folder, funnel_roots(next(iter(studio.watched.values())).path)):
+    if not is_confined(folder, _roots(studio)):
         raise InvalidInput(f"{folder} is outside the project; the studio writes inside it only")
     if folder.exists():
         raise InvalidInput(f"{folder} exists already; choose another name (nothing written)")

@@ -82,7 +82,8 @@
   }
   async function loadFiles() {
     const funnel = $("funnel").value;
-    if (!funnel || funnel === E.funnel) return;
+    if (!funnel) { say("No funnel yet: New funnel, on the right, makes one"); $("nf-name").focus(); return; }
+    if (funnel === E.funnel) return;
     const res = await api("editor/files?" + q({funnel}));
     if (!res.ok) return say(message(res), true);
     E.funnel = funnel; E.files = {}; E.current = null;
