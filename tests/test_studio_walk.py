@@ -22,6 +22,9 @@ import pytest
 from conftest import run_funnel, temporary_schema
 from studio_support import ROOT, headless_chromium
 
+from engine.errors import ConfigError
+from engine.studio.home import resolve
+
 pytestmark = [pytest.mark.postgres]
 WAIT = 30
 CM = "document.querySelector('#ed-cm .CodeMirror').CodeMirror"  # the editor's CodeMirror
@@ -168,6 +171,7 @@ def test_from_nothing_to_a_funnel_that_passes_its_scenarios(
                 "updates.customer.name": "Anna", "updates.customer.phone": "+15551234567"}, 3)]
         assert stages == ["discovery", "contact", "done"]
         assert "contacts_complete" in page.tid("state-panel").text
+        page.js("window.scrollTo(0, 0)")
         page.shot("walk-playground.png")
 
         # 6. Save as scenario, with a name.
@@ -191,6 +195,7 @@ def test_from_nothing_to_a_funnel_that_passes_its_scenarios(
         diff = page.until("const d = document.querySelector('[data-testid=scenario-diff]');"
                           "return d && d.textContent")
         assert "contacts_complete" in diff
+        page.shot("walk-accept.png")
         page.tid("accept-confirm").click()
         page.until("return document.getElementById('scenario-status').textContent.includes('passes now')")
         page.tid("run-all-scenarios").click()
@@ -204,3 +209,13 @@ def test_from_nothing_to_a_funnel_that_passes_its_scenarios(
     tested = run_funnel("test", "pet_shop/scenarios/", "--db", db, cwd=project)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert tested.stdout.strip().endswith("3 passed, 0 failed"), tested.stdout
+    checked = run_funnel("validate", "--strict", "pet_shop/", cwd=project)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # The next `funnel studio` in that folder opens it (and writes new funnels there).
+    assert resolve([str(project)]) == ([project.resolve() / "pet_shop" / "funnel.yaml"],
+                                       project.resolve())
+    with pytest.raises(ConfigError, match="two folders"):
+        resolve([str(project), str(tmp_path)])
+    refused = run_funnel("studio", "no-such-folder", cwd=project)
+    assert refused.returncode != 0 and "no funnel file or folder at no-such-folder" in refused.stderr
+    assert "Traceback" not in refused.stderr
