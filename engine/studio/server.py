@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import signal
-from pathlib import Path
 from types import FrameType
 
 import uvicorn
