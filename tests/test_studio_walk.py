@@ -64,6 +64,7 @@ def studio(server_dsn: str, tmp_path: Path) -> Iterator[tuple[str, Path, str]]:
             proc.terminate()
             out = proc.communicate(timeout=WAIT)[0]
             assert "Traceback" not in out, out
+            assert "no funnel in" in out and "New funnel makes one there" in out, out
 
 
 class Page:
@@ -125,6 +126,8 @@ def test_from_nothing_to_a_funnel_that_passes_its_scenarios(
         d.get(url + "/")
         page.until("return document.getElementById('notice').textContent.startsWith('No funnel yet')")
         assert str(project.resolve()) in page.tid("notice").text
+        none = httpx.get(f"{url}/api/session", params={"funnel": "", "session": "s"}).json()
+        assert "it has none yet: New funnel makes one" in none["error"]["message"]
         page.until("return !document.getElementById('editor').hidden"
                    " && document.querySelector('[data-testid=new-funnel-name]')")
         page.shot("walk-empty.png")

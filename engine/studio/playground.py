@@ -165,8 +165,8 @@ class Studio:
         try:
             return self.engines[name]
         except KeyError:
-            raise InvalidInput(f"the studio has no funnel '{name}'; it has "
-                               f"{', '.join(sorted(self.engines))}") from None
+            has = ", ".join(sorted(self.engines)) or "none yet: New funnel makes one"
+            raise InvalidInput(f"the studio has no funnel '{name}'; it has {has}") from None
 
     def funnel(self, name: str) -> CompiledFunnel:
         return self.engine(name).funnel
