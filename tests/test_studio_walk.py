@@ -139,6 +139,8 @@ def test_from_nothing_to_a_funnel_that_passes_its_scenarios(
                    " && document.querySelector('[data-testid=editor-file-tab][data-file=\"funnel.yaml\"].on')"
                    f" && {CM}.getValue().includes('funnel: pet_shop')")
         assert not page.tid("notice").is_displayed()
+        assert page.tid("editor-state").text == ""  # no stale "No funnel yet"
+        assert page.tid("new-funnel-name").get_attribute("value") == ""
 
         # 3. Edit: a state field (with a mistake), the stage that fills it, an exit's reason.
         page.edit("const l = cm.getValue().split('\\n').indexOf('state:');"
