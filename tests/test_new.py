@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import CliResult, run_funnel
 
-from engine.authoring.scaffold import scaffold
+from engine.authoring.scaffold import funnel_name, scaffold
 from engine.errors import ConfigError
 from engine.funnel.compiled import load_funnel
 from engine.validation import validate_paths
@@ -64,3 +64,24 @@ def test_new_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     refused = cli("new", "shop", "--dir", "taken", cwd=tmp_path)
     assert refused.returncode == 1 and "exists already" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_new_takes_a_name_with_a_dash_as_the_studio_does(tmp_path: Path) -> None:
+    """`funnel new pet-shop` makes the funnel `pet_shop`, as the studio's New funnel does:
+    one rule (engine.authoring.scaffold.funnel_name) for both."""
+    from engine.errors import InvalidInput
+    from engine.studio.make import identifier
+
+    made = cli("new", "Pet-Shop", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert load_funnel(tmp_path / "pet_shop" / "funnel.yaml").name == "pet_shop"
+    assert "pet_shop/scenarios/" in made.stdout and not (tmp_path / "Pet-Shop").exists()
+    for name in ("pet-shop", "Pet-Shop", " shop ", "a-b-c"):
+        assert funnel_name(name) == identifier(name)
+    for bad in ("9-lives", "pet shop", "магазин", "a" * 42, "_x"):
+        refused = cli("new", bad, cwd=tmp_path)
+        assert refused.returncode != 0 and "starting with a letter" in refused.stderr, bad
+        assert "Traceback" not in refused.stderr and refused.stderr.count("\n") == 1, bad
+        with pytest.raises(InvalidInput, match="starting with a letter"):
+            identifier(bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pet_shop"]

@@ -18,12 +18,27 @@ from ..errors import ConfigError
 from ..format import _yaml
 from ..format.spec import SQL_IDENTIFIER
 
-__all__ = ["TEMPLATES", "scaffold"]
+__all__ = ["NAME_RULE", "TEMPLATES", "funnel_name", "scaffold"]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TEMPLATES = ("minimal", "puramur", "b2b_demo")
+NAME_RULE = ("lowercase letters, digits, `_` and `-` (which becomes `_`), starting with a "
+             "letter, at most 41 characters")
 _SCENARIOS = {"puramur": ("happy_path.yaml", "objections.yaml"),
               "b2b_demo": ("booking.yaml", "disqualified.yaml")}
+
+
+def funnel_name(name: str) -> str:
+    """``name`` as a funnel name, as `funnel new` and the studio's **New funnel** take it:
+    trimmed, lowercased, each ``-`` a ``_`` (``Pet-Shop`` -> ``pet_shop``).
+
+    Raises:
+        ConfigError: what is left is not a funnel name (the rule is in the message).
+    """
+    ident = name.strip().lower().replace("-", "_")
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", ident) or not SQL_IDENTIFIER.fullmatch(ident):
+        raise ConfigError(f"funnel name {name!r}: use {NAME_RULE}")
+    return ident
 
 
 # --- the folder -------------------------------------------------------------------------------

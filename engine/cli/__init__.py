@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
 
     n = sub.add_parser("new", help="create a funnel folder (funnel, prompts, generated schemas, "
                        "scenarios) that validates and passes its scenarios")
-    n.add_argument("name", metavar="NAME", help="the funnel's name (lowercase, digits, _)")
+    n.add_argument("name", metavar="NAME", help="the funnel's name (lowercase letters, digits, _; "
+                   "a - becomes _: pet-shop is pet_shop)")
     n.add_argument("--from", dest="template", default="minimal",
                    choices=["minimal", "puramur", "b2b_demo"], help="the template (default "
                    "minimal)")
@@ -213,7 +214,9 @@ def _parser() -> argparse.ArgumentParser:
 
     so = sub.add_parser("studio", help="the browser playground: chat beside the graph, state and "
                         "why; play the model; rewind; live edits; scenarios; sessions")
-    so.add_argument("funnels", nargs="+", metavar="FUNNEL")
+    so.add_argument("funnels", nargs="*", metavar="FUNNEL",
+                    help="funnel files, and a folder whose `funnel new` folders it opens and "
+                    "where New funnel writes (default: the current folder; it may be empty)")
     so.add_argument("--host", default="127.0.0.1",
                     help="loopback needs no key; any other address needs FUNNEL_STUDIO_KEY")
     so.add_argument("--port", type=int, default=8700)

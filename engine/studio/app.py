@@ -179,7 +179,8 @@ async def asset(request: Request) -> Response:
 
 
 async def funnels(request: Request) -> Response:
-    return _json({"funnels": (await _opened(request)).funnels()})
+    studio = await _opened(request)
+    return _json({"funnels": studio.funnels(), "home": str(studio.home or "")})
 
 
 async def status(request: Request) -> Response:
@@ -236,7 +237,7 @@ DRILL = ("started", "reached", "stopped", "stage", "bought", "fell_back", "fallb
 async def report(request: Request) -> Response:
     """The funnel's HTML report (`engine.report`), its numbers linked to the sessions list."""
     studio = (await _opened(request))
-    name = _q(request, "funnel") or next(iter(studio.engines))
+    name = _q(request, "funnel") or next(iter(studio.engines), "")
     compiled = studio.funnel(name)
     since = _period(request, "since") or 7 * 86400
     # Customers' sessions, as `funnel report` counts; `&playground=true`: the studio's too.
@@ -286,7 +287,7 @@ async def run_scenarios(request: Request) -> Response:
 async def what_if(request: Request) -> Response:
     """The latest save's what-if (engine.studio.whatif) and the ones it cancelled."""
     studio = (await _opened(request))
-    name = _q(request, "funnel") or next(iter(studio.engines))
+    name = _q(request, "funnel") or next(iter(studio.engines), "")
     studio.engine(name)  # an unknown funnel is named in the error
     return _json(studio.whatif.status(name))
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from psycopg import sql as pgsql
 
-from ..authoring.scaffold import TEMPLATES, scaffold
-from ..errors import FunnelError, FunnelInvalid, InvalidInput
+from ..authoring.scaffold import TEMPLATES, funnel_name, scaffold
+from ..errors import ConfigError, FunnelError, FunnelInvalid, InvalidInput
 from ..format.paths import funnel_roots, is_confined
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel, load_funnel
@@ -29,9 +29,6 @@ from .playground import Studio
 
 __all__ = ["identifier", "migrate", "migration", "new_funnel", "workspace"]
 
-_NAME = re.compile(r"[a-z][a-z0-9_]{0,40}")
-RULE = ("lowercase letters, digits, `_` and `-` (which becomes `_`), starting with a letter, "
-        "at most 41 characters")
 
 
 def identifier(name: str) -> str:
@@ -40,20 +37,29 @@ def identifier(name: str) -> str:
     Raises:
         InvalidInput: what is left is not a funnel name (the rule is in the message).
     """
-    ident = name.strip().lower().replace("-", "_")
-    if not _NAME.fullmatch(ident):
-        raise InvalidInput(f"funnel name {name!r}: use {RULE}")
-    return ident
+    try:
+        return funnel_name(name)  # the one rule `funnel new` follows too
+    except ConfigError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def workspace(studio: Studio) -> Path:
-    """Where the page's new funnels go: beside the first funnel the studio shows (the
-    folder holding a `funnel new` folder, else the funnel file's folder), inside its
-    project."""
+    """Where the page's new funnels go: the studio's home folder when it has one, else
+    beside the first funnel the studio shows (the folder holding a `funnel new` folder,
+    else the funnel file's folder), inside its project."""
+    if studio.home is not None:  # `funnel studio DIR` (or no argument: the current folder)
+        return studio.home
     first = Path(os.path.realpath(next(iter(studio.watched.values())).path))
     folder = first.parent.parent if first.stem == "funnel" else first.parent
     root = funnel_roots(first)[0]
     return folder if folder.is_relative_to(root) else root
+
+
+def _roots(studio: Studio) -> tuple[Path, ...]:
+    """The project(s) the page may write a new funnel into."""
+    if studio.home is not None:
+        return funnel_roots(studio.home / "funnel.yaml")  # the home's own project
+    return funnel_roots(next(iter(studio.watched.values())).path)
 
 
 def _localize(folder: Path, language: str, currency: str) -> None:
@@ -96,7 +102,7 @@ async def new_funnel(studio: Studio, name: str, language: str, currency: str,
         raise InvalidInput(f"the studio has a funnel '{ident}' already; choose another name")
     root = workspace(studio)
     folder = root / ident
-    if not is_confined(folder, funnel_roots(next(iter(studio.watched.values())).path)):
+    if not is_confined(folder, _roots(studio)):
         raise InvalidInput(f"{folder} is outside the project; the studio writes inside it only")
     if folder.exists():
         raise InvalidInput(f"{folder} exists already; choose another name (nothing written)")

@@ -60,6 +60,7 @@ class Studio:
         self.engines: dict[str, Engine] = {}
         self.watched: dict[str, Watched] = {}
         self._owns_store = owns_store
+        self.home: Path | None = None  # where New funnel writes (engine.studio.make.workspace)
         self._watcher: asyncio.Task[None] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self.whatif = WhatIf(store)
@@ -69,10 +70,12 @@ class Studio:
     @classmethod
     async def open(cls, paths: list[str | Path], *, db: str | None = None,
                    model: str | None = None, api_base: str | None = None,
-                   store: Store | None = None, what_if: WhatIfSettings | None = None
-                   ) -> Studio:
+                   store: Store | None = None, what_if: WhatIfSettings | None = None,
+                   home: Path | None = None) -> Studio:
         """Load the funnels (each must validate), open the store, start watching; each
-        clean save starts a what-if (``what_if``: how much it replays).
+        clean save starts a what-if (``what_if``: how much it replays). ``home``: the
+        folder the page's new funnels go into (engine.studio.home); with it, ``paths``
+        may be empty: the page starts with **New funnel**.
 
         Raises:
             FunnelInvalid: a funnel has errors (a studio starts on good versions).
@@ -85,6 +88,7 @@ class Studio:
         store = store or await open_store(db)
         studio = cls(store, studio_model, owns_store=owns)
         studio.whatif = WhatIf(store, what_if)
+        studio.home = home
         try:
             for path in paths:
                 await studio.add(path)
@@ -162,8 +166,8 @@ class Studio:
         try:
             return self.engines[name]
         except KeyError:
-            raise InvalidInput(f"the studio has no funnel '{name}'; it has "
-                               f"{', '.join(sorted(self.engines))}") from None
+            has = ", ".join(sorted(self.engines)) or "none yet: New funnel makes one"
+            raise InvalidInput(f"the studio has no funnel '{name}'; it has {has}") from None
 
     def funnel(self, name: str) -> CompiledFunnel:
         return self.engine(name).funnel

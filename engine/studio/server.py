@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import signal
-from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -13,6 +12,7 @@ import uvicorn
 from ..errors import ConfigError
 from ..store.embedded import stop_started
 from .app import create_studio_app
+from .home import resolve
 from .playground import Studio
 from .whatif import WhatIfSettings
 
@@ -38,23 +38,26 @@ def serve_studio(funnels: list[str], *, db: str | None = None, model: str | None
     """Run the studio until interrupted (``what_if_*``: engine.studio.whatif's settings).
 
     Raises:
-        ConfigError: bound to a non-loopback address without a key, or a funnel missing.
+        ConfigError: bound to a non-loopback address without a key, or a path missing
+            (``funnels``: funnel files and at most one folder, engine.studio.home).
     """
     key = key or os.environ.get(KEY_ENV) or None
     loopback = is_loopback(host)
     if not loopback and not key:
         raise ConfigError(f"the studio runs turns and writes scenario files: bound to {host} "
                           f"it needs a key; set {KEY_ENV} (or bind it to 127.0.0.1)")
-    for path in funnels:
-        if not Path(path).is_file():
-            raise ConfigError(f"no funnel file at {path}")
+    paths, home = resolve(funnels)  # a folder (none: the current one) may hold no funnel yet
+
     async def opened() -> Studio:
-        return await Studio.open(list(funnels), db=db, model=model, api_base=api_base,
-                                 what_if=WhatIfSettings(what_if_days, what_if_max))
+        return await Studio.open(list(paths), db=db, model=model, api_base=api_base,
+                                 what_if=WhatIfSettings(what_if_days, what_if_max), home=home)
 
     hosts = (LOOPBACK_HOSTS | {host}) if loopback and not key else None
     app = create_studio_app(opened, key=key, hosts=hosts)
     print(f"funnel studio: http://{host}:{port}/", flush=True)
+    if not paths:
+        print(f"funnel studio: no funnel in {home} yet: the page's New funnel makes one there",
+              flush=True)
     # uvicorn shuts down on SIGTERM and then raises the signal again: with the default
     # handler the process would die there, before any clean-up. Ours turns it into an
     # exit, and the embedded PostgreSQL the studio started is stopped (Ctrl-C too).

@@ -82,10 +82,12 @@
   }
   async function loadFiles() {
     const funnel = $("funnel").value;
-    if (!funnel || funnel === E.funnel) return;
+    if (!funnel) { say("No funnel yet: New funnel, on the right, makes one"); $("nf-name").focus(); return; }
+    if (funnel === E.funnel) return;
     const res = await api("editor/files?" + q({funnel}));
     if (!res.ok) return say(message(res), true);
     E.funnel = funnel; E.files = {}; E.current = null;
+    if ($("ed-state").textContent.startsWith("No funnel yet")) say("");  // one is open now
     $("ed-tabs").replaceChildren(...res.data.files.map(f => {
       const b = el("button", {type: "button", class: "ed-tab", role: "tab", "data-testid": "editor-file-tab", "data-file": f.id, "data-kind": f.kind, title: f.kind, text: f.id});
       b.addEventListener("click", () => open(f));
@@ -323,6 +325,7 @@
     if (!res.ok) { out.textContent = message(res); out.className = "hint warn"; return; }
     out.className = "hint";
     out.textContent = "created " + res.data.path + " (" + res.data.files.length + " files) and opened it";
+    $("nf-name").value = "";  // made: the form is ready for another one
     const pick = $("funnel");
     if (![...pick.options].some(o => o.value === res.data.funnel)) pick.append(el("option", {value: res.data.funnel, text: res.data.funnel}));
     pick.value = res.data.funnel;

@@ -376,12 +376,13 @@
   async function loadFunnels() {
     const res = await api("funnels");
     if (!res.ok) return failed(res);
+    S.home = res.data.home;
     for (const f of res.data.funnels) { f.svgKey = f.name + ":" + f.status.generation; S.funnels[f.name] = f; }
     const pick = $("funnel");
     if (!pick.options.length) for (const f of res.data.funnels) pick.append(el("option", {value: f.name, text: f.name}));
-    S.funnel = S.funnel || res.data.funnels[0].name;
+    S.funnel = S.funnel || (res.data.funnels[0] || {}).name || null;
     const st = $("f-stage"); st.replaceChildren(el("option", {value: "", text: "any"}));
-    for (const s of S.funnels[S.funnel].stages) st.append(el("option", {value: s, text: s}));
+    if (S.funnel) for (const s of S.funnels[S.funnel].stages) st.append(el("option", {value: s, text: s}));
   }
 
   // -- sessions -------------------------------------------------------------------------
@@ -428,7 +429,10 @@
     report(); $("funnel").addEventListener("change", report);
     drill(params);
     $("drill-clear").addEventListener("click", () => { drill(new URLSearchParams()); $("f-stage").value = ""; listSessions(false); });
-    $("funnel").addEventListener("change", async () => { S.funnel = $("funnel").value; await loadFunnels(); openSession(newId()); });
+    $("funnel").addEventListener("change", async () => {
+      if (!S.funnel) notice("");  // the first funnel of an empty studio: "no funnel yet" is over
+      S.funnel = $("funnel").value; await loadFunnels(); openSession(newId());
+    });
     $("model").addEventListener("change", () => { $("model-name").hidden = $("model").value === "human"; if (S.view) drawForm(S.view); });
     $("send").addEventListener("click", () => send(false));
     $("submit").addEventListener("click", () => send(true));
@@ -440,6 +444,12 @@
     $("f-go").addEventListener("click", () => listSessions(false));
     $("f-playground").addEventListener("change", () => listSessions(false));
     $("more").addEventListener("click", () => listSessions(true));
+    if (!S.funnel) {  // an empty studio (`funnel studio` on a folder with no funnel yet)
+      notice("No funnel yet: make one with New funnel in the Editor tab; it is written into " + S.home);
+      $("tab-editor").click();
+      poll();
+      return;
+    }
     await openSession(params.get("session") || newId());
     if (params.get("tab") === "sessions") tab("sessions");
     poll();

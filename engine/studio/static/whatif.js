@@ -65,8 +65,9 @@
   async function poll() {
     try {
       const name = funnel();
-      const r = await fetch("api/whatif" + (name ? "?" + new URLSearchParams({funnel: name}) : ""));
-      if (r.ok) {
+      // An empty studio has no funnel to ask about until New funnel makes one.
+      const r = name ? await fetch("api/whatif?" + new URLSearchParams({funnel: name})) : null;
+      if (r && r.ok) {
         const data = await r.json();
         const key = JSON.stringify(data);
         if (key !== shown) { shown = key; draw(data); }
