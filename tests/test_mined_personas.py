@@ -46,6 +46,8 @@ async def _record(url: str) -> dict[str, list[str]]:
                 for i in range(count):
                     sid = f"web-{name}-{said}-{i}"
                     for text in personas[name].script[:said]:
+                        if text is None:  # a silent turn (follow-ups): nothing to say
+                            continue
                         result = await engine.handle(sid, text, channel="web")
                         if funnel.stage(result.stage_after).spec.final:
                             break
