@@ -3,8 +3,8 @@
 - :mod:`engine.llm.strategy`: how each model is asked for the stage's envelope;
 - :mod:`engine.llm.portable`: the form of a stage schema every server can compile;
 - :mod:`engine.llm.strict`: the form a provider enforces (OpenAI's ``strict: true``, the
-  closed form of Anthropic's output_format and Gemini), which model gets which, and the
-  nulls a strict form forced, read as absent;
+  closed form of Anthropic's output_format and Gemini), which model gets which;
+- :mod:`engine.llm.forced_nulls`: the nulls a strict form forced, read as absent;
 - :mod:`engine.llm.retry`: the retry policy and the turn deadline;
 - :mod:`engine.llm.cache`: providers' prompt caches (Claude's ``cache_control`` mark,
   on every route that carries it; the cached tokens a response reports);
