@@ -51,7 +51,8 @@ __all__ = ["STATIC", "create_studio_app"]
 
 log = logging.getLogger("funnel.studio")
 STATIC = Path(__file__).resolve().parent / "static"
-ASSETS = {"studio.js": "text/javascript", "studio.css": "text/css", "form.js": "text/javascript",
+ASSETS = {"dom.js": "text/javascript", "studio.js": "text/javascript", "studio.css": "text/css",
+          "form.js": "text/javascript",
           "whatif.js": "text/javascript", "editor.js": "text/javascript",
           "scenarios.js": "text/javascript", "simulate.js": "text/javascript",
           "desk.js": "text/javascript", "followup.js": "text/javascript"}

@@ -3,23 +3,7 @@
 "use strict";
 (function () {
   const $ = id => document.getElementById(id);
-  function el(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === undefined || v === null || v === false) continue;
-      if (k === "text") e.textContent = v; else e.setAttribute(k, v === true ? "" : v);
-    }
-    for (const k of kids) if (k !== null && k !== undefined) e.append(k);
-    return e;
-  }
-  async function api(path, body) {
-    const opts = body === undefined ? {} : {method: "POST", headers: {"content-type": "application/json"}, body: JSON.stringify(body)};
-    const r = await fetch("api/" + path, opts);
-    let data = null;
-    try { data = await r.json(); } catch (e) { data = {error: {message: "the studio answered " + r.status + " without JSON"}}; }
-    return {ok: r.ok, status: r.status, data};
-  }
-  const message = res => (res.data && res.data.error && res.data.error.message) || ("failed: " + res.status);
+  const {el, api, message} = window.StudioDom;
   const short = p => p.split("/").slice(-2).join("/");
   const pct = r => (r.rate * 100).toFixed(0) + "%";
 

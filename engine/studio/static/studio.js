@@ -2,21 +2,13 @@
 "use strict";
 (function () {
   const $ = id => document.getElementById(id);
+  const {el, api} = window.StudioDom;
   const S = {funnels: {}, funnel: null, session: null, view: null, generation: {}, offset: 0,
     total: 0, branchEdit: null, listOffset: 0, form: null, drill: {}};
   // The report's filters (its numbers link to the list with these in the address).
   const DRILL = {started: "started in the last", reached: "reached", stopped: "went no further than",
     bought: "bought", fell_back: "a turn fell back in the last", fallback_stage: "fell back in"};
 
-  function el(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === undefined || v === null || v === false) continue;
-      if (k === "text") e.textContent = v; else e.setAttribute(k, v === true ? "" : v);
-    }
-    for (const k of kids) if (k !== null && k !== undefined) e.append(k);
-    return e;
-  }
   const show = v => typeof v === "string" ? v : JSON.stringify(v);
   // What the page did, for the page's other scripts (desk.js): "studio:rendered" (a session's
   // panels), "studio:transcript" (a page of turns drawn), "studio:tab", "studio:turn" (a turn's li).
@@ -24,13 +16,6 @@
   function newId() {
     const a = new Uint8Array(4); crypto.getRandomValues(a);
     return "studio-" + [...a].map(b => b.toString(16).padStart(2, "0")).join("");
-  }
-  async function api(path, body) {
-    const opts = body === undefined ? {} : {method: "POST", headers: {"content-type": "application/json"}, body: JSON.stringify(body)};
-    const r = await fetch("api/" + path, opts);
-    let data = null;
-    try { data = await r.json(); } catch (e) { data = {error: {message: "the studio answered " + r.status + " without JSON"}}; }
-    return {ok: r.ok, status: r.status, data};
   }
   function notice(text, warn) {
     const n = $("notice");

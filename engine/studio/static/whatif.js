@@ -4,17 +4,9 @@
 "use strict";
 (function () {
   const $ = id => document.getElementById(id);
+  const {el} = window.StudioDom;
   let shown = "";
 
-  function el(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === undefined || v === null || v === false) continue;
-      if (k === "text") e.textContent = v; else e.setAttribute(k, v === true ? "" : v);
-    }
-    for (const k of kids) if (k !== null && k !== undefined) e.append(k);
-    return e;
-  }
   function funnel() { return ($("funnel") && $("funnel").value) || new URLSearchParams(location.search).get("funnel") || ""; }
   function link(name, c) {
     return "./?" + new URLSearchParams({funnel: name, session: c.session_id, turn: String(c.turn || 1)}).toString();
