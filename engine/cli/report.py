@@ -38,12 +38,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         report = asyncio.run(build_report(funnel, db=args.db, since=args.since,
                                           include_playground=args.include_playground))
         text = _render(report, args.format)
-    if args.out:
-        Path(args.out).write_text(text, "utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return _emit(args.out, text)
 
 
 def _render(report: dict[str, Any], fmt: str) -> str:
@@ -65,9 +60,14 @@ def _advise(args: argparse.Namespace, funnel: CompiledFunnel) -> int:
         print(f"funnel report: error: {exc}", file=sys.stderr)
         return 2
     text = advice_json(advice, facts) if args.format == "json" else advice_text(advice, facts)
-    if args.out:
-        Path(args.out).write_text(text, "utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
+    return _emit(args.out, text)
+
+
+def _emit(out: str | None, text: str) -> int:
+    """``text`` to the file ``out`` names (said on stderr), else to stdout."""
+    if out:
+        Path(out).write_text(text, "utf-8")
+        print(f"wrote {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

@@ -3,16 +3,15 @@ what each turn did (stages, exits as explained, actions, fallback), never its me
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from ..records.explanation import expand
 from . import ddl
 from .analytics_sql import report_snapshot
 from .playground import real_session
+from .turns import with_exits
 
 _COLUMNS = ("session_id", "stage_before", "stage_after", "transitions", "actions", "refused",
             "fallback", "explain")
@@ -40,14 +39,4 @@ async def scan_turns(url: str | None, funnel: str, since: float, *,
             t=sql.Identifier(ddl.TURNS), real=real)
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(query, {"funnel": funnel, "since": since})
-        records = await cur.fetchall()
-        cited = {step["exits"] for r in records for step in r["explain"] or ()
-                 if isinstance(step, Mapping) and "exits" in step}
-        exits: dict[str, Any] = {}
-        if cited:
-            await cur.execute(sql.SQL("SELECT digest, exits FROM {} WHERE digest = ANY(%s)")
-                              .format(sql.Identifier(ddl.EXITS)), (sorted(cited),))
-            exits = {r["digest"]: r["exits"] for r in await cur.fetchall()}
-    for r in records:
-        r["explain"] = expand(r["explain"], exits)
-    return records
+        return await with_exits(cur, await cur.fetchall())

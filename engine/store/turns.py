@@ -47,15 +47,19 @@ async def turn_records(connect: Connect, funnel: str, session_id: str, limit: in
     async with connect() as conn:
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(q, (funnel, session_id, limit))
-        records = await cur.fetchall()
-        # The explanations cite their exit lists by digest (engine.turn.explain.compact).
-        cited = {step["exits"] for r in records for step in r["explain"] or ()
-                 if isinstance(step, dict) and "exits" in step}
-        exits: dict[str, Any] = {}
-        if cited:
-            await cur.execute(sql.SQL("SELECT digest, exits FROM {} WHERE digest = ANY(%s)")
-                              .format(sql.Identifier(ddl.EXITS)), (sorted(cited),))
-            exits = {r["digest"]: r["exits"] for r in await cur.fetchall()}
+        return await with_exits(cur, await cur.fetchall())
+
+
+async def with_exits(cur: Any, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` with their explanations whole: they cite their exit lists by digest
+    (engine.turn.explain.compact), read here in one query on ``cur`` (a dict-row cursor)."""
+    cited = {step["exits"] for r in records for step in r["explain"] or ()
+             if isinstance(step, dict) and "exits" in step}
+    exits: dict[str, Any] = {}
+    if cited:
+        await cur.execute(sql.SQL("SELECT digest, exits FROM {} WHERE digest = ANY(%s)")
+                          .format(sql.Identifier(ddl.EXITS)), (sorted(cited),))
+        exits = {r["digest"]: r["exits"] for r in await cur.fetchall()}
     for r in records:
         r["explain"] = expand(r["explain"], exits)
     return records
