@@ -16,6 +16,7 @@ from conftest import puramur_data, run_funnel, sql_runner
 from follow_up_support import DAY, START, TEXTS, Clock, outcomes
 
 from engine.llm.models import ScriptedModel
+from engine.service.metrics import Metrics, follow_up_stages
 from engine.turn.engine import Engine
 from engine.turn.follow_up import run_due
 
@@ -106,6 +107,24 @@ async def test_the_model_writes_it_and_changes_nothing_else_the_text_or_nothing(
     assert "the provider is down" in failed[0]["why"]
     assert len(_rows(schema, "pp-fail")) == 1
     assert outcomes(later, "pp-ok") == ["sent"]
+    assert outcomes(later, "pp-claim") == ["refused"]  # a claim, and no text to send
+    # `/metrics` counts each pass's outcomes by funnel and stage (the service's dispatch
+    # loop hands it what run_due returns); every stage with follow-ups starts at zero.
+    metrics = Metrics()
+    metrics.declare("puramur", engine.spec.stages, telegram=False,
+                    follow_ups=follow_up_stages(engine.spec))
+    metrics.follow_ups("puramur", done + later)
+    stage = done[0]["stage"]
+    counted = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in metrics.render().splitlines()
+               if line.startswith("funnel_follow_ups_total{")}
+    assert counted[f'funnel_follow_ups_total{{funnel="puramur",outcome="sent",'
+                   f'stage="{stage}"}}'] == 4.0
+    assert counted[f'funnel_follow_ups_total{{funnel="puramur",outcome="refused",'
+                   f'stage="{stage}"}}'] == 2.0
+    assert 'funnel_follow_ups_total{funnel="puramur",outcome="cancelled",' \
+           'stage="cart_building"}' in counted
+    assert not any('stage="handoff"' in k for k in counted)
 
 
 def test_validate_wants_text_or_prompt(tmp_path: Path) -> None:
