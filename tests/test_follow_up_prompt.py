@@ -16,6 +16,7 @@ from conftest import puramur_data, run_funnel, sql_runner
 from follow_up_support import DAY, START, TEXTS, Clock, outcomes
 
 from engine.llm.models import ScriptedModel
+from engine.report import build_report, render_html, render_table
 from engine.service.metrics import Metrics, follow_up_stages
 from engine.turn.engine import Engine
 from engine.turn.follow_up import run_due
@@ -139,3 +140,26 @@ def test_validate_wants_text_or_prompt(tmp_path: Path) -> None:
     assert found == ["F954", "F957"]
     assert all(line.startswith(f"{path}:") and line.split(":")[1] != "0"
                for line in result.stdout.splitlines() if " F95" in line)
+
+
+async def test_the_report_counts_customer_turns_and_the_follow_ups_spend(
+        engine: Engine, schema: str) -> None:
+    """Runs after the sends above: 3 customers wrote once each; 4 follow-ups were sent."""
+    with sql_runner(schema) as run:
+        records, tokens = run("SELECT count(*), sum(prompt_tokens) FROM funnel_turns")[0]
+        followed = run("SELECT count(*) FROM funnel_turns WHERE follow_up IS NOT NULL")[0][0]
+    assert (records, followed) == (3 + 4, 4)
+    report = await build_report(engine.funnel, db=schema)
+    assert "discovery" in render_table(report) and "discovery" in render_html(report)
+    costs = report["costs"]
+    conv = costs["conversations"]
+    assert (conv["conversations"], conv["turns"], conv["avg_turns"]) == (3, 3, 1)
+    assert conv["turns_without_cost"] == 3  # the scripted model has no price: its turns
+    assert conv["prompt_tokens"] == tokens  # the model-written follow-ups' spend counts
+    # The customers wrote in greeting; their follow-ups went out in discovery: its
+    # row has their spend and no customer turn.
+    rows = {s["stage"]: s for s in costs["stages"]}
+    assert {k: (r["turns"], r["sessions"]) for k, r in rows.items()} == {
+        "greeting": (3, 3), "discovery": (0, 0)}
+    assert rows["discovery"]["prompt_tokens"] > 0
+    assert rows["discovery"]["avg_tokens_per_turn"] is None
