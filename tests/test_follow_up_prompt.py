@@ -19,7 +19,7 @@ from engine.llm.models import ScriptedModel
 from engine.report import build_report, render_html, render_table
 from engine.service.metrics import Metrics, follow_up_stages
 from engine.turn.engine import Engine
-from engine.turn.follow_up import run_due
+from engine.turn.follow_up import preview, run_due
 
 PROMPT = "Remind them gently that we can help. [{{ session_id }}]"
 
@@ -163,3 +163,11 @@ async def test_the_report_counts_customer_turns_and_the_follow_ups_spend(
         "greeting": (3, 3), "discovery": (0, 0)}
     assert rows["discovery"]["prompt_tokens"] > 0
     assert rows["discovery"]["avg_tokens_per_turn"] is None
+
+
+async def test_fast_forward_shows_the_prompt_and_its_fallback(engine: Engine) -> None:
+    state = await engine.store.load(engine.spec, "pp-ok")
+    assert state is not None
+    steps = preview(engine, state, "pp-ok", START)["steps"]
+    assert [(s["prompt"], s["text"]) for s in steps] == [
+        (PROMPT, "Привіт! Ми досі тут, якщо потрібна порада для улюбленця."), (PROMPT, "")]
