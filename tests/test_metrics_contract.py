@@ -48,6 +48,7 @@ def test_names_types_help_and_labels_are_pinned() -> None:
     metrics.count("funnel_inbound_recovered_total", funnel="puramur", channel="telegram")
     metrics.count("funnel_telegram_start_payloads_dropped_total", funnel="puramur")
     metrics.count("funnel_retention_runs_total", funnel="puramur", outcome="done")
+    metrics.follow_ups("puramur", [{"outcome": "sent", "stage": "cart_building"}])
     metrics.inc("funnel_retention_purged_total", 2, funnel="puramur")
     metrics.gauge("funnel_outbox_backlog", 1, funnel="puramur")
     metrics.gauge("funnel_outbox_oldest_due_seconds", 1, funnel="puramur")

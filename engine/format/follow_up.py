@@ -101,13 +101,16 @@ class QuietHours:
 class FollowUpStep:
     """One follow-up: ``text`` (a sandboxed Jinja template per language, over the
     state) ``after`` seconds of the customer's silence, while ``when`` holds, at most
-    ``max`` times per session in the stage."""
+    ``max`` times per session in the stage. With ``prompt`` (a template over the state
+    too: what to write), the model writes it under the stage's contract, and ``text``,
+    when also given, is sent when the model's follow-up fails or claims too much."""
 
     after: float
-    text: Localized
+    text: Localized | None
     when: str | None = None
     max: int = 1
     line: int = 0
+    prompt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,9 @@ def build_follow_up(raw: Any, line: int = 0,
     hours = QuietHours(_clock(quiet["from"]), _clock(quiet["to"]),
                        str(quiet.get("timezone", "UTC"))) if quiet else None
     steps = tuple(FollowUpStep(
-        after=parse_duration(str(s["after"])), text=Localized.of(s["text"]),
+        after=parse_duration(str(s["after"])),
+        text=Localized.of(s["text"]) if s.get("text") is not None else None,
+        prompt=str(s["prompt"]) if s.get("prompt") else None,
         when=None if s.get("when") is None else str(s["when"]), max=int(s.get("max", 1)),
         line=step_line(i) if step_line else line)
         for i, s in enumerate(raw.get("steps") or ()))

@@ -40,7 +40,7 @@ from ..turn.stream import Listener
 from .auth import ApiKeys, Client, WidgetSession, WidgetTokens, presented_key
 from .config import LIFESPAN_SHUTDOWN_SECONDS, ServiceConfig, check_key_funnels
 from .limits import RateLimiter, RequestRefused, SessionQueue
-from .metrics import Metrics
+from .metrics import Metrics, follow_up_stages
 from .preloaded import compiled_funnel
 from .reload import Reloader
 
@@ -112,7 +112,8 @@ class Service:
         self.telegram: Channel = _NoChannel()
         for name, compiled in self.funnels.items():
             self.metrics.declare(name, compiled.spec.stages,
-                                 telegram=config.telegram_bot(name) is not None)
+                                 telegram=config.telegram_bot(name) is not None,
+                                 follow_ups=follow_up_stages(compiled.spec))
         self.models: dict[str, Model] = {}
         for name, compiled in self.funnels.items():
             model = config.model or compiled.spec.model.name
@@ -239,7 +240,7 @@ class Service:
                     if engine is not None and engine.spec.has_follow_ups:
                         # Due follow-ups, written to the outbox that the delivery next
                         # sends; of several workers one sends each (engine.turn.follow_up).
-                        await follow_up.run_due(engine)
+                        self.metrics.follow_ups(name, await follow_up.run_due(engine))
                         await follow_up_webhook.deliver(engine.store, name)
                     await self.telegram.sweep(name)
                     await self.telegram.deliver_due(name)

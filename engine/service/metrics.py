@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
-from typing import Literal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
 
 from prometheus_client import (
     CollectorRegistry,
@@ -37,6 +37,7 @@ from prometheus_client import (
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from ..errors import ConfigError
+from ..format.spec import FunnelSpec
 from ..turn.engine import TurnResult
 
 # No `<name>_created` series: the dashboards' contract (tests/data/metrics_contract.json)
@@ -73,6 +74,11 @@ HELP = {
                                           "the catalog and the state do not back (a price, a "
                                           "discount, a product, a promise), by kind: the "
                                           "reply was repaired or replaced, never sent."),
+    "funnel_follow_ups_total": ("counter", "Follow-ups to customers who went quiet, by "
+                                "stage and outcome: sent, cancelled (the customer wrote, a "
+                                "manager holds the session, it moved on...), refused (its "
+                                "claims nothing backs, or the model's failed with no `text` "
+                                "to fall back on): nothing was sent."),
     "funnel_actions_refused_total": ("counter", "Actions the model asked for and code "
                                      "refused (not allowed in the stage, an unknown SKU, "
                                      "...): the reply and the rest of the answer were kept."),
@@ -116,6 +122,7 @@ LABELS: dict[str, tuple[str, ...]] = {
     "funnel_facts_refused_total": ("claim", "funnel", "kind"),
     "funnel_actions_refused_total": ("action", "funnel", "stage"),
     "funnel_reply_claims_refused_total": ("funnel", "kind", "stage"),
+    "funnel_follow_ups_total": ("funnel", "outcome", "stage"),
     "funnel_retention_runs_total": ("funnel", "outcome"),
     "funnel_reloads_total": ("funnel", "result"),
     "funnel_versions_loaded": ("funnel", "version"),
@@ -135,10 +142,18 @@ GAUGE_MODES: dict[str, GaugeMode] = {
         "livemostrecent", "funnel_open_sessions": "livemostrecent",
 }
 
+# The outcomes of a scheduler pass counted (engine.turn.follow_up.run_due); a deferred
+# or skipped step is not an outcome yet.
+FOLLOW_UP_OUTCOMES = ("sent", "cancelled", "refused")
 _REFUSALS = ("unauthorized", "forbidden", "rate_limited", "too_large", "bad_request",
              "unavailable", "session_busy", "busy", "internal", "invalid_order", "conflict")
 
 Family = Counter | Gauge | Histogram
+
+
+def follow_up_stages(spec: FunnelSpec) -> list[str]:
+    """The stages of ``spec`` that have follow-ups (their own or the funnel's default)."""
+    return [s for s in spec.stages if spec.follow_up_of(s) is not None]
 
 
 def multiprocess() -> bool:
@@ -194,9 +209,15 @@ class Metrics:
         assert isinstance(family, Gauge), name
         return family.labels(**labels) if labels else family
 
-    def declare(self, funnel: str, stages: Iterable[str], telegram: bool) -> None:
+    def declare(self, funnel: str, stages: Iterable[str], telegram: bool,
+                follow_ups: Iterable[str] = ()) -> None:
         """Make the funnel's counters exist from the start, at zero (a rate over a series
-        that appears at its first event misses that event)."""
+        that appears at its first event misses that event). ``follow_ups``: the stages
+        that have follow-ups."""
+        for stage in follow_ups:
+            for outcome in FOLLOW_UP_OUTCOMES:
+                self.inc("funnel_follow_ups_total", 0, funnel=funnel, stage=stage,
+                         outcome=outcome)
         for stage in stages:
             for name in ("funnel_turns_total", "funnel_fallbacks_total",
                          "funnel_model_errors_total", "funnel_validation_failures_total"):
@@ -265,6 +286,15 @@ class Metrics:
     def count(self, name: str, **labels: str) -> None:
         """Add one to a counter's series."""
         self.inc(name, 1.0, **labels)
+
+    def follow_ups(self, funnel: str, done: Iterable[Mapping[str, Any]]) -> None:
+        """Count the outcomes of a follow-up scheduler pass (engine.turn.follow_up.run_due):
+        stages come from the funnel's file, outcomes from the engine's words."""
+        for entry in done:
+            outcome = str(entry.get("outcome"))
+            if outcome in FOLLOW_UP_OUTCOMES and entry.get("why") != "sent before":
+                self.count("funnel_follow_ups_total", funnel=funnel,
+                           stage=str(entry.get("stage")), outcome=outcome)
 
     def observe(self, name: str, seconds: float, **labels: str) -> None:
         """Count an observation in a histogram's series."""

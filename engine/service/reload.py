@@ -51,7 +51,7 @@ from ..store.base import Store
 from ..store.open_sessions import open_sessions, sessions_in_stages
 from ..turn.engine import Engine
 from .config import ServiceConfig
-from .metrics import Metrics
+from .metrics import Metrics, follow_up_stages
 
 log = logging.getLogger("funnel.service")
 
@@ -192,7 +192,8 @@ class Reloader:
             self.service.funnels[name] = compiled
             self.service.metrics.declare(name, compiled.spec.stages,
                                          telegram=self.service.config.telegram_bot(name)
-                                         is not None)
+                                         is not None,
+                                         follow_ups=follow_up_stages(compiled.spec))
             self.service.metrics.version(
                 name, engine.loaded_versions() if engine else [compiled.spec.version])
             self.service.metrics.count("funnel_reloads_total", funnel=name, result="applied")

@@ -207,15 +207,25 @@ def _turns_where(spec: FunnelSpec, b: Binder) -> sql.Composed:
         b("funnel", spec.name, "text"), b.since(), real(b, "tr"))
 
 
+# A follow-up's record (engine.turn.follow_up) is no customer turn: it counts in the
+# spend (a `prompt:` step's model tokens and cost), never in the turns, the
+# conversations or the turns without a price (those name the customer turns' model).
+_CUSTOMER = "tr.follow_up IS NULL"
+
+
 def conversation_costs(spec: FunnelSpec, b: Binder) -> sql.Composed:
+    # The conversations: sessions with a customer turn in the window; the totals are
+    # the window's spend, a follow-up's to a session otherwise silent in it included.
     return sql.SQL(
-        "SELECT count(*) AS conversations, COALESCE(sum(c.turns), 0) AS turns, "
+        "SELECT count(*) FILTER (WHERE c.turns > 0) AS conversations, "
+        "COALESCE(sum(c.turns), 0) AS turns, "
         "COALESCE(sum(c.prompt_tokens), 0) AS prompt_tokens, "
         "COALESCE(sum(c.completion_tokens), 0) AS completion_tokens, sum(c.cost) AS cost, "
-        "round(avg(c.turns), 2) AS avg_turns, "
-        "round(avg(c.prompt_tokens + c.completion_tokens), 1) AS avg_tokens, "
-        "round(avg(c.cost), 6) AS avg_cost, "
-        "round((percentile_cont(0.5) WITHIN GROUP (ORDER BY c.cost))::numeric, 6) AS median_cost, "
+        "round(avg(c.turns) FILTER (WHERE c.turns > 0), 2) AS avg_turns, "
+        "round(avg(c.prompt_tokens + c.completion_tokens) FILTER (WHERE c.turns > 0), 1) "
+        "AS avg_tokens, round(avg(c.cost) FILTER (WHERE c.turns > 0), 6) AS avg_cost, "
+        "round((percentile_cont(0.5) WITHIN GROUP (ORDER BY c.cost) FILTER (WHERE c.turns > 0)"
+        ")::numeric, 6) AS median_cost, "
         # Turns whose model has no price in litellm's map: their cost is unknown, not 0.
         "COALESCE(sum(c.uncosted), 0) AS turns_without_cost, "
         # Of the prompt tokens, those the provider read from its prompt cache (new columns
@@ -229,9 +239,10 @@ def conversation_costs(spec: FunnelSpec, b: Binder) -> sql.Composed:
         "AS cache_write_pct, "
         # The conversations with at least one turn that fell back.
         "count(*) FILTER (WHERE c.fallbacks > 0) AS fallback_sessions "
-        "FROM (SELECT tr.session_id, count(*) AS turns, sum(tr.prompt_tokens) AS prompt_tokens, "
+        "FROM (SELECT tr.session_id, count(*) FILTER (WHERE " + _CUSTOMER + ") AS turns, "
+        "sum(tr.prompt_tokens) AS prompt_tokens, "
         "sum(tr.completion_tokens) AS completion_tokens, sum(tr.cost) AS cost, "
-        "count(*) FILTER (WHERE tr.cost IS NULL) AS uncosted, "
+        "count(*) FILTER (WHERE tr.cost IS NULL AND " + _CUSTOMER + ") AS uncosted, "
         "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens, "
         "sum(tr.cache_write_tokens) AS cache_write_tokens, "
         "count(*) FILTER (WHERE tr.fallback) AS fallbacks "
@@ -244,23 +255,27 @@ def stage_costs(spec: FunnelSpec, b: Binder) -> sql.Composed:
     # come from a hash of (stage, session): no sort of every turn by session id.
     where = _turns_where(spec, b)
     return sql.SQL(
-        "WITH {st}, a AS (SELECT tr.stage_before AS stage, count(*) AS turns, "
+        "WITH {st}, a AS (SELECT tr.stage_before AS stage, "
+        "count(*) FILTER (WHERE " + _CUSTOMER + ") AS turns, "
         "sum(tr.prompt_tokens) AS prompt_tokens, sum(tr.completion_tokens) AS completion_tokens, "
         "sum(tr.cost) AS cost, count(*) FILTER (WHERE tr.validation_failures > 0) AS failed, "
         "count(*) FILTER (WHERE tr.fallback) AS fallbacks, avg(tr.llm_ms) AS llm_ms, "
         "sum(tr.cached_prompt_tokens) AS cached_prompt_tokens, "
         "sum(tr.cache_write_tokens) AS cache_write_tokens "
         "FROM {turns} tr WHERE {where} GROUP BY 1), "
-        "s AS (SELECT x.stage, count(*) AS sessions, count(*) FILTER (WHERE x.fell_back) "
+        "s AS (SELECT x.stage, count(*) FILTER (WHERE x.customer) AS sessions, "
+        "count(*) FILTER (WHERE x.fell_back) "
         "AS fallback_sessions FROM (SELECT tr.stage_before AS stage, tr.session_id, "
-        "bool_or(tr.fallback) AS fell_back FROM {turns} tr WHERE {where} GROUP BY 1, 2) x "
+        "bool_or(tr.fallback) AS fell_back, bool_or(" + _CUSTOMER + ") AS customer "
+        "FROM {turns} tr WHERE {where} GROUP BY 1, 2) x "
         "GROUP BY 1) "
         "SELECT a.stage, st.pos, a.turns, s.sessions, a.prompt_tokens, a.completion_tokens, "
-        "a.cost, round(a.cost / s.sessions, 6) AS cost_per_conversation, "
-        "round((a.prompt_tokens + a.completion_tokens)::numeric / a.turns, 1) "
+        "a.cost, round(a.cost / NULLIF(s.sessions, 0), 6) AS cost_per_conversation, "
+        "round((a.prompt_tokens + a.completion_tokens)::numeric / NULLIF(a.turns, 0), 1) "
         "AS avg_tokens_per_turn, a.failed AS validation_failed_turns, "
-        "round(100.0 * a.failed / a.turns, 1) AS validation_failure_pct, "
-        "a.fallbacks AS fallback_turns, round(100.0 * a.fallbacks / a.turns, 1) AS fallback_pct, "
+        "round(100.0 * a.failed / NULLIF(a.turns, 0), 1) AS validation_failure_pct, "
+        "a.fallbacks AS fallback_turns, "
+        "round(100.0 * a.fallbacks / NULLIF(a.turns, 0), 1) AS fallback_pct, "
         "round(a.llm_ms) AS avg_llm_ms, a.cached_prompt_tokens, "
         "round(100.0 * a.cached_prompt_tokens / NULLIF(a.prompt_tokens, 0), 1) "
         "AS cached_prompt_pct, a.cache_write_tokens, "

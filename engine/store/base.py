@@ -143,9 +143,12 @@ class FollowUpClaim(Protocol):
         """Nothing more is due; ``opted_out``: ever."""
 
     async def send(self, *, text: str, version: int, record: dict[str, Any],
-                   delivery: OutboxItem | None, claims: list[dict[str, Any]]) -> int | None:
+                   delivery: OutboxItem | None, claims: list[dict[str, Any]],
+                   spend: tuple[int, int, float | None] = (0, 0, 0.0)) -> int | None:
         """Log the follow-up (message and turn record) and queue ``delivery``; the
-        message id, or None when the outbox had the key (sent before)."""
+        message id, or None when the outbox had the key (sent before). ``spend``: the
+        prompt and completion tokens and the cost of the model that wrote it (a
+        ``prompt:`` step's), none for a declared text."""
 
 
 class SessionAccess(Protocol):

@@ -72,7 +72,8 @@ LOG = sql.SQL("INSERT INTO {} (funnel, session_id, role, content, stage, follow_
               "VALUES (%s, %s, 'assistant', %s, %s, %s) RETURNING id").format(_M)
 RECORD = sql.SQL(
     "INSERT INTO {} (funnel, funnel_version, session_id, stage_before, stage_after, model, "
-    "follow_up, claims) VALUES (%s, %s, %s, %s, %s, 'follow-up', %s, %s)"
+    "follow_up, claims, prompt_tokens, completion_tokens, cost) "
+    "VALUES (%s, %s, %s, %s, %s, 'follow-up', %s, %s, %s, %s, %s)"
 ).format(_T)
 
 @dataclass
@@ -104,9 +105,11 @@ class LockedFollowUp:
         await self.conn.execute(CANCEL, (opted_out, self.funnel, self.session_id))
 
     async def send(self, *, text: str, version: int, record: dict[str, Any],
-                   delivery: OutboxItem | None, claims: list[dict[str, Any]]) -> int | None:
+                   delivery: OutboxItem | None, claims: list[dict[str, Any]],
+                   spend: tuple[int, int, float | None] = (0, 0, 0.0)) -> int | None:
         """Log the follow-up (a message and a turn record marked so) and queue its
-        delivery; its message id, or None when the outbox had its key (sent before)."""
+        delivery; its message id, or None when the outbox had its key (sent before).
+        ``spend``: the writing model's tokens and cost (a declared text's are 0)."""
         stage = str(self.row["stage"])
         if delivery is not None and not await outbox.add(self.conn, self.funnel,
                                                          self.session_id, [delivery]):
@@ -116,7 +119,7 @@ class LockedFollowUp:
                        ).fetchone()
         assert found is not None
         await self.conn.execute(RECORD, (self.funnel, version, self.session_id, stage, stage,
-                                         Jsonb(record), Jsonb(claims)))
+                                         Jsonb(record), Jsonb(claims), *spend))
         return int(found[0])
 
 

@@ -15,6 +15,10 @@ another stage or was erased; inside quiet hours it waits for their end; a step w
 ``when`` does not hold is passed over; a text whose claims the catalog and the state
 do not back (engine.claims) is not sent. Playground sessions never get one: the
 studio's engine plans none.
+
+A step with ``prompt`` has the model write it (engine.turn.follow_up_prompt: the reply
+only, no state change); when the model fails or its reply claims what nothing backs,
+the step's ``text`` is sent instead, checked in turn, or nothing when it has none.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from ..errors import StoreUnavailable
 from ..format.follow_up import FollowUpStep, is_opt_out
 from ..format.spec import FunnelSpec
 from ..funnel.compiled import CompiledFunnel
+from ..llm.models import Model
 from ..sandbox.expressions import compile_condition, make_environment
 from ..sandbox.templates import bounded_render
 from ..store.base import FollowUpClaim, OutboxItem, Store
+from . import follow_up_prompt
 from .data import TurnResult
 from .prompts import full_view
 
@@ -48,6 +54,7 @@ class EngineLike(Protocol):
     funnel: CompiledFunnel
     spec: FunnelSpec
     store: Store
+    model: Model
     clock: Callable[[], datetime]
 
 
@@ -108,9 +115,10 @@ def _render(engine: EngineLike, step: FollowUpStep, state: Mapping[str, Any], se
     context = _context(engine, state, str(state.get("stage")), session_id)
     holds = step.when is None or compile_condition(step.when)(context)
     language = _language(engine, state)
-    template = step.text.pick(language, engine.spec.language_policy.default)
+    template = step.text.pick(language, engine.spec.language_policy.default) \
+        if step.text is not None else ""
     text = bounded_render(lambda: _ENV.from_string(template).render(context)).strip() \
-        if holds else ""
+        if holds and template else ""
     return holds, text, language
 
 
@@ -127,6 +135,7 @@ def preview(engine: EngineLike, state: Mapping[str, Any], session_id: str, ancho
         due = anchor + timedelta(seconds=step.after)
         quiet = follow.quiet_hours if follow else None
         entry: dict[str, Any] = {"step": i, "after_seconds": step.after, "max": step.max,
+                                 "prompt": step.prompt,
                                  "due_at": due.isoformat(),
                                  "sent_at": (quiet.release(due) if quiet else due).isoformat()}
         try:
@@ -220,18 +229,46 @@ async def _one(engine: EngineLike, claim: FollowUpClaim, now: datetime) -> dict[
     later = None if nxt is None else max(
         anchor + timedelta(seconds=follow.steps[nxt].after),
         now + timedelta(seconds=follow.steps[nxt].after - step.after))
-    if not holds or not text:
+    if not holds or (not text and step.prompt is None):
         await claim.move(nxt or 0, later)
         return {"outcome": "skipped", "stage": stage, "step": index}
-    refused = engine.funnel.claims.check(text, stage, state, _context(engine, state, stage,
-                                                                      claim.session_id))
-    claims = [{**r.as_record(), "attempt": 0} for r in refused]
-    if refused:
-        await claim.move(nxt or 0, later)
-        log.warning("follow-up %s:%s of session %r not sent: a claim nothing backs (%s)",
-                    stage, index, claim.session_id, refused[0].sentence())
-        return {"outcome": "cancelled", "why": "a claim nothing backs", "stage": stage,
-                "step": index, "claims": claims}
+    context = _context(engine, state, stage, claim.session_id)
+    claims: list[dict[str, Any]] = []
+    written = None
+    if step.prompt is not None:
+        written = await follow_up_prompt.write(engine.funnel, store, engine.model, step, state,
+                                               claim.session_id, language, now,
+                                               lambda: context)
+        if written.dropped:
+            log.info("follow-up %s:%s of session %r: the updates and actions the model "
+                     "proposed were dropped (a follow-up changes no state)", stage, index,
+                     claim.session_id)
+        refused = [] if written.text is None else engine.funnel.claims.check(
+            written.text, stage, state, context)
+        claims = [{**r.as_record(), "attempt": 0} for r in refused]
+        if written.text is not None and not refused:
+            text = written.text
+        else:
+            why = written.error if written.text is None else \
+                f"a claim nothing backs ({refused[0].sentence()})"
+            log.warning("follow-up %s:%s of session %r: the model's follow-up is not sent: "
+                        "%s; %s", stage, index, claim.session_id, why,
+                        "its `text` is sent instead" if text else "nothing is sent")
+            if not text:
+                await claim.move(nxt or 0, later)
+                return {"outcome": "refused", "why": f"the model's follow-up: {why}",
+                        "stage": stage, "step": index, "claims": claims}
+            written.text = None  # the declared text goes out: the fallback
+    if written is None or written.text is None:
+        refused = engine.funnel.claims.check(text, stage, state, context)
+        if refused:
+            attempt = 1 if claims else 0  # after the model's refused reply: its fallback
+            claims += [{**r.as_record(), "attempt": attempt} for r in refused]
+            await claim.move(nxt or 0, later)
+            log.warning("follow-up %s:%s of session %r not sent: a claim nothing backs (%s)",
+                        stage, index, claim.session_id, refused[0].sentence())
+            return {"outcome": "refused", "why": "a claim nothing backs", "stage": stage,
+                    "step": index, "claims": claims}
     delivery, channel = None, "messages"
     for name in CHANNELS:
         target = await store.reply_target(spec.name, claim.session_id, name)
@@ -251,14 +288,22 @@ async def _one(engine: EngineLike, claim: FollowUpClaim, now: datetime) -> dict[
                 "stage": stage, "step": index, "text": text, "language": language,
                 "due": planned.isoformat()})
         channel = "webhook"
-    record = {"stage": stage, "step": index, "due": planned.isoformat(),
-              "language": language, "channel": channel}
+    record: dict[str, Any] = {"stage": stage, "step": index, "due": planned.isoformat(),
+                              "language": language, "channel": channel}
+    if written is not None:  # a `prompt:` step: who wrote what was sent, and why
+        record["written_by"] = "model" if written.text is not None else "text"
+        if written.completions:
+            record["model"] = written.completions[-1].model
+        if written.error:
+            record["error"] = written.error[:500]
     message_id = await claim.send(text=text, version=int(state.get("funnel_version") or
                                                          spec.version),
-                                  record=record, delivery=delivery, claims=[])
+                                  record=record, delivery=delivery, claims=claims,
+                                  spend=written.spend if written is not None else (0, 0, 0.0))
     sent[f"{stage}:{index}"] = sent.get(f"{stage}:{index}", 0) + 1
     await claim.move(nxt or 0, later, sent)
     if message_id is None:
         return {"outcome": "cancelled", "why": "sent before", "stage": stage, "step": index}
     return {"outcome": "sent", "stage": stage, "step": index, "text": text,
-            "language": language, "channel": channel, "message_id": message_id}
+            "language": language, "channel": channel, "message_id": message_id,
+            **({"written_by": record["written_by"]} if "written_by" in record else {})}

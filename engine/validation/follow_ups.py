@@ -9,6 +9,9 @@
 - F955 a ``max`` below 1 or above 10;
 - F956 a follow-up on a final stage or on the hand-off's stage: no one is waited for
   there (a funnel-wide default skips them by itself);
+- F957 a step with neither ``text`` nor ``prompt`` (a step says what is sent: ``text``,
+  or ``prompt`` for the model to write it, or both, ``text`` then being the fallback);
+  a ``prompt`` is a template over the state, checked as a text is (F954).
 
 A step's ``when`` is a condition like any other (F401, F402, F205: engine.validation.
 semantics reads it); its text a customer text like any other (F704, F705:
@@ -56,6 +59,14 @@ def check_follow_ups(data: dict[str, Any], state: dict[str, Any], report: Report
             if isinstance(count, int) and not 1 <= count <= MAX_SENDS:
                 report.at((*where, "max"), "error", "F955", f"`max: {count}`: a step is sent "
                           f"1 to {MAX_SENDS} times per session in the stage; more is spam")
+            prompt = step.get("prompt")
+            if step.get("text") is None and prompt is None:
+                report.at(where, "error", "F957", "the step says nothing to send: give it a "
+                          "`text` (sent as written), a `prompt` (the model writes the "
+                          "follow-up), or both (`text` is sent when the model's fails)",
+                          key=True)
+            if isinstance(prompt, str):
+                _check_text((*where, "prompt"), prompt, state, known, report, "prompt")
             text = step.get("text")
             texts = text.items() if isinstance(text, dict) else [("", text)]
             for lang, body in texts:
@@ -112,11 +123,11 @@ def _check_quiet(keys: Keys, quiet: dict[str, Any], report: Report) -> None:
 
 
 def _check_text(keys: Keys, body: str, state: dict[str, Any], known: set[str],
-                report: Report) -> None:
+                report: Report, what: str = "text") -> None:
     try:
         tree = _ENV.parse(body)
     except TemplateSyntaxError as exc:
-        report.at(keys, "error", "F954", f"the follow-up's text does not parse as a "
+        report.at(keys, "error", "F954", f"the follow-up's {what} does not parse as a "
                   f"template: {exc.message} (line {exc.lineno} of the text)")
         return
-    check_paths(tree, state, known, report, keys, "the follow-up's text", "F954")
+    check_paths(tree, state, known, report, keys, f"the follow-up's {what}", "F954")

@@ -30,7 +30,9 @@
     list.setAttribute("data-testid", "follow-up-steps");
     for (const s of data.steps) {
       const when = s.sent_at === s.due_at ? s.due_at : s.due_at + " → after quiet hours, " + s.sent_at;
-      const what = s.error ? "fails: " + s.error : (s.holds ? "“" + s.text + "” (" + s.language + ")" : "skipped: its `when` does not hold now");
+      // A `prompt:` step: the model writes it when due (not asked here); its text, if any, is the fallback.
+      const said = s.prompt ? "the model writes it: “" + s.prompt + "”" + (s.text ? "; else “" + s.text + "”" : "; else nothing") : "“" + s.text + "”";
+      const what = s.error ? "fails: " + s.error : (s.holds ? said + " (" + s.language + ")" : "skipped: its `when` does not hold now");
       list.append(line("step " + s.step + " at " + when + ": " + what, s.holds ? "" : "warn"));
     }
     box.append(title, list);
