@@ -223,18 +223,17 @@ def play(funnel: CompiledFunnel, records: Sequence[Recorded], session_id: str, *
         funnel = copies[0]
     state, pos = defaults(funnel.spec), start_position(funnel.spec.initial, now)
     last: datetime | None = None
+    read = _read(funnel)
     for number, rec in enumerate(records, 1):
         if copies and copies[number - 1] is not funnel:  # the copy changed here
             funnel, state = copies[number - 1], carry(copies[number - 1], state)
+            read = _read(funnel)
             if pos["stage"] not in funnel.stages and \
                     pos["stage"] not in funnel.spec.removed_stages:
                 out.needs_model = number
                 out.needs_reason = (f"{pos['stage']} is not a stage of the copy turn "
                                     f"{number} ran on")
                 break
-        # What the engine's LOAD reads: the session's last 3 windows of messages (its
-        # widest stage's window), engine.turn.engine.Engine._load.
-        read = 3 * max(s.spec.memory.window for s in funnel.stages.values())
         turn = _turn(funnel, session_id, rec, state, pos, last, first=number == 1,
                      words=_words(records, number - 1, read))
         steps.route(turn)
@@ -263,6 +262,12 @@ def play(funnel: CompiledFunnel, records: Sequence[Recorded], session_id: str, *
         state, pos, last = turn.state, turn.pos, turn.now
     out.state, out.pos = state, pos
     return out
+
+
+def _read(funnel: CompiledFunnel) -> int:
+    """What the engine's LOAD reads: the session's last 3 windows of messages (its widest
+    stage's window), engine.turn.engine.Engine._load."""
+    return 3 * max(s.spec.memory.window for s in funnel.stages.values())
 
 
 def carry(funnel: CompiledFunnel, state: dict[str, Any]) -> dict[str, Any]:
