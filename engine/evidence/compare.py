@@ -95,6 +95,9 @@ class SessionDiff:
     revenue: Decimal = Decimal(0)  # recorded orders
     revenue_after: Decimal | None = None  # None: cannot say (the model is needed)
     continued: Continued | None = None  # the model that played the turns the recording lacked
+    # The copies it was played on as recorded, turn by turn, when its copy changed between
+    # turns: (content hash, first turn, last turn), in order; empty: one copy.
+    copies: list[tuple[str, int, int]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"session_id": self.session_id, "status": self.status,
@@ -115,6 +118,9 @@ class SessionDiff:
                                 "text": c.describe()}
         if self.reason:
             out["reason"] = self.reason
+        if self.copies:
+            out["copies"] = [{"hash": h, "turns": [first, last]}
+                             for h, first, last in self.copies]
         if self.before:
             out["before"] = self.before.as_json()
         if self.after:

@@ -34,7 +34,7 @@ from ..turn.budget import bound_notices
 from ..turn.data import Incoming, Turn
 from ..turn.output import Answer, Kept, parse_kept
 
-__all__ = ["Playthrough", "Played", "Recorded", "play"]
+__all__ = ["Playthrough", "Played", "Recorded", "carry", "play"]
 
 CHANNEL = "replay"  # the hand-off's channel field in a replayed session
 
@@ -57,6 +57,9 @@ class Recorded:
     # read, whose customer messages grounded facts and confirmed actions must cite.
     messages: Sequence[tuple[str, str]] = ()
     index: int = -1
+    # The content hash of the copy of the funnel the turn ran on (``funnel_turns.funnel_hash``;
+    # None: recorded before turn records kept it).
+    funnel_hash: str | None = None
 
 
 @dataclass
@@ -193,7 +196,8 @@ def _answer(funnel: CompiledFunnel, turn: Turn, rec: Recorded) -> Answer | None:
 
 def play(funnel: CompiledFunnel, records: Sequence[Recorded], session_id: str, *,
          stages: Sequence[str] | None = None,
-         answerable: Callable[[str], bool] | None = None) -> Playthrough:
+         answerable: Callable[[str], bool] | Sequence[Callable[[str], bool]] | None = None,
+         copies: Sequence[CompiledFunnel] | None = None) -> Playthrough:
     """Play a session's recorded turns on ``funnel``, from a new session.
 
     Args:
@@ -204,18 +208,32 @@ def play(funnel: CompiledFunnel, records: Sequence[Recorded], session_id: str, *
             from (None: the recording's own ``stage_before``); a turn asked elsewhere now
             has no recorded answer.
         answerable: Whether a stage's prompt and output schema are those the outputs
-            came from (None: all are).
+            came from (None: all are); one per turn when the outputs came from several
+            copies (``copies``).
+        copies: The funnel each turn is played on, in place of ``funnel``: the copies a
+            session whose copy changed between turns ran on, turn by turn. Each turn starts
+            from the state the one before left, read as the engine's LOAD reads a session
+            row on another copy (:func:`carry`).
     """
     out = Playthrough()
     if not records:
         return out
     now = records[0].at
+    if copies:
+        funnel = copies[0]
     state, pos = defaults(funnel.spec), start_position(funnel.spec.initial, now)
     last: datetime | None = None
-    # What the engine's LOAD reads: the session's last 3 windows of messages (its widest
-    # stage's window), engine.turn.engine.Engine._load.
-    read = 3 * max(s.spec.memory.window for s in funnel.stages.values())
+    read = _read(funnel)
     for number, rec in enumerate(records, 1):
+        if copies and copies[number - 1] is not funnel:  # the copy changed here
+            funnel, state = copies[number - 1], carry(copies[number - 1], state)
+            read = _read(funnel)
+            if pos["stage"] not in funnel.stages and \
+                    pos["stage"] not in funnel.spec.removed_stages:
+                out.needs_model = number
+                out.needs_reason = (f"{pos['stage']} is not a stage of the copy turn "
+                                    f"{number} ran on")
+                break
         turn = _turn(funnel, session_id, rec, state, pos, last, first=number == 1,
                      words=_words(records, number - 1, read))
         steps.route(turn)
@@ -225,7 +243,8 @@ def play(funnel: CompiledFunnel, records: Sequence[Recorded], session_id: str, *
             # A final stage is never left: what is left to decide is decided.
             out.settled = number
             break
-        if asked != was or (answerable is not None and not answerable(asked)):
+        same = answerable[number - 1] if isinstance(answerable, Sequence) else answerable
+        if asked != was or (same is not None and not same(asked)):
             out.needs_model = number
             out.needs_reason = (f"the model was asked in {was} then, in {asked} now"
                                 if asked != was else f"the prompt or output schema of {asked} "
@@ -243,6 +262,21 @@ def play(funnel: CompiledFunnel, records: Sequence[Recorded], session_id: str, *
         state, pos, last = turn.state, turn.pos, turn.now
     out.state, out.pos = state, pos
     return out
+
+
+def _read(funnel: CompiledFunnel) -> int:
+    """What the engine's LOAD reads: the session's last 3 windows of messages (its widest
+    stage's window), engine.turn.engine.Engine._load."""
+    return 3 * max(s.spec.memory.window for s in funnel.stages.values())
+
+
+def carry(funnel: CompiledFunnel, state: dict[str, Any]) -> dict[str, Any]:
+    """The state a turn on another copy of the funnel starts from: the fields that copy
+    declares, as the engine's LOAD reads them from the session's row; a field new in that
+    copy has its default (its column, added by the migration, has it)."""
+    fresh = defaults(funnel.spec)
+    return {name: state[name] if name in state else fresh.get(name)
+            for name in funnel.spec.state}
 
 
 def _words(records: Sequence[Recorded], i: int, read: int) -> tuple[str, ...]:

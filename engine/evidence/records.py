@@ -49,8 +49,10 @@ class Session:
     # The content hash of the copy of the funnel its turns ran on (the version store's
     # bundle, deployed or a trial); None: a turn was recorded before turn records kept it.
     digest: str | None = None
-    # Why it cannot be played on the copy it ran on: that copy changed between its turns
-    # (a patch deployed while it was open). Played on ``--base`` all the same.
+    # Its copy changed between its turns (a patch deployed while it was open): which, and
+    # where. Replay plays it turn by turn on the copies its turns ran on (each turn's
+    # ``Recorded.funnel_hash``), on ``--base`` when given; this is the reason given when
+    # one of them is gone.
     changed_copy: str | None = None
 
 
@@ -169,8 +171,7 @@ def _sessions(turns: list[Any], messages: list[Any], orders: dict[str, Any]
             current.changed_copy = (f"its copy of v{version} changed between turns (turn "
                                f"{len(current.turns)} ran on {str(current.digest)[:12]}, turn "
                                f"{len(current.turns) + 1} on {digest[:12]}: files deployed "
-                               "without a `version:` bump while it was open); replay plays one "
-                               "copy against the edit")
+                               "without a `version:` bump while it was open)")
         current.tokens += int(tokens or 0)
         if int(version) != current.version and current.skipped is None:
             current.skipped = (f"it ran on versions {current.version} and {version}; replay "
@@ -186,7 +187,7 @@ def _sessions(turns: list[Any], messages: list[Any], orders: dict[str, Any]
                                "them, seeded, or anonymized)")
         current.turns.append(Recorded(customer, [str(x) for x in raw] if raw is not None
                                       else None, at, before, after, bool(fallback), error,
-                                      messages=log, index=index))
+                                      messages=log, index=index, funnel_hash=digest))
     return out
 
 

@@ -21,6 +21,7 @@ import orjson
 
 from ..report.html import CSS
 from .compare import SessionDiff
+from .copies import ran_on
 from .gates import Verdict
 from .measured import Measured
 from .replay import Replay, sessions_behind
@@ -116,6 +117,8 @@ def _first(d: SessionDiff) -> str:
         text += f"; {d.reason}"
     if d.continued:
         text += f"; {d.continued.describe()}"
+    if d.copies:
+        text += f"; {ran_on(d.copies)}"
     if d.before and d.after:
         text += (f" [end: {d.before.stage} -> {d.after.stage}, cart {d.before.cart_total} -> "
                  f"{d.after.cart_total}, hand-off {_yes(d.before.handoff)} -> "
@@ -160,7 +163,7 @@ def as_text(r: Replay, verdicts: Sequence[Verdict] = (), limit: int = 20) -> str
     if odd:
         lines += ["", f"Not replayed ({len(odd)}):"]
         lines += [f"  {d.session_id}: {d.status.replace('_', ' ')}: {d.reason}"
-                  for d in odd[:limit]]
+                  + (f" ({ran_on(d.copies)})" if d.copies else "") for d in odd[:limit]]
     if verdicts:
         lines += ["", "Gates:", *(f"  {v.line()}" for v in verdicts)]
     return "\n".join(lines) + "\n"

@@ -27,14 +27,16 @@ from ..funnel.compiled import CompiledFunnel
 from ..turn import language
 from ..versions.bundle import Bundle, LoadedVersion, compile_bundle
 from .compare import Outcome, SessionDiff, compare, outcome
+from .copies import Base, copies_from, distinct, per_turn, runs
 from .play import Playthrough, held, play, reproduced, stage_answerable
 from .records import Population, Session
 
 __all__ = ["Replay", "copies_from", "replay", "revenue_after"]
 
 # Where a session's base comes from: ("v", version) the version's (``base``),
-# ("h", version, hash) the copy its turns ran on (``copy``), or ("x", why) none: its copy
-# changed between turns.
+# ("h", version, hash) the copy its turns ran on (``copy``), ("c", version, hashes) the
+# copies its turns ran on, one per turn (its copy changed between turns), or ("x", why)
+# none (its copy changed between turns, and a turn's copy is not known).
 Key = tuple[Any, ...]
 
 
@@ -133,8 +135,10 @@ def replay(edited: CompiledFunnel, population: Population,
         jobs: Processes to play in (forked, each a share of the sessions); 1 plays here.
         copy: The copy a session's turns ran on, by version and content hash (the
             version store's, :func:`copies_from`), or why it cannot be had. Given, each
-            session whose turn records name their copy is played on it; the others (older
-            records) on ``base``, counted in :attr:`Replay.legacy`.
+            session whose turn records name their copy is played on it (one whose copy
+            changed between turns, turn by turn on the copies they ran on; skipped with
+            the reason when one is gone); the others (older records) on ``base``, counted
+            in :attr:`Replay.legacy`.
     """
     started, cpu = time.perf_counter(), _cpu()
     spec = edited.spec
@@ -143,19 +147,28 @@ def replay(edited: CompiledFunnel, population: Population,
                     handoff_stage=h.stage if h else None)
     sessions = population.sessions
     keys = {s.session_id: _key(s, copy is not None) for s in sessions}
-    bases: dict[Key, CompiledFunnel | str] = {}
+    bases: dict[Key, Base] = {}
+    resolved: dict[tuple[int, str], CompiledFunnel | str] = {}
+
+    def one(version: int, digest: str) -> CompiledFunnel | str:  # each copy compiled once
+        if (version, digest) not in resolved:
+            assert copy is not None
+            resolved[version, digest] = copy(version, digest)
+        return resolved[version, digest]
+
     for key in sorted(set(keys.values())):
-        if key[0] == "x":  # its copy changed between turns: why it is not played
-            bases[key] = key[1]
+        if key[0] == "x":  # its copy changed between turns, one not known: not played
+            bases[key] = key[1] + "; a turn's copy is not known (recorded before turn " \
+                "records kept it)"
+        elif key[0] == "c":
+            bases[key] = per_turn([one(key[1], d) for d in key[2]])
         else:
-            bases[key] = base(key[1]) if key[0] == "v" or copy is None \
-                else copy(key[1], key[2])
+            bases[key] = base(key[1]) if key[0] == "v" else one(key[1], key[2])
     if copy is not None:
         result.legacy = sum(1 for s in sessions if s.digest is None and not s.skipped)
-    for b in bases.values():  # a stage the edit removed is still reached before it
-        if not isinstance(b, str):
-            result.stages += [s for s in b.spec.stages if s not in result.stages]
-    for funnel in _distinct(edited, bases):
+    for f in distinct(edited, bases)[1:]:  # a stage the edit removed is still reached
+        result.stages += [s for s in f.spec.stages if s not in result.stages]
+    for funnel in distinct(edited, bases):
         if funnel.spec.language_policy.mode != "model":
             # Before any fork: the detector's models load once, not in every process.
             language.warm(funnel.spec.language_policy.candidates)
@@ -183,19 +196,12 @@ def replay(edited: CompiledFunnel, population: Population,
 
 def _key(session: Session, by_copy: bool) -> Key:
     if by_copy and session.changed_copy is not None:
-        return ("x", session.changed_copy)
+        digests = tuple(t.funnel_hash for t in session.turns)
+        return ("x", session.changed_copy) if None in digests \
+            else ("c", session.version, digests)
     if by_copy and session.digest is not None:
         return ("h", session.version, session.digest)
     return ("v", session.version)
-
-
-def _distinct(edited: CompiledFunnel, bases: dict[Key, CompiledFunnel | str]
-              ) -> list[CompiledFunnel]:
-    seen: dict[int, CompiledFunnel] = {id(edited): edited}
-    for b in bases.values():
-        if not isinstance(b, str):
-            seen.setdefault(id(b), b)
-    return list(seen.values())
 
 
 def _cpu() -> float:
@@ -205,7 +211,7 @@ def _cpu() -> float:
 
 
 # What the forked processes play: set before the fork, read by _share in the children.
-_WORK: tuple[CompiledFunnel, dict[Key, CompiledFunnel | str], dict[str, Key],
+_WORK: tuple[CompiledFunnel, dict[Key, Base], dict[str, Key],
              list[Session], int] | None = None
 
 
@@ -215,42 +221,57 @@ def _share(index: int) -> tuple[list[SessionDiff], dict[tuple[str, str, int], He
     return _play_all(edited, bases, keys, sessions[index::jobs])
 
 
-def _play_all(edited: CompiledFunnel, bases: dict[Key, CompiledFunnel | str],
+def _play_all(edited: CompiledFunnel, bases: dict[Key, Base],
               keys: dict[str, Key], sessions: Sequence[Session]
               ) -> tuple[list[SessionDiff], dict[tuple[str, str, int], Held]]:
     diffs: list[SessionDiff] = []
     conditions: dict[tuple[str, str, int], Held] = {}
-    answerable: dict[Key, Callable[[str], bool]] = {}
+    answerable: dict[int, Callable[[str], bool]] = {}  # by the base's id()
+
+    def answers(original: CompiledFunnel) -> Callable[[str], bool]:
+        if id(original) not in answerable:
+            answerable[id(original)] = stage_answerable(original, edited)
+        return answerable[id(original)]
+
     for session in sessions:
         key = keys[session.session_id]
         original = bases.get(key)
         if session.skipped or original is None or isinstance(original, str):
+            why = session.skipped or str(original)
+            if not session.skipped and key[0] == "c":  # a copy it ran on is gone
+                why = f"{session.changed_copy}; {why}"
             diffs.append(SessionDiff(session.session_id, "skipped", len(session.turns),
-                                     reason=session.skipped or str(original),
-                                     revenue=session.revenue))
+                                     reason=why, revenue=session.revenue))
             continue
-        if key not in answerable:
-            answerable[key] = stage_answerable(original, edited)
-        diffs.append(_one(conditions, session, original, edited, answerable[key]))
+        copies = (original,) if isinstance(original, CompiledFunnel) else original
+        diffs.append(_one(conditions, session, copies, edited,
+                          [answers(f) for f in copies]))
     return diffs, conditions
 
 
-def _one(conditions: dict[tuple[str, str, int], Held], session: Session, original: CompiledFunnel,
-         edited: CompiledFunnel, answerable: Callable[[str], bool]) -> SessionDiff:
+def _one(conditions: dict[tuple[str, str, int], Held], session: Session,
+         copies: tuple[CompiledFunnel, ...], edited: CompiledFunnel,
+         answerable: list[Callable[[str], bool]]) -> SessionDiff:
+    """One session played on the copy it ran on (``copies``: one, or one per turn) and on
+    the edit."""
     sid = session.session_id
-    then = play(original, session.turns, sid)
+    original = copies[-1]  # the copy it ended on: its outcome's hand-off and cart fields
+    per_turn = copies if len(copies) > 1 else None
+    then = play(original, session.turns, sid, copies=per_turn)
+    ran_on = runs(session) if per_turn else []
     problem = reproduced(then, session.turns)
     if problem is not None:
         return SessionDiff(sid, "not_reproduced", len(session.turns), reason=problem,
-                           revenue=session.revenue)
+                           revenue=session.revenue, copies=ran_on)
     now = play(edited, session.turns, sid, stages=[t.stage_before for t in then.turns],
-               answerable=answerable)
+               answerable=answerable if per_turn else answerable[0])
     _count_conditions(conditions, sid, then, now)
     b = _outcome(original, then)
     a = _outcome(edited, now)
     diff = compare(sid, then, now, b, a)
     diff.revenue = session.revenue
     diff.revenue_after = revenue_after(diff, b, a)
+    diff.copies = ran_on
     return diff
 
 
@@ -348,29 +369,6 @@ def base_from(bundles: Callable[[int], tuple[str, str, dict[str, str]] | None], 
         return version_loaded.funnel
 
     return resolve, loaded, where
-
-
-def copies_from(bundle: Callable[[int, str], tuple[str, str, dict[str, str]] | None],
-                name: str, loaded: list[LoadedVersion]
-                ) -> tuple[Callable[[int, str], CompiledFunnel | str], dict[int, list[str]]]:
-    """The ``copy`` resolver :func:`replay` takes: each copy a session ran on, by version
-    and content hash, from the version store (deployed or a trial), compiled once (into
-    ``loaded``); also the copies found, per version (their hashes)."""
-    found: dict[int, list[str]] = {}
-
-    def resolve(version: int, digest: str) -> CompiledFunnel | str:
-        stored = bundle(version, digest)
-        if stored is None:
-            return (f"the copy of version {version} it ran on ({digest[:12]}) is not in the "
-                    "version store any more (purged); give the funnel it ran on with --base "
-                    "FILE")
-        _, entry, files = stored
-        version_loaded = compile_bundle(Bundle(name, version, entry, files, digest))
-        loaded.append(version_loaded)
-        found.setdefault(version, []).append(digest)
-        return version_loaded.funnel
-
-    return resolve, found
 
 
 def funnel_text(funnel: CompiledFunnel) -> str:
