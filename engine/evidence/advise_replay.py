@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 from ..funnel.compiled import CompiledFunnel
 from ..versions.bundle import Bundle, bundle_of, compile_bundle
-from .records import read_bundle
+from .copies import copies_from
+from .records import read_bundle, read_copy
 from .replay import replay
 
 __all__ = ["replay_threshold"]
@@ -59,8 +60,11 @@ def replay_threshold(funnel: CompiledFunnel, db: str | None, t: Threshold, value
         versions.append(v)
         return v.funnel
 
+    # Each session on the copy its turns ran on, as `funnel replay` plays it (issue 44).
+    copy, _ = copies_from(lambda v, h: read_copy(db, funnel.name, v, h), funnel.name,
+                          versions)
     try:
-        result = replay(loaded.funnel, population, base)
+        result = replay(loaded.funnel, population, base, copy=copy)
     finally:
         for v in [loaded, *versions]:
             if v.folder is not None:
