@@ -185,7 +185,7 @@ async def funnels(request: Request) -> Response:
 
 async def status(request: Request) -> Response:
     studio = (await _opened(request))
-    return _json({name: w.status() for name, w in studio.watched.items()})
+    return _json(studio.statuses())
 
 
 async def session(request: Request) -> Response:

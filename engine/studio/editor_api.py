@@ -86,6 +86,8 @@ def routes(guarded: Callable[[Callable[[Request], Awaitable[Response]]],
 
     async def spec_of(request: Request, name: str) -> Any:
         studio = await opened(request)
+        if name in studio.broken:  # not valid yet: the editor is how it gets fixed
+            return studio, studio.broken[name].loose
         studio.engine(name)  # a funnel the studio has, or a 400 naming them
         return studio, studio.watched[name].funnel.spec
 
@@ -115,7 +117,7 @@ def routes(guarded: Callable[[Callable[[Request], Awaitable[Response]]],
     async def save(request: Request) -> Response:
         b: SaveBody = await body(request, SaveBody)
         studio, spec = await spec_of(request, b.funnel)
-        watched = studio.watched[b.funnel]
+        watched = studio.broken.get(b.funnel) or studio.watched[b.funnel]
         before = watched.generation
         path, conflict = await asyncio.to_thread(editor.save, spec, b.file, b.text, b.base,
                                                  state(request)[0])
@@ -126,6 +128,8 @@ def routes(guarded: Callable[[Callable[[Request], Awaitable[Response]]],
             while watched.generation == before and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
         status = watched.status()
+        if b.funnel in studio.watched and b.funnel not in studio.broken:
+            status = studio.watched[b.funnel].status()  # a broken one a save made valid
         return answer({"saved": True, "hash": editor.digest(b.text), "status": {
             **status, "diagnostics": editor.annotate(spec, status["diagnostics"])}})
 
