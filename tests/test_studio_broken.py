@@ -7,20 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import temporary_schema
+from service_support import running
+from studio_support import headless_chromium
 
 from engine.authoring.scaffold import scaffold
 from engine.errors import InvalidInput
-from engine.studio import Studio
+from engine.studio import Studio, create_studio_app
 from engine.studio.broken import LooseSpec
 from engine.studio.editor import editor_files, lint
+from engine.studio.server import LOOPBACK_HOSTS
 
 pytestmark = [pytest.mark.postgres]
 GOOD = "score: {type: integer, default: 0}"
 BAD = "score: {type: integr, default: 0}"
+WAIT = 30
+CM = "document.querySelector('#ed-cm .CodeMirror').CodeMirror"  # the editor's CodeMirror
 
 
 def broken_project(root: Path) -> Path:
@@ -87,3 +94,77 @@ def test_a_studio_with_only_broken_funnels_and_no_home_starts(
                 await studio.close()
 
         asyncio.run(start())
+
+
+@pytest.fixture(scope="module")
+def broken_studio(server_dsn: str, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[tuple[str, Path]]:
+    """The studio (its app, served) started on a folder whose only funnel has a mistake."""
+    project = tmp_path_factory.mktemp("project")
+    path = broken_project(project)
+    with temporary_schema(server_dsn, "t") as db:
+        async def opened() -> Studio:
+            return await Studio.open([path], db=db, home=project)
+
+        with running(create_studio_app(opened, hosts=LOOPBACK_HOSTS)) as url:
+            yield url, path
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with headless_chromium(tmp_path_factory.mktemp("profile")) as d:
+        yield d
+
+
+def test_the_page_shows_the_broken_funnel_fixes_it_in_the_editor_and_plays(
+        broken_studio: tuple[str, Path], browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, path = broken_studio
+    d = browser
+    wait = WebDriverWait(d, WAIT)
+
+    def tid(name: str) -> Any:
+        return d.find_element(By.CSS_SELECTOR, f'[data-testid="{name}"]')
+
+    def until(script: str) -> Any:
+        return wait.until(lambda _: d.execute_script(script))
+
+    # The page lists it broken, with the validator's problem where diagnostics are shown.
+    d.get(url + "/")
+    shown = until("const b = document.getElementById('diagnostics');"
+                  "return !b.hidden && b.dataset.broken === 'true' && b.textContent")
+    assert "does not validate" in shown and "F004" in shown and "integr" in shown, shown
+    assert tid("funnel-picker").text.strip() == "shop (broken)"
+    assert "fix the funnel in the Editor first" in until(
+        "return document.getElementById('notice').textContent")
+    d.get_log("browser")  # the session's refusal (a 400), which Chromium logs as failed
+
+    # The Editor opens its files; the mistake is marked as typed, fixed, saved.
+    tid("open-editor").click()
+    until("return document.querySelector('[data-testid=editor-file-tab][data-file=\"funnel.yaml\"].on')")
+    typed = until("const d = document.querySelector('[data-testid=editor-diagnostic][data-code=F004]');"
+                  "return d && d.dataset.line")
+    assert typed == "22"
+    d.execute_script(f"{CM}.setValue({CM}.getValue().replace('type: integr,', 'type: integer,'))")
+    until("return document.getElementById('ed-diags').textContent.includes('no problems')")
+    tid("editor-save").click()
+    state = until("const s = document.getElementById('ed-state').textContent;"
+                  "return s !== 'saving…' && s")
+    assert state.startswith("saved and reloaded"), state
+    assert GOOD in path.read_text("utf-8")
+
+    # The funnel runs now, in the same studio: a turn answered as the model.
+    until("return document.getElementById('diagnostics').hidden"
+          " && document.getElementById('funnel').options[0].textContent === 'shop'")
+    tid("tab-play").click()
+    until("return document.querySelector('[data-testid=\"field-reply\"]')")
+    tid("chat-input").send_keys("Hi!")
+    tid("field-reply").send_keys("Hello! What can I help you with?")
+    tid("model-form-submit").click()
+    until("return document.querySelectorAll('#log li.turn').length === 1")
+    assert "Hello! What can I help you with?" in tid("chat-log").text
+    assert d.execute_script("return document.getElementById('graph').dataset.current")
+    errors = [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors

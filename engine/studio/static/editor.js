@@ -70,6 +70,7 @@
     E.cm.getWrapperElement().addEventListener("mouseleave", () => { $("ed-hover").hidden = true; });
     $("ed-save").addEventListener("click", () => save(false));
     $("nf-create").addEventListener("click", newFunnel);
+    $("nf-name").addEventListener("keydown", e => { if (e.key === "Enter") { e.preventDefault(); newFunnel(); } });
     $("mk-set").addEventListener("click", setKey);
     api("editor/model-key").then(res => { if (res.ok) $("mk-out").textContent = Object.entries(res.data.keys).map(([m, v]) => m + ": " + v).join(", "); });
   }
@@ -176,7 +177,9 @@
     E.lastSave = st.diagnostics || [];
     E.cm.performLint();  // this file as typed, with the save's problems (or none left)
     const errors = (st.diagnostics || []).filter(d => d.severity === "error");
-    if (errors.length) {
+    if (errors.length && st.broken) {
+      say("saved; it has problems, so it cannot run yet (no good version of it)", true);
+    } else if (errors.length) {
       say("saved; it has problems, so the last good version keeps running", true);
     } else if (st.problem) {
       say("saved; the running funnel needs a migration first", true);
