@@ -106,18 +106,19 @@ def not_ready(name: str, problems: int) -> InvalidInput:
 class Broken:
     """A funnel the studio holds without running it, until a save makes it valid.
 
-    ``promote`` opens the now valid funnel in the studio (its engine, its watcher); a
-    :class:`FunnelError` it raises (a name taken, a database problem) is shown as the
-    funnel's problem and the funnel stays held.
+    ``promote`` opens the now valid funnel in the studio (its engine, its watcher) and
+    says the name it runs under (:attr:`promoted_as`); a :class:`FunnelError` it raises
+    (a name taken, a database problem) is shown as the funnel's problem and the funnel
+    stays held.
     """
 
     path: Path
     name: str
     diagnostics: list[dict[str, Any]]
-    promote: Callable[[Broken], Awaitable[None]]
+    promote: Callable[[Broken], Awaitable[str]]  # opens it; the name it runs under
     generation: int = 1
     changed_at: float = 0.0
-    promoted: bool = False
+    promoted_as: str | None = None  # the funnel's name once opened (its file may rename it)
     _seen: Snapshot = ()
     _files: list[Path] = field(default_factory=list)
 
@@ -157,12 +158,12 @@ class Broken:
             self.diagnostics = [_problem(self.path, str(exc))]
         else:
             try:
-                await self.promote(self)
+                opened = await self.promote(self)
             except FunnelError as exc:
                 self.diagnostics = [_problem(self.path, f"valid, but it could not be opened: "
                                              f"{exc}")]
             else:
-                self.promoted, self.diagnostics = True, []
+                self.promoted_as, self.diagnostics = opened, []
                 log.info("studio: %s validates now; opened", self.path)
         self.generation += 1
 

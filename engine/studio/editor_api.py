@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from . import editor, make
+from .broken import Broken
 from .keys import Keys
 from .playground import Studio
 
@@ -128,9 +129,10 @@ def routes(guarded: Callable[[Callable[[Request], Awaitable[Response]]],
             while watched.generation == before and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
         status = watched.status()
-        if b.funnel in studio.watched and b.funnel not in studio.broken:
-            status = studio.watched[b.funnel].status()  # a broken one a save made valid
-        return answer({"saved": True, "hash": editor.digest(b.text), "status": {
+        name = (watched.promoted_as if isinstance(watched, Broken) else None) or b.funnel
+        if name in studio.watched and name not in studio.broken:
+            status = studio.watched[name].status()  # a broken one a save made valid
+        return answer({"saved": True, "funnel": name, "hash": editor.digest(b.text), "status": {
             **status, "diagnostics": editor.annotate(spec, status["diagnostics"])}})
 
     async def migration(request: Request) -> Response:

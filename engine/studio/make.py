@@ -64,7 +64,8 @@ def _roots(studio: Studio) -> tuple[Path, ...]:
 
 def _first(studio: Studio) -> Path:
     """The first funnel file the studio shows, running or not (engine.studio.broken)."""
-    return next(iter([*studio.watched.values(), *studio.broken.values()])).path
+    paths = [w.path for w in studio.watched.values()] + [b.path for b in studio.broken.values()]
+    return paths[0]
 
 
 def _localize(folder: Path, language: str, currency: str) -> None:

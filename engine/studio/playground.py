@@ -125,17 +125,15 @@ class Studio:
         while name in taken:  # two broken files saying one name: both are listed
             name += "_"
         held = self.broken[name] = Broken(path, name, diagnostics, self._promote)
-        log.warning("studio: %s has %d problem(s); fix it in the Editor", path,
-                    len(diagnostics))
+        log.info("studio: %s has %d problem(s); fix it in the Editor", path, len(diagnostics))
         return held
 
-    async def _promote(self, held: Broken) -> None:
-        """Open a held funnel a save has made valid (engine.studio.broken)."""
-        await self.add(held.path)
+    async def _promote(self, held: Broken) -> str:
+        """Open a held funnel a save has made valid (engine.studio.broken); its name."""
+        funnel = await self.add(held.path)
         self.broken.pop(held.name, None)
-        for watched in self.watched.values():
-            if watched.path == held.path:  # the page sees a new generation
-                watched.generation = held.generation + 1
+        self.watched[funnel.name].generation = held.generation + 1  # the page redraws
+        return funnel.name
 
     async def close(self) -> None:
         for hook in self.closing:
@@ -153,7 +151,8 @@ class Studio:
     async def _watch(self) -> None:
         retired_at = 0.0
         while True:
-            for watched in [*self.watched.values(), *self.broken.values()]:
+            every: list[Watched | Broken] = [*self.watched.values(), *self.broken.values()]
+            for watched in every:
                 try:
                     await watched.poll()
                 except Exception:  # never let one bad poll stop the watching

@@ -188,6 +188,11 @@
       say("saved and reloaded: version " + st.version);
       $("migrate-box").hidden = true;
     }
+    if (res.data.funnel && res.data.funnel !== E.funnel) {  // a broken funnel, fixed, runs under its file's name
+      const pick = $("funnel"), o = [...pick.options].find(o => o.value === E.funnel);
+      if (o) { o.value = res.data.funnel; o.textContent = res.data.funnel; }
+      pick.value = res.data.funnel; pick.dispatchEvent(new Event("change"));
+    }
   }
   function conflict(f, c) {
     const box = $("ed-conflict");
