@@ -82,7 +82,7 @@ def test_the_studio_opens_on_a_broken_funnel_and_takes_the_fix(
         asyncio.run(walk())
 
 
-def test_a_studio_with_only_broken_funnels_and_no_home_starts(
+def test_a_studio_with_only_broken_funnels_and_no_home_starts_and_takes_a_rename(
         server_dsn: str, tmp_path: Path) -> None:
     path = broken_project(tmp_path)
     with temporary_schema(server_dsn, "t") as db:
@@ -90,6 +90,14 @@ def test_a_studio_with_only_broken_funnels_and_no_home_starts(
             studio = await Studio.open([path], db=db)
             try:
                 assert list(studio.broken) == ["shop"] and not studio.engines
+                # The fix renames it: it runs under its file's new name.
+                held = studio.broken["shop"]
+                path.write_text(path.read_text("utf-8").replace(BAD, GOOD)
+                                .replace("funnel: shop\n", "funnel: shop_two\n"), "utf-8")
+                await held.check()
+                assert held.promoted_as == "shop_two" and not studio.broken
+                assert list(studio.engines) == ["shop_two"]
+                assert studio.statuses()["shop_two"]["ok"] is True
             finally:
                 await studio.close()
 
