@@ -121,6 +121,8 @@ class Broken:
     promoted_as: str | None = None  # the funnel's name once opened (its file may rename it)
     _seen: Snapshot = ()
     _files: list[Path] = field(default_factory=list)
+    # One check at a time: two promotions of one funnel would open two engines.
+    _checking: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         self._files = [p for p, _k in loose_files(self.loose)]
@@ -150,6 +152,11 @@ class Broken:
 
     async def check(self) -> None:
         """Validate the files as they are; promote the funnel when it is valid."""
+        async with self._checking:
+            if self.promoted_as is None:
+                await self._check()
+
+    async def _check(self) -> None:
         try:
             await asyncio.to_thread(load_funnel, self.path)
         except FunnelInvalid as exc:
