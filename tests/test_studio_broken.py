@@ -6,6 +6,7 @@ makes it valid, without a restart."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,6 +149,8 @@ def test_the_page_shows_the_broken_funnel_fixes_it_in_the_editor_and_plays(
     assert "fix the funnel in the Editor first" in until(
         "return document.getElementById('notice').textContent")
     d.get_log("browser")  # the session's refusal (a 400), which Chromium logs as failed
+    if os.environ.get("FUNNEL_STUDIO_SHOTS"):  # docs/studio/broken.png, from the real page
+        d.save_screenshot(os.path.join(os.environ["FUNNEL_STUDIO_SHOTS"], "broken.png"))
 
     # The Editor opens its files; the mistake is marked as typed, fixed, saved.
     tid("open-editor").click()
