@@ -131,16 +131,21 @@ def test_from_nothing_to_a_funnel_that_passes_its_scenarios(
         page.until("return !document.getElementById('editor').hidden"
                    " && document.querySelector('[data-testid=new-funnel-name]')")
         page.shot("walk-empty.png")
+        # Nothing to start, save or run yet: the header's buttons wait for a funnel.
+        assert not any(page.tid(b).is_displayed()
+                       for b in ("new-session", "save-scenario", "run-scenarios"))
 
-        # 2. New funnel: `pet-shop` is the funnel `pet_shop`, its funnel file open.
-        page.type("new-funnel-name", "pet-shop")
-        page.tid("new-funnel-create").click()
+        # 2. New funnel: `pet-shop` is the funnel `pet_shop`, its funnel file open (Enter
+        # in the name box is Create).
+        page.type("new-funnel-name", "pet-shop\n")
         page.until("return document.getElementById('funnel').value === 'pet_shop'"
                    " && document.querySelector('[data-testid=editor-file-tab][data-file=\"funnel.yaml\"].on')"
                    f" && {CM}.getValue().includes('funnel: pet_shop')")
         assert not page.tid("notice").is_displayed()
         assert page.tid("editor-state").text == ""  # no stale "No funnel yet"
         assert page.tid("new-funnel-name").get_attribute("value") == ""
+        assert all(page.tid(b).is_displayed()
+                   for b in ("new-session", "save-scenario", "run-scenarios"))
 
         # 3. Edit: a state field (with a mistake), the stage that fills it, an exit's reason.
         page.edit("const l = cm.getValue().split('\\n').indexOf('state:');"

@@ -186,7 +186,7 @@ async def funnels(request: Request) -> Response:
 
 async def status(request: Request) -> Response:
     studio = (await _opened(request))
-    return _json({name: w.status() for name, w in studio.watched.items()})
+    return _json(studio.statuses())
 
 
 async def session(request: Request) -> Response:
@@ -289,7 +289,8 @@ async def what_if(request: Request) -> Response:
     """The latest save's what-if (engine.studio.whatif) and the ones it cancelled."""
     studio = (await _opened(request))
     name = _q(request, "funnel") or next(iter(studio.engines), "")
-    studio.engine(name)  # an unknown funnel is named in the error
+    if name not in studio.broken:  # a broken one has had no clean save: no what-if yet
+        studio.engine(name)  # an unknown funnel is named in the error
     return _json(studio.whatif.status(name))
 
 

@@ -39,6 +39,7 @@ from ..format.spec import FunnelSpec
 from ..sandbox.expressions import make_environment
 from ..scenarios.load import load_scenario
 from ..validation import check_text
+from .broken import LooseSpec, loose_files
 
 __all__ = ["EditorFile", "Opened", "editor_files", "lint", "read", "save"]
 
@@ -84,13 +85,20 @@ def _scenarios(spec: FunnelSpec) -> list[Path]:
     return found
 
 
-def editor_files(spec: FunnelSpec) -> list[EditorFile]:
-    """The files of ``spec`` the editor opens: the funnel file first, text files only."""
+Spec = FunnelSpec | LooseSpec  # a funnel that does not validate has no spec yet
+
+
+def editor_files(spec: Spec) -> list[EditorFile]:
+    """The files of ``spec`` the editor opens: the funnel file first, text files only
+    (of a funnel that does not validate: its folder's, engine.studio.broken)."""
     base = spec.path.parent
     roots = funnel_roots(spec.path)
     out: dict[str, EditorFile] = {}
-    listed = [(p, _kind(spec, p)) for p in watched_files(spec)]
-    listed += [(p, "scenario") for p in _scenarios(spec)]
+    if isinstance(spec, LooseSpec):
+        listed = loose_files(spec)
+    else:
+        listed = [(p, _kind(spec, p)) for p in watched_files(spec)]
+        listed += [(p, "scenario") for p in _scenarios(spec)]
     for path, kind in listed:
         if path.suffix not in TEXT or not path.is_file():
             continue
@@ -105,7 +113,7 @@ def editor_files(spec: FunnelSpec) -> list[EditorFile]:
     return sorted(out.values(), key=lambda f: (order[f.kind], f.id))
 
 
-def _file(spec: FunnelSpec, ident: str) -> EditorFile:
+def _file(spec: Spec, ident: str) -> EditorFile:
     for f in editor_files(spec):
         if f.id == ident:
             try:
@@ -151,14 +159,14 @@ def _read_text(path: Path) -> str:
         raise InvalidInput(f"{path} is not UTF-8 text; the editor opens text files") from None
 
 
-def read(spec: FunnelSpec, ident: str, opened: Opened) -> dict[str, Any]:
+def read(spec: Spec, ident: str, opened: Opened) -> dict[str, Any]:
     """The file's text, its hash (the save's ``base``) and its editor mode."""
     f = _file(spec, ident)
     text = _read_text(f.path)
     return {**f.view(), "text": text, "hash": opened.keep(f.path, text)}
 
 
-def save(spec: FunnelSpec, ident: str, text: str, base: str, opened: Opened
+def save(spec: Spec, ident: str, text: str, base: str, opened: Opened
          ) -> tuple[Path, dict[str, Any] | None]:
     """Write ``text`` over the file when it is still the version ``base`` (its hash).
 
@@ -216,7 +224,7 @@ def suggestion(message: str) -> tuple[str, str]:
     return message, ""
 
 
-def annotate(spec: FunnelSpec, diagnostics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def annotate(spec: Spec, diagnostics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each diagnostic with its editor tab (``tab``: the file's id, when the editor has the
     file) and its message split into ``problem`` and ``suggestion``."""
     ids = {os.path.realpath(f.path): f.id for f in editor_files(spec)}
@@ -228,7 +236,7 @@ def annotate(spec: FunnelSpec, diagnostics: list[dict[str, Any]]) -> list[dict[s
     return out
 
 
-def lint(spec: FunnelSpec, ident: str, text: str) -> list[dict[str, Any]]:
+def lint(spec: Spec, ident: str, text: str) -> list[dict[str, Any]]:
     """The diagnostics of ``text`` as the file ``ident`` (nothing is written)."""
     if len(text) > MAX_TEXT:
         raise InvalidInput(f"`text`: {len(text)} characters, over the {MAX_TEXT} a file may have")

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from . import editor, make
+from .broken import Broken
 from .keys import Keys
 from .playground import Studio
 
@@ -86,6 +87,8 @@ def routes(guarded: Callable[[Callable[[Request], Awaitable[Response]]],
 
     async def spec_of(request: Request, name: str) -> Any:
         studio = await opened(request)
+        if name in studio.broken:  # not valid yet: the editor is how it gets fixed
+            return studio, studio.broken[name].loose
         studio.engine(name)  # a funnel the studio has, or a 400 naming them
         return studio, studio.watched[name].funnel.spec
 
@@ -115,7 +118,7 @@ def routes(guarded: Callable[[Callable[[Request], Awaitable[Response]]],
     async def save(request: Request) -> Response:
         b: SaveBody = await body(request, SaveBody)
         studio, spec = await spec_of(request, b.funnel)
-        watched = studio.watched[b.funnel]
+        watched = studio.broken.get(b.funnel) or studio.watched[b.funnel]
         before = watched.generation
         path, conflict = await asyncio.to_thread(editor.save, spec, b.file, b.text, b.base,
                                                  state(request)[0])
@@ -126,7 +129,10 @@ def routes(guarded: Callable[[Callable[[Request], Awaitable[Response]]],
             while watched.generation == before and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
         status = watched.status()
-        return answer({"saved": True, "hash": editor.digest(b.text), "status": {
+        name = (watched.promoted_as if isinstance(watched, Broken) else None) or b.funnel
+        if name in studio.watched and name not in studio.broken:
+            status = studio.watched[name].status()  # a broken one a save made valid
+        return answer({"saved": True, "funnel": name, "hash": editor.digest(b.text), "status": {
             **status, "diagnostics": editor.annotate(spec, status["diagnostics"])}})
 
     async def migration(request: Request) -> Response:

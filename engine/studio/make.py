@@ -49,7 +49,7 @@ def workspace(studio: Studio) -> Path:
     else the funnel file's folder), inside its project."""
     if studio.home is not None:  # `funnel studio DIR` (or no argument: the current folder)
         return studio.home
-    first = Path(os.path.realpath(next(iter(studio.watched.values())).path))
+    first = Path(os.path.realpath(_first(studio)))
     folder = first.parent.parent if first.stem == "funnel" else first.parent
     root = funnel_roots(first)[0]
     return folder if folder.is_relative_to(root) else root
@@ -59,7 +59,13 @@ def _roots(studio: Studio) -> tuple[Path, ...]:
     """The project(s) the page may write a new funnel into."""
     if studio.home is not None:
         return funnel_roots(studio.home / "funnel.yaml")  # the home's own project
-    return funnel_roots(next(iter(studio.watched.values())).path)
+    return funnel_roots(_first(studio))
+
+
+def _first(studio: Studio) -> Path:
+    """The first funnel file the studio shows, running or not (engine.studio.broken)."""
+    paths = [w.path for w in studio.watched.values()] + [b.path for b in studio.broken.values()]
+    return paths[0]
 
 
 def _localize(folder: Path, language: str, currency: str) -> None:
@@ -98,7 +104,7 @@ async def new_funnel(studio: Studio, name: str, language: str, currency: str,
     if base not in TEMPLATES or catalog not in ("", "catalog") or (catalog and base != "minimal"):
         raise InvalidInput(f"`template`: {template!r}; choose one of "
                            f"{', '.join(TEMPLATES)}, minimal+catalog")
-    if ident in studio.engines:
+    if ident in studio.engines or ident in studio.broken:
         raise InvalidInput(f"the studio has a funnel '{ident}' already; choose another name")
     root = workspace(studio)
     folder = root / ident

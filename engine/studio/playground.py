@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInput
+from ..errors import FunnelInvalid, InvalidInput
 from ..format.paths import funnel_roots, is_confined
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..llm.models import ScriptEntry
@@ -36,6 +36,7 @@ from ..store import Store, open_store, playground
 from ..turn.engine import Engine, TurnResult
 from ..turn.output import parse_output
 from . import scenarios, sql, views
+from .broken import Broken, guess_name
 from .graph import svg
 from .model import HUMAN, StudioModel
 from .plain import refusal
@@ -59,6 +60,8 @@ class Studio:
         self.model = model
         self.engines: dict[str, Engine] = {}
         self.watched: dict[str, Watched] = {}
+        # Funnels given that do not validate: listed and edited, run once a save fixes them.
+        self.broken: dict[str, Broken] = {}
         self._owns_store = owns_store
         self.home: Path | None = None  # where New funnel writes (engine.studio.make.workspace)
         self._watcher: asyncio.Task[None] | None = None
@@ -72,13 +75,13 @@ class Studio:
                    model: str | None = None, api_base: str | None = None,
                    store: Store | None = None, what_if: WhatIfSettings | None = None,
                    home: Path | None = None) -> Studio:
-        """Load the funnels (each must validate), open the store, start watching; each
-        clean save starts a what-if (``what_if``: how much it replays). ``home``: the
-        folder the page's new funnels go into (engine.studio.home); with it, ``paths``
-        may be empty: the page starts with **New funnel**.
+        """Load the funnels, open the store, start watching; each clean save starts a
+        what-if (``what_if``: how much it replays). ``home``: the folder the page's new
+        funnels go into (engine.studio.home); with it, ``paths`` may be empty: the page
+        starts with **New funnel**. A funnel that does not validate is held in
+        :attr:`broken` with its problems (engine.studio.broken), opened once fixed.
 
         Raises:
-            FunnelInvalid: a funnel has errors (a studio starts on good versions).
             StoreUnavailable: the database cannot be reached.
         """
         studio_model = StudioModel(api_base=api_base, default=model or HUMAN)
@@ -91,7 +94,10 @@ class Studio:
         studio.home = home
         try:
             for path in paths:
-                await studio.add(path)
+                try:
+                    await studio.add(path)
+                except FunnelInvalid as exc:  # the editor fixes it; the rest runs
+                    studio.hold(Path(path), [d.as_dict() for d in exc.diagnostics])
         except BaseException:
             await studio.close()
             raise
@@ -112,6 +118,23 @@ class Studio:
                                             saved=self.whatif.start)
         return funnel
 
+    def hold(self, path: Path, diagnostics: list[dict[str, Any]]) -> Broken:
+        """Show the funnel at ``path``, which does not validate, without running it."""
+        name = guess_name(path)
+        taken = set(self.engines) | set(self.broken)
+        while name in taken:  # two broken files saying one name: both are listed
+            name += "_"
+        held = self.broken[name] = Broken(path, name, diagnostics, self._promote)
+        log.info("studio: %s has %d problem(s); fix it in the Editor", path, len(diagnostics))
+        return held
+
+    async def _promote(self, held: Broken) -> str:
+        """Open a held funnel a save has made valid (engine.studio.broken); its name."""
+        funnel = await self.add(held.path)
+        self.broken.pop(held.name, None)
+        self.watched[funnel.name].generation = held.generation + 1  # the page redraws
+        return funnel.name
+
     async def close(self) -> None:
         for hook in self.closing:
             await hook()
@@ -128,7 +151,8 @@ class Studio:
     async def _watch(self) -> None:
         retired_at = 0.0
         while True:
-            for watched in list(self.watched.values()):
+            every: list[Watched | Broken] = [*self.watched.values(), *self.broken.values()]
+            for watched in every:
                 try:
                     await watched.poll()
                 except Exception:  # never let one bad poll stop the watching
@@ -166,6 +190,8 @@ class Studio:
         try:
             return self.engines[name]
         except KeyError:
+            if name in self.broken:
+                raise self.broken[name].error() from None
             has = ", ".join(sorted(self.engines)) or "none yet: New funnel makes one"
             raise InvalidInput(f"the studio has no funnel '{name}'; it has {has}") from None
 
@@ -181,7 +207,12 @@ class Studio:
                         "description": spec.description,
                         "stages": list(spec.stages), "svg": svg(spec),
                         "status": self.watched[name].status()})
-        return out
+        return out + [b.listing() for b in self.broken.values()]
+
+    def statuses(self) -> dict[str, dict[str, Any]]:
+        """Each funnel's status (``/api/status``), the broken ones' too."""
+        return {**{n: w.status() for n, w in self.watched.items()},
+                **{n: b.status() for n, b in self.broken.items()}}
 
     async def view(self, name: str, session: str, result: TurnResult | None = None,
                    before: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -49,8 +49,12 @@ def serve_studio(funnels: list[str], *, db: str | None = None, model: str | None
     paths, home = resolve(funnels)  # a folder (none: the current one) may hold no funnel yet
 
     async def opened() -> Studio:
-        return await Studio.open(list(paths), db=db, model=model, api_base=api_base,
-                                 what_if=WhatIfSettings(what_if_days, what_if_max), home=home)
+        studio = await Studio.open(list(paths), db=db, model=model, api_base=api_base,
+                                   what_if=WhatIfSettings(what_if_days, what_if_max), home=home)
+        for held in studio.broken.values():  # started anyway: the page's Editor fixes it
+            print(f"funnel studio: {held.path} does not validate ({held.errors} problem(s)): "
+                  "the page lists it; fix it in its Editor tab", flush=True)
+        return studio
 
     hosts = (LOOPBACK_HOSTS | {host}) if loopback and not key else None
     app = create_studio_app(opened, key=key, hosts=hosts)

@@ -54,6 +54,7 @@
     E.cm.getWrapperElement().addEventListener("mouseleave", () => { $("ed-hover").hidden = true; });
     $("ed-save").addEventListener("click", () => save(false));
     $("nf-create").addEventListener("click", newFunnel);
+    $("nf-name").addEventListener("keydown", e => { if (e.key === "Enter") { e.preventDefault(); newFunnel(); } });
     $("mk-set").addEventListener("click", setKey);
     api("editor/model-key").then(res => { if (res.ok) $("mk-out").textContent = Object.entries(res.data.keys).map(([m, v]) => m + ": " + v).join(", "); });
   }
@@ -160,7 +161,9 @@
     E.lastSave = st.diagnostics || [];
     E.cm.performLint();  // this file as typed, with the save's problems (or none left)
     const errors = (st.diagnostics || []).filter(d => d.severity === "error");
-    if (errors.length) {
+    if (errors.length && st.broken) {
+      say("saved; it has problems, so it cannot run yet (no good version of it)", true);
+    } else if (errors.length) {
       say("saved; it has problems, so the last good version keeps running", true);
     } else if (st.problem) {
       say("saved; the running funnel needs a migration first", true);
@@ -168,6 +171,11 @@
     } else {
       say("saved and reloaded: version " + st.version);
       $("migrate-box").hidden = true;
+    }
+    if (res.data.funnel && res.data.funnel !== E.funnel) {  // a broken funnel, fixed, runs under its file's name
+      const pick = $("funnel"), o = [...pick.options].find(o => o.value === E.funnel);
+      if (o) { o.value = res.data.funnel; o.textContent = res.data.funnel; }
+      pick.value = res.data.funnel; pick.dispatchEvent(new Event("change"));
     }
   }
   function conflict(f, c) {

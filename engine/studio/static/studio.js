@@ -331,7 +331,12 @@
     const problems = (st.diagnostics || []).filter(d => d.severity === "error");
     box.hidden = !problems.length && !st.problem;
     box.replaceChildren();
-    if (problems.length) box.append(el("div", {text: "The last save has problems; the last good version keeps running:"}));
+    box.dataset.broken = st.broken ? "true" : "";
+    // A funnel that does not validate has no good version to run (engine/studio/broken.py).
+    if (st.broken) box.append(el("div", {}, el("span", {text: S.funnel + " does not validate, so it cannot run yet: fix the funnel in the Editor first (" +
+      problems.length + " problem(s)) "}), (() => { const b = el("button", {type: "button", "data-testid": "open-editor", text: "Open the Editor"});
+      b.addEventListener("click", () => $("tab-editor").click()); return b; })()));
+    else if (problems.length) box.append(el("div", {text: "The last save has problems; the last good version keeps running:"}));
     for (const d of problems) box.append(el("div", {"data-testid": "diagnostic"},
       el("code", {text: d.file + ":" + d.line + ":" + d.col}), el("span", {text: " " + d.code + " " + d.message})));
     if (st.problem) box.append(el("div", {}, el("span", {text: st.problem + " "}),
@@ -365,6 +370,9 @@
     for (const f of res.data.funnels) { f.svgKey = f.name + ":" + f.status.generation; S.funnels[f.name] = f; }
     const pick = $("funnel");
     if (!pick.options.length) for (const f of res.data.funnels) pick.append(el("option", {value: f.name, text: f.name}));
+    for (const o of pick.options) if (S.funnels[o.value]) {  // a broken funnel is marked, until a save fixes it
+      o.textContent = o.value + (S.funnels[o.value].broken ? " (broken)" : ""); o.dataset.broken = S.funnels[o.value].broken ? "true" : "";
+    }
     S.funnel = S.funnel || (res.data.funnels[0] || {}).name || null;
     const st = $("f-stage"); st.replaceChildren(el("option", {value: "", text: "any"}));
     if (S.funnel) for (const s of S.funnels[S.funnel].stages) st.append(el("option", {value: s, text: s}));
@@ -405,6 +413,9 @@
     emit("tab", {tab: which});
   }
 
+  // Nothing to start, save or run before the first funnel exists.
+  function headerButtons(on) { for (const id of ["new-session", "save", "run"]) $(id).hidden = !on; }
+
   async function start() {
     await loadFunnels();
     const params = new URLSearchParams(location.search);
@@ -415,7 +426,7 @@
     drill(params);
     $("drill-clear").addEventListener("click", () => { drill(new URLSearchParams()); $("f-stage").value = ""; listSessions(false); });
     $("funnel").addEventListener("change", async () => {
-      if (!S.funnel) notice("");  // the first funnel of an empty studio: "no funnel yet" is over
+      if (!S.funnel) { notice(""); headerButtons(true); }  // the first funnel of an empty studio: "no funnel yet" is over
       S.funnel = $("funnel").value; await loadFunnels(); openSession(newId());
     });
     $("model").addEventListener("change", () => { $("model-name").hidden = $("model").value === "human"; if (S.view) drawForm(S.view); });
@@ -430,6 +441,7 @@
     $("f-playground").addEventListener("change", () => listSessions(false));
     $("more").addEventListener("click", () => listSessions(true));
     if (!S.funnel) {  // an empty studio (`funnel studio` on a folder with no funnel yet)
+      headerButtons(false);
       notice("No funnel yet: make one with New funnel in the Editor tab; it is written into " + S.home);
       $("tab-editor").click();
       poll();
