@@ -16,6 +16,7 @@ is the guide.
 - `simulation`: the Simulate tab's one run at a time (`funnel simulate`, cancellable);
 - `evidence_api`: their routes, plugged into the app by a table;
 - `app`: the Starlette app; `bodies`: its request bodies (pydantic); `server`: uvicorn;
+- `turn_out`: a turn's answer to the page, and what a playground turn would have sent;
 - `desk`: a customer's session as a manager sees it (take over, send, release);
   `plain`: a refused answer in plain words, the stage prompt as the model reads it;
 - `editor`, `editor_api`, `make`, `keys`: the Editor tab (files, checks as typed, safe saves,

@@ -40,6 +40,7 @@ from .broken import Broken, guess_name
 from .graph import svg
 from .model import HUMAN, StudioModel
 from .plain import refusal
+from .turn_out import turn_result, would_send
 from .watch import POLL, Watched
 from .whatif import WhatIf, WhatIfSettings
 
@@ -244,7 +245,7 @@ class Studio:
                              else (record or {}).get("claims") or []),
             "history": [h.get("stage") for h in state.get("stage_history") or []],
             "record": record, "prompt": sent, "turns": turn_no,
-            "result": _result(result) if result else None,
+            "result": turn_result(result) if result else None,
             "form": views.form_schema(funnel, stage) if stage in funnel.stages or
             stage in funnel.spec.removed_stages else None,
             "model": self.model.choice.get(session, self.model.default),
@@ -400,44 +401,6 @@ class Studio:
         return await scenarios.run_folder(self.engine(name).spec, self.store)
 
 
-def _targets(engine: Engine) -> str:
-    """The hand-off alert's targets as the funnel declares them (``handoff.notify``)."""
-    handoff = engine.spec.handoff
-    notify = handoff.notify if handoff else {"log": True}
-    out = [f"webhook {notify['webhook']}"] if notify.get("webhook") else []
-    out += [f"hook {notify['hook']}"] if notify.get("hook") else []
-    if notify.get("log", not out):
-        out.append("the log")
-    return ", ".join(out)
-
-
-def would_send(engine: Engine, withheld: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What a playground turn did not send (engine.turn.playground), each with a sentence
-    saying what would have been sent, to whom."""
-    out = []
-    for item in withheld:
-        kind, p = item["kind"], item["payload"]
-        reason = f" (reason: {p['reason']})" if p.get("reason") else ""
-        if kind == "handoff" and p.get("event") == "approval":
-            text = (f"would ask the managers ({_targets(engine)}) to approve the move "
-                    f"{p.get('stage')} → {p.get('to')}{reason}; on timeout: "
-                    f"{p.get('on_timeout')}")
-        elif kind == "handoff":
-            cart = p.get("cart") or {}
-            total = f", cart total {cart['total']}" if cart.get("total") is not None else ""
-            text = (f"would notify the manager ({_targets(engine)}): hand-off of session "
-                    f"{p.get('session_id')}{reason}{total}")
-        elif kind == "approval":
-            text = (f"would hold the move {p.get('from')} → {p.get('to')} for a manager's "
-                    f"approval until {p.get('deadline')}")
-        elif kind == "reply":
-            text = f"would send the customer: {p.get('text')}"
-        else:
-            text = f"would queue a {kind} side effect"
-        out.append({"kind": kind, "text": text, "payload": p})
-    return out
-
-
 def _refused(engine: Engine, row: Mapping[str, Any], output: str) -> dict[str, Any] | None:
     """An answer the turn would refuse in the session's stage: the problem, and what the
     repair call would tell a model; None when it passes."""
@@ -457,17 +420,3 @@ def _recorded(rec: Mapping[str, Any]) -> ScriptEntry:
     if not raw:
         return ScriptEntry(output=None, error=str(rec.get("error") or "the model call failed"))
     return ScriptEntry(output=str(raw[0]), repair=str(raw[1]) if len(raw) > 1 else None)
-
-
-def _result(result: TurnResult) -> dict[str, Any]:
-    return {"reply": result.reply, "stage_before": result.stage_before,
-            "stage_after": result.stage_after, "transitions": result.transitions,
-            "actions": [{"type": a.type, "accepted": a.accepted, "reason": a.reason}
-                        for a in result.actions],
-            "updated": result.updated, "notices": result.notices,
-            "validation_failures": result.validation_failures, "repaired": result.repaired,
-            "fallback": result.fallback, "error": result.error,
-            "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "model_seconds": result.model_seconds, "returning": result.returning,
-            "handoff": result.handoff, "claims": result.reply_claims}
-
