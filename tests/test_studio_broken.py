@@ -19,7 +19,8 @@ from studio_support import headless_chromium
 
 from engine.authoring.scaffold import scaffold
 from engine.errors import InvalidInput
-from engine.studio import Studio, create_studio_app
+from engine.funnel.compiled import load_funnel
+from engine.studio import Studio, create_studio_app, make
 from engine.studio.broken import LooseSpec
 from engine.studio.editor import editor_files, lint
 from engine.studio.server import LOOPBACK_HOSTS
@@ -179,3 +180,45 @@ def test_the_page_shows_the_broken_funnel_fixes_it_in_the_editor_and_plays(
     assert d.execute_script("return document.getElementById('graph').dataset.current")
     errors = [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_a_funnel_saved_but_never_migrated_is_held_until_its_migration_runs(
+        server_dsn: str, tmp_path: Path) -> None:
+    """A field added and saved, the studio closed before Migrate: the next `funnel studio`
+    starts anyway, holds the funnel with its migration, and opens it once the Editor's
+    migration (or `funnel migrate` from a terminal) has run."""
+    (tmp_path / "pyproject.toml").write_text("")
+    scaffold("shop", tmp_path / "shop")
+    path = tmp_path / "shop" / "funnel.yaml"
+    with temporary_schema(server_dsn, "t") as db:
+        async def walk() -> None:
+            studio = await Studio.open([path], db=db, home=tmp_path)  # the table is made
+            await studio.close()
+            text = path.read_text("utf-8")
+            for field in ("budget", "city"):
+                text = text.replace(GOOD, f"{GOOD}\n  {field}: {{type: integer, default: 0}}")
+                path.write_text(text, "utf-8")
+                studio = await Studio.open([path], db=db, home=tmp_path)
+                try:
+                    (listed,) = studio.funnels()
+                    (problem,) = listed["status"]["diagnostics"]
+                    assert listed["broken"] is True and problem["code"] == "migration", problem
+                    assert "funnel migrate" in problem["message"]
+                    plan = await make.migration(studio, "shop")
+                    assert plan["needed"] and field in " ".join(plan["ddl"])
+                    if field == "budget":  # the Editor's migration panel
+                        done = await make.migrate(studio, "shop")
+                        assert done["funnel"] == "shop" and done["status"]["ok"] is True
+                    else:  # `funnel migrate` from a terminal: picked up within a second
+                        await studio.store.migrate(load_funnel(path).spec)
+                        deadline = time.monotonic() + 10
+                        while "shop" not in studio.engines and time.monotonic() < deadline:
+                            await asyncio.sleep(0.1)
+                    assert "shop" in studio.engines and not studio.broken
+                    view = await studio.turn("shop", "studio-m", "hi", answer={
+                        "reply": "Hello!", "updates": {}})
+                    assert view["result"]["reply"] == "Hello!"
+                finally:
+                    await studio.close()
+
+        asyncio.run(walk())

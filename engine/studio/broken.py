@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import FunnelError, FunnelInvalid, InvalidInput
+from ..errors import FunnelError, FunnelInvalid, InvalidInput, SchemaOutdated, first_line
 from ..format import _yaml
 from ..format.files import Snapshot, snapshot
 from ..format.paths import funnel_roots, is_confined
@@ -120,6 +120,7 @@ class Broken:
     changed_at: float = 0.0
     promoted_as: str | None = None  # the funnel's name once opened (its file may rename it)
     _seen: Snapshot = ()
+    _tried_at: float = 0.0  # the last look at a table that needed a migration
     _files: list[Path] = field(default_factory=list)
     # One check at a time: two promotions of one funnel would open two engines.
     _checking: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -144,10 +145,24 @@ class Broken:
         files = [p for p, _k in loose_files(self.loose)]  # a new prompt file counts too
         now = snapshot(files)
         if now == self._seen:
-            return False
+            return await self._migrated()
         self._files, self._seen = files, now
         self.changed_at = time.time()
         await self.check()
+        return True
+
+    async def _migrated(self) -> bool:
+        """Waiting for a migration, try again once a second: `funnel migrate` from a
+        terminal changes no file. The page hears of it only when something changed."""
+        waiting = any(d.get("code") == "migration" for d in self.diagnostics)
+        if not waiting or time.monotonic() - self._tried_at < 1.0:
+            return False
+        self._tried_at = time.monotonic()
+        diagnostics, generation = self.diagnostics, self.generation
+        await self.check()
+        if self.promoted_as is None and self.diagnostics == diagnostics:
+            self.generation = generation  # nothing new to show
+            return False
         return True
 
     async def check(self) -> None:
@@ -161,11 +176,15 @@ class Broken:
             await asyncio.to_thread(load_funnel, self.path)
         except FunnelInvalid as exc:
             self.diagnostics = [d.as_dict() for d in exc.diagnostics]
+        except SchemaOutdated as exc:
+            self.diagnostics = [outdated(self.path, exc)]
         except FunnelError as exc:
             self.diagnostics = [_problem(self.path, str(exc))]
         else:
             try:
                 opened = await self.promote(self)
+            except SchemaOutdated as exc:
+                self.diagnostics = [outdated(self.path, exc)]
             except FunnelError as exc:
                 self.diagnostics = [_problem(self.path, f"valid, but it could not be opened: "
                                              f"{exc}")]
@@ -193,3 +212,10 @@ class Broken:
 def _problem(path: Path, message: str) -> dict[str, Any]:
     return {"file": str(path), "line": 0, "col": 0, "severity": "error", "code": "F000",
             "message": message}
+
+
+def outdated(path: Path, exc: Exception) -> dict[str, Any]:
+    """A funnel that validates but whose table is behind it (a save whose migration was
+    never run): held like a broken one, its Editor offers the migration."""
+    return {**_problem(path, f"{first_line(exc)}; the Editor's migration panel runs it"),
+            "code": "migration"}

@@ -141,7 +141,9 @@ def _ddl_text(spec: FunnelSpec, missing: list[str]) -> list[str]:
 
 
 async def _on_disk(studio: Studio, name: str) -> tuple[CompiledFunnel, Any]:
-    watched = studio.watched.get(name)
+    """The funnel's file as saved, and what watches it (its watcher, or the held funnel
+    that has not run yet: engine.studio.broken)."""
+    watched: Any = studio.watched.get(name) or studio.broken.get(name)
     if watched is None:
         studio.engine(name)  # raises: no such funnel
         raise AssertionError  # pragma: no cover
@@ -155,7 +157,12 @@ async def _on_disk(studio: Studio, name: str) -> tuple[CompiledFunnel, Any]:
 async def migration(studio: Studio, name: str) -> dict[str, Any]:
     """What `funnel migrate --check` would do for the funnel as saved: the DDL of each new
     column, and every change in words (``would add column pet_age``...)."""
-    funnel, _ = await _on_disk(studio, name)
+    try:
+        funnel, _ = await _on_disk(studio, name)
+    except InvalidInput as exc:  # the file has problems: they come first (not a refusal)
+        if name not in studio.watched and name not in studio.broken:
+            raise
+        return {"funnel": name, "needed": False, "blocked": str(exc)}
     missing, _extra = await studio.store.check_schema(funnel.spec)
     changes = await studio.store.migrate(funnel.spec, check=True)
     return {"funnel": name, "table": funnel.spec.table, "needed": bool(missing),
@@ -172,5 +179,10 @@ async def migrate(studio: Studio, name: str) -> dict[str, Any]:
     errors = [c for c in changes if c.startswith("error:")]
     if errors:
         raise InvalidInput("; ".join(errors))
-    await watched.reload()
+    if name in studio.broken:  # held until its table caught up: it opens now
+        await watched.check()
+        name = watched.promoted_as or name
+        watched = studio.watched.get(name, watched)
+    else:
+        await watched.reload()
     return {"funnel": name, "changes": changes, "status": watched.status()}

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import FunnelInvalid, InvalidInput
+from ..errors import FunnelInvalid, InvalidInput, SchemaOutdated
 from ..format.paths import funnel_roots, is_confined
 from ..funnel.compiled import CompiledFunnel, load_funnel
 from ..llm.models import ScriptEntry
@@ -36,7 +36,7 @@ from ..store import Store, open_store, playground
 from ..turn.engine import Engine, TurnResult
 from ..turn.output import parse_output
 from . import scenarios, sql, views
-from .broken import Broken, guess_name
+from .broken import Broken, guess_name, outdated
 from .graph import svg
 from .model import HUMAN, StudioModel
 from .plain import refusal
@@ -99,6 +99,8 @@ class Studio:
                     await studio.add(path)
                 except FunnelInvalid as exc:  # the editor fixes it; the rest runs
                     studio.hold(Path(path), [d.as_dict() for d in exc.diagnostics])
+                except SchemaOutdated as exc:  # saved, never migrated: the Editor migrates
+                    studio.hold(Path(path), [outdated(Path(path), exc)])
         except BaseException:
             await studio.close()
             raise

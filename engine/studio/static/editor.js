@@ -79,6 +79,7 @@
       return b;
     }));
     if (res.data.files.length) await open(res.data.files[0]);
+    await showMigration(true);  // a table behind its funnel (saved, never migrated)
   }
   async function open(f) {
     if (!E.files[f.id]) {
@@ -191,9 +192,10 @@
   }
 
   // -- migration ------------------------------------------------------------------------------
-  async function showMigration() {
+  async function showMigration(quiet) {
     const res = await api("editor/migration?" + q({funnel: E.funnel}));
     const box = $("migrate-box");
+    if (res.ok && res.data.blocked && !quiet) { box.hidden = false; box.replaceChildren(el("div", {class: "warn", text: res.data.blocked})); return; }
     if (!res.ok) { box.hidden = false; box.replaceChildren(el("div", {class: "warn", text: message(res)})); return; }
     if (!res.data.needed) { box.hidden = true; return; }
     const run = el("button", {type: "button", "data-testid": "migrate", text: "Run the migration"});
@@ -209,6 +211,11 @@
     if (!res.ok) return say(message(res), true);
     $("migrate-box").hidden = true;
     say("migrated (" + res.data.changes.join(", ") + ") and reloaded: version " + res.data.status.version);
+    if (res.data.funnel !== E.funnel) {  // a funnel held for its migration runs now
+      const pick = $("funnel"), o = [...pick.options].find(o => o.value === E.funnel);
+      if (o) { o.value = res.data.funnel; o.textContent = res.data.funnel; }
+      pick.value = res.data.funnel; pick.dispatchEvent(new Event("change"));
+    }
     $("editor").dataset.migrated = res.data.changes.join(",");
   }
 
