@@ -41,9 +41,8 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..experiments.router import Variants
-from ..funnel.actions import TurnScratch
 from ..funnel.compiled import CompiledFunnel, load_funnel
-from ..funnel.state import defaults, plain
+from ..funnel.state import plain
 from ..llm.embed import Embedder
 from ..llm.models import LiteLLMModel, Model, make_model
 from ..memory.recall import Recall, make_embedder
@@ -52,10 +51,9 @@ from ..records.messages import Message
 from ..records.orders import Conversion, make_order
 from ..store import Inbound, SessionAccess, Store, open_store
 from . import approval, follow_up, held, language, save, steps, truth
-from .advance import Mover, Position, record_current, start_position
+from .begin import begin, fold_summary
 from .data import Incoming, Turn, TurnResult
 from .notify import Notifier, dispatch, make_notifier
-from .output import Answer
 from .playground import Withholding
 from .routing import Routing
 from .save import TECHNICAL_REPLY
@@ -385,7 +383,7 @@ class Engine:
             turn.recall_task = asyncio.get_running_loop().create_task(
                 recall.embed_query(turn.text))
         try:
-            await self._fold_summary(turn)
+            await fold_summary(turn, self.summary, self._window)
             # The steps that may run hooks run off the event loop when the funnel has any.
             await steps.off_loop(turn, steps.route, turn)
             steps.decide_language(turn)
@@ -397,11 +395,11 @@ class Engine:
         stage = turn.pos["stage"]  # the stage the model answered in
         snapshot = truth.Snapshot.take(turn) \
             if not answer.fallback and turn.funnel.claims.active(stage) else None
-        await steps.off_loop(turn, _apply_and_advance, turn, answer)
+        await steps.applied(turn, answer)
         if snapshot is not None:
             # What the reply claims, on the state the answer leaves (engine.turn.truth).
             answer = await truth.checked(
-                turn, answer, snapshot, stage, self.model, _applied,
+                turn, answer, snapshot, stage, self.model, steps.applied,
                 turn.say(turn.funnel.stage(stage).spec.fallback), steps.reply_check(turn),
                 turn.inbound.stream)
         return await save.record(access, turn, answer, self._model_name)
@@ -433,33 +431,7 @@ class Engine:
         """The turn in flight, from the row as read (a new session gets the defaults), on
         ``funnel`` when given (a failed turn's), else on the session's (``_funnel_for``)."""
         funnel = funnel or self._funnel_for(inbound.session_id, row, now)
-        read, migration = row, None
-        if row is not None:  # moving to another version: the declared migrations
-            funnel, row, migration = self.routing.move(inbound.session_id, row, funnel)
-        spec = funnel.spec
-        if row is None:
-            state, pos = defaults(spec), start_position(spec.initial, now)
-            expected, last_seen = 0, None
-        else:
-            # The row arrives as JSON-friendly values (engine.funnel.state.plain).
-            state = {name: row.get(name) for name in spec.state}
-            pos = Position(stage=row["stage"], stage_iteration=row["stage_iteration"],
-                           turns=row["turns"], stage_history=row["stage_history"],
-                           notices=row["notices"])
-            record_current(pos, str(row.get("updated_at") or row["last_message_at"]))
-            expected, last_seen = int(row["row_version"]), \
-                datetime.fromisoformat(row["last_message_at"])
-        for fact, value in inbound.facts.items():  # kept, never overwritten
-            if fact in spec.state and not state.get(fact):
-                state[fact] = value
-        # The customer's own words (never the replies): what grounded facts must cite.
-        words = (*(m.content for m in recent if m.role == "user"), inbound.text)
-        scratch = TurnScratch(inbound.session_id, pos["stage"], pos["stage_iteration"], now,
-                              words=words)
-        return Turn(inbound, now, read, recent, state, pos, expected, last_seen,
-                    stage_before=pos["stage"], mover=Mover(funnel, pos, now, scratch),
-                    funnel=funnel, migration=migration,
-                    funnel_hash=self.routing.digest_of(funnel))
+        return begin(inbound, now, row, recent, funnel, self.routing)
 
     @property
     def _model_name(self) -> str | None:
@@ -468,26 +440,3 @@ class Engine:
     def _restart(self, turn: Turn) -> Turn:
         """The turn begun afresh from what ``turn`` read, on the funnel it ran on."""
         return self._start(turn.inbound, turn.now, turn.row, turn.recent, turn.funnel)
-
-    async def _fold_summary(self, turn: Turn) -> None:
-        """Plan folding old messages into the summary: inline now, or after the reply."""
-        # Messages outside the window not yet in the summary, once the reply is logged,
-        # counted in what the turn read (three windows): when all of those are
-        # unsummarized, there are at least that many, and the summary catches up.
-        upto = int(turn.row.get("summary_upto") or 0) if turn.row else 0
-        unsummarized = sum(1 for m in turn.recent if m.id > upto) + 1  # and the current one
-        turn.backlog = max(0, unsummarized + 1 - self._window)
-        planned = self.summary.plan(turn.state, turn.row, turn.recent, turn.backlog,
-                                    turn.text)
-        turn.folded = await self.summary.fold_now(planned) if planned else None
-        if planned and turn.folded is None:
-            turn.summary_job = planned  # folded in the background, after the reply
-
-
-def _apply_and_advance(turn: Turn, answer: Answer) -> None:
-    steps.apply(turn, answer)
-    turn.firings += turn.mover.advance(turn.state)
-
-
-async def _applied(turn: Turn, answer: Answer) -> None:
-    await steps.off_loop(turn, _apply_and_advance, turn, answer)

@@ -29,8 +29,8 @@ from .output import Answer, ask
 from .prompts import at_level, build_context, prompt_data, render_parts
 from .stream import ReplyStream
 
-__all__ = ["apply", "ask_model", "decide_language", "handoff_time", "off_loop", "reply_check",
-           "route"]
+__all__ = ["applied", "apply", "apply_and_advance", "ask_model", "decide_language",
+           "handoff_time", "off_loop", "reply_check", "route"]
 
 
 async def off_loop(turn: Turn, step: Callable[..., None], *args: Any) -> None:
@@ -188,3 +188,15 @@ def handoff_time(spec: FunnelSpec, state: Mapping[str, Any]) -> Any:
     """When the session was handed off (its ``handoff.triggered_at`` field), or None."""
     h = spec.handoff
     return state.get(h.triggered_at) if h and h.triggered_at else None
+
+
+def apply_and_advance(turn: Turn, answer: Answer) -> None:
+    """Apply the answer (:func:`apply`), then take the exits it opened."""
+    apply(turn, answer)
+    turn.firings += turn.mover.advance(turn.state)
+
+
+async def applied(turn: Turn, answer: Answer) -> None:
+    """:func:`apply_and_advance`, off the event loop when the turn is heavy
+    (:func:`off_loop`)."""
+    await off_loop(turn, apply_and_advance, turn, answer)
